@@ -1,0 +1,182 @@
+"""The 24-byte memcached binary header and an incremental frame reader.
+
+Header (big-endian): magic u8, opcode u8, key length u16, extras length u8,
+datatype u8, vbucket (request) or status (response) u16, total body u32,
+opaque u32, cas u64. Body = extras, key, value.
+
+``FrameReader`` is fed arbitrary chunks with ``receive_data`` and hands out
+whole frames with ``next_frame``; ``None`` means it needs more bytes. A
+declared body larger than the configured maximum is rejected from the header
+alone, before anything is buffered for it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from adapters.errors import ProtocolError
+from adapters.mcbp.constants import HEADER_SIZE, Magic
+
+DEFAULT_MAX_FRAME_SIZE = 20 * 1024 * 1024
+"""Largest body accepted by default: a 20 MiB item plus metadata is the memcached limit."""
+
+HEADER = struct.Struct(">BBHBBHIIQ")
+_REQUEST = Magic.REQUEST.value
+_RESPONSE = Magic.RESPONSE.value
+
+
+class Frame(NamedTuple):
+    """One framed packet: the header fields and the body, copied once.
+
+    ``vbucket_or_status`` is the vbucket of a request, the status of a
+    response. ``extras``/``key``/``value`` slice the body by the header's
+    lengths; TAP, whose engine-specific bytes sit between extras and key,
+    slices ``body`` itself. A tuple, not a dataclass: it is built once per
+    packet on the hot path and never leaves the codecs.
+    """
+
+    magic: int
+    opcode: int
+    key_length: int
+    extras_length: int
+    datatype: int
+    vbucket_or_status: int
+    opaque: int
+    cas: int
+    body: bytes
+
+    @property
+    def is_request(self) -> bool:
+        return self.magic == _REQUEST
+
+    @property
+    def extras(self) -> bytes:
+        return self.body[: self.extras_length]
+
+    @property
+    def key(self) -> bytes:
+        return self.body[self.extras_length : self.extras_length + self.key_length]
+
+    @property
+    def value(self) -> bytes:
+        return self.body[self.extras_length + self.key_length :]
+
+    @property
+    def size(self) -> int:
+        """Bytes on the wire, header included (what flow control counts)."""
+        return HEADER_SIZE + len(self.body)
+
+
+def encode_frame(
+    magic: int,
+    opcode: int,
+    *,
+    vbucket_or_status: int = 0,
+    opaque: int = 0,
+    cas: int = 0,
+    extras: bytes = b"",
+    key: bytes = b"",
+    value: bytes = b"",
+    datatype: int = 0,
+    extras_length: int | None = None,
+) -> bytes:
+    """Serialise one packet.
+
+    ``extras_length`` overrides the header's extras length for TAP, whose
+    engine-specific bytes follow the extras but are not counted in it.
+    """
+    header = HEADER.pack(
+        magic,
+        opcode,
+        len(key),
+        len(extras) if extras_length is None else extras_length,
+        datatype,
+        vbucket_or_status,
+        len(extras) + len(key) + len(value),
+        opaque,
+        cas,
+    )
+    return b"".join((header, extras, key, value))
+
+
+class FrameReader:
+    """Incremental reader of memcached binary frames.
+
+    ``consumed`` counts the bytes of every frame handed out so far, so a caller
+    can name the stream offset of an error.
+    """
+
+    __slots__ = ("_buffer", "_offset", "consumed", "max_frame_size")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.max_frame_size = max_frame_size
+        self._buffer = bytearray()
+        self._offset = 0
+        self.consumed = 0
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        # Drop what was consumed before growing, so the buffer holds at most
+        # one partial frame plus the newest chunk.
+        if self._offset:
+            del self._buffer[: self._offset]
+            self._offset = 0
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet handed out as frames."""
+        return len(self._buffer) - self._offset
+
+    def next_frame(self) -> Frame | None:
+        buf = self._buffer
+        off = self._offset
+        if len(buf) - off < HEADER_SIZE:
+            return None
+        (magic, opcode, keylen, extlen, datatype, vbs, bodylen, opaque, cas) = HEADER.unpack_from(
+            buf, off
+        )
+        if magic != _REQUEST and magic != _RESPONSE:
+            raise ProtocolError(
+                "bad magic byte", opcode=opcode, field="magic", value=magic, offset=self.consumed
+            )
+        if bodylen > self.max_frame_size:
+            raise ProtocolError(
+                f"declared body exceeds the {self.max_frame_size}-byte frame limit",
+                opcode=opcode,
+                field="total_body",
+                value=bodylen,
+                offset=self.consumed + 8,
+            )
+        if extlen + keylen > bodylen:
+            raise ProtocolError(
+                "extras and key are longer than the total body",
+                opcode=opcode,
+                field="total_body",
+                value=bodylen,
+                offset=self.consumed + 8,
+            )
+        end = off + HEADER_SIZE + bodylen
+        if len(buf) < end:
+            return None
+        frame = Frame(
+            magic,
+            opcode,
+            keylen,
+            extlen,
+            datatype,
+            vbs,
+            opaque,
+            cas,
+            bytes(buf[off + HEADER_SIZE : end]),
+        )
+        self._offset = end
+        self.consumed += HEADER_SIZE + bodylen
+        return frame
+
+    def frames(self) -> list[Frame]:
+        """Every whole frame now buffered."""
+        out = []
+        while (frame := self.next_frame()) is not None:
+            out.append(frame)
+        return out

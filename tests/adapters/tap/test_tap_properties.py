@@ -1,0 +1,145 @@
+"""Property tests of the TAP codec: round trips, arbitrary chunking, random bytes."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adapters.errors import ProtocolError
+from adapters.tap import (
+    CheckpointLayout,
+    ConnectFlags,
+    OpaqueCode,
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapConnect,
+    TapDecoder,
+    TapDelete,
+    TapEvent,
+    TapFlags,
+    TapFlush,
+    TapMutation,
+    TapNoop,
+    TapNoopResponse,
+    TapOpaque,
+    TapOpcode,
+    TapResponse,
+    TapVbucketSet,
+    encode,
+)
+from adapters.tap.constants import VBucketState
+
+u8 = st.integers(0, 0xFF)
+u16 = st.integers(0, 0xFFFF)
+u32 = st.integers(0, 0xFFFFFFFF)
+u64 = st.integers(0, 0xFFFFFFFFFFFFFFFF)
+keys = st.binary(min_size=1, max_size=64)
+values = st.binary(max_size=300)
+tap_flags = u16.map(TapFlags)
+
+
+@st.composite
+def connects(draw: st.DrawFn) -> TapConnect:
+    flags = ConnectFlags(draw(st.integers(0, 0x1FF)))
+    return TapConnect(
+        name=draw(st.binary(max_size=40)),
+        connect_flags=flags,
+        backfill_date=draw(u64) if flags & ConnectFlags.BACKFILL else None,
+        vbuckets=(
+            tuple(draw(st.lists(u16, max_size=20))) if flags & ConnectFlags.LIST_VBUCKETS else ()
+        ),
+        checkpoints=(
+            tuple(draw(st.lists(st.tuples(u16, u64), max_size=10)))
+            if flags & ConnectFlags.CHECKPOINT
+            else ()
+        ),
+        registered_byte=(
+            draw(st.none() | u8) if flags & ConnectFlags.REGISTERED_CLIENT else None
+        ),
+        opaque=draw(u32),
+    )
+
+
+@st.composite
+def mutations(draw: st.DrawFn) -> TapMutation:
+    rev = draw(st.none() | u64)
+    return TapMutation(
+        key=draw(keys), value=draw(values), vbucket=draw(u16), opaque=draw(u32), cas=draw(u64),
+        flags=draw(u32), expiration=draw(u32), rev_seqno=rev,
+        nru=None if rev is None else draw(st.none() | u8),
+        tap_flags=draw(tap_flags), ttl=draw(u8), datatype=draw(u8),
+    )
+
+
+def checkpoints(cls: type[TapCheckpointStart] | type[TapCheckpointEnd]) -> st.SearchStrategy[TapEvent]:
+    return st.builds(
+        cls, checkpoint_id=u64, vbucket=u16, opaque=u32, cas=u64, tap_flags=tap_flags, ttl=u8,
+        layout=st.sampled_from(CheckpointLayout), engine_specific=st.binary(max_size=16),
+    )
+
+
+events: st.SearchStrategy[TapEvent] = st.one_of(
+    connects(),
+    mutations(),
+    st.builds(TapDelete, key=keys, vbucket=u16, opaque=u32, cas=u64,
+              rev_seqno=st.none() | u64, tap_flags=tap_flags, ttl=u8),
+    st.builds(TapFlush, vbucket=u16, opaque=u32, tap_flags=tap_flags, ttl=u8),
+    st.builds(TapOpaque, opaque_code=st.sampled_from(OpaqueCode) | u32, vbucket=u16,
+              opaque=u32, tap_flags=tap_flags, ttl=u8),
+    st.builds(TapVbucketSet, state=st.sampled_from(VBucketState), vbucket=u16, opaque=u32,
+              tap_flags=tap_flags, ttl=u8),
+    checkpoints(TapCheckpointStart),
+    checkpoints(TapCheckpointEnd),
+    st.builds(TapResponse, opcode=st.sampled_from(TapOpcode), opaque=u32, status=u16,
+              text=st.binary(max_size=40)),
+    st.builds(TapNoop, opaque=u32),
+    st.builds(TapNoopResponse, opaque=u32, status=u16),
+)
+
+
+def decode_chunks(chunks: list[bytes]) -> list[TapEvent]:
+    decoder = TapDecoder()
+    out: list[TapEvent] = []
+    for chunk in chunks:
+        decoder.receive_data(chunk)
+        out.extend(decoder.events())
+    assert decoder.buffered == 0
+    return out
+
+
+@given(events)
+def test_round_trip(event: TapEvent) -> None:
+    assert decode_chunks([encode(event)]) == [event]
+
+
+@given(st.lists(events, min_size=1, max_size=8), st.data())
+def test_any_chunking_yields_the_same_events(batch: list[TapEvent], data: st.DataObject) -> None:
+    stream = b"".join(encode(e) for e in batch)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(stream) - 1)), max_size=12)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    assert decode_chunks(chunks) == batch
+
+
+@given(st.binary(max_size=400))
+def test_random_bytes_yield_events_or_protocol_error(blob: bytes) -> None:
+    decoder = TapDecoder(max_frame_size=4096)
+    decoder.receive_data(blob)
+    try:
+        while decoder.next_event() is not None:
+            pass
+    except ProtocolError:
+        pass
+
+
+@given(st.lists(events, min_size=1, max_size=4), st.binary(min_size=24, max_size=80))
+def test_random_tail_after_valid_events(batch: list[TapEvent], tail: bytes) -> None:
+    # Valid events always come out before whatever garbage follows them.
+    decoder = TapDecoder(max_frame_size=4096)
+    decoder.receive_data(b"".join(encode(e) for e in batch) + b"\x80" + tail)
+    got: list[TapEvent] = []
+    try:
+        while (event := decoder.next_event()) is not None:
+            got.append(event)
+    except ProtocolError:
+        pass
+    assert got[: len(batch)] == batch
