@@ -13,14 +13,27 @@ from adapters.mcbp import HEADER_SIZE, FrameReader, encode_frame
 
 
 def test_frame_fields_and_slices() -> None:
-    packet = encode_frame(0x80, 0x57, vbucket_or_status=7, opaque=0xABCD, cas=9,
-                          extras=b"E" * 4, key=b"key", value=b"value", datatype=1)
+    packet = encode_frame(
+        0x80,
+        0x57,
+        vbucket_or_status=7,
+        opaque=0xABCD,
+        cas=9,
+        extras=b"E" * 4,
+        key=b"key",
+        value=b"value",
+        datatype=1,
+    )
     reader = FrameReader()
     reader.receive_data(packet)
     frame = reader.next_frame()
     assert frame is not None
     assert (frame.magic, frame.opcode, frame.vbucket_or_status, frame.opaque, frame.cas) == (
-        0x80, 0x57, 7, 0xABCD, 9,
+        0x80,
+        0x57,
+        7,
+        0xABCD,
+        9,
     )
     assert (frame.extras, frame.key, frame.value, frame.datatype) == (b"EEEE", b"key", b"value", 1)
     assert frame.size == len(packet) == HEADER_SIZE + 12
@@ -66,8 +79,13 @@ def test_limit_is_checked_before_buffering_the_body() -> None:
     assert info.value.offset == HEADER_SIZE + 1000 + 8
 
 
-@given(st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=20), st.binary(max_size=50)),
-                max_size=10), st.integers(1, 64))
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=20), st.binary(max_size=20), st.binary(max_size=50)),
+        max_size=10,
+    ),
+    st.integers(1, 64),
+)
 def test_any_chunk_size_gives_the_same_frames(
     parts: list[tuple[bytes, bytes, bytes]], chunk: int
 ) -> None:

@@ -33,8 +33,17 @@ def decode_all(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> lis
 
 def test_mutation_with_2x_metadata() -> None:
     event = TapMutation(
-        b"k", b"v" * 10, vbucket=5, opaque=77, cas=99, flags=0xDEADBEEF, expiration=1234,
-        rev_seqno=42, nru=2, tap_flags=TapFlags.ACK | TapFlags.NETWORK_BYTE_ORDER, ttl=254,
+        b"k",
+        b"v" * 10,
+        vbucket=5,
+        opaque=77,
+        cas=99,
+        flags=0xDEADBEEF,
+        expiration=1234,
+        rev_seqno=42,
+        nru=2,
+        tap_flags=TapFlags.ACK | TapFlags.NETWORK_BYTE_ORDER,
+        ttl=254,
     )
     packet = encode(event)
     # Engine-specific length 9: rev_seqno u64 + nru u8, between extras and key.
@@ -60,18 +69,27 @@ def test_delete_with_rev_seqno_and_trailing_value_ignored() -> None:
 
 def test_connect_with_every_option() -> None:
     flags = (
-        ConnectFlags.BACKFILL | ConnectFlags.LIST_VBUCKETS | ConnectFlags.CHECKPOINT
-        | ConnectFlags.REGISTERED_CLIENT | ConnectFlags.SUPPORT_ACK
+        ConnectFlags.BACKFILL
+        | ConnectFlags.LIST_VBUCKETS
+        | ConnectFlags.CHECKPOINT
+        | ConnectFlags.REGISTERED_CLIENT
+        | ConnectFlags.SUPPORT_ACK
     )
     event = TapConnect(
-        b"replica-1", flags, backfill_date=0, vbuckets=(1, 2),
-        checkpoints=((1, 10), (2, 20)), registered_byte=1,
+        b"replica-1",
+        flags,
+        backfill_date=0,
+        vbuckets=(1, 2),
+        checkpoints=((1, 10), (2, 20)),
+        registered_byte=1,
     )
     packet = encode(event)
     value = packet[24 + 4 + len(b"replica-1") :]
     assert value == (
-        struct.pack(">Q", 0) + struct.pack(">HHH", 2, 1, 2)
-        + struct.pack(">HHQHQ", 2, 1, 10, 2, 20) + b"\x01"
+        struct.pack(">Q", 0)
+        + struct.pack(">HHH", 2, 1, 2)
+        + struct.pack(">HHQHQ", 2, 1, 10, 2, 20)
+        + b"\x01"
     )
     assert decode_all(packet) == [event]
 

@@ -53,9 +53,7 @@ def connects(draw: st.DrawFn) -> TapConnect:
             if flags & ConnectFlags.CHECKPOINT
             else ()
         ),
-        registered_byte=(
-            draw(st.none() | u8) if flags & ConnectFlags.REGISTERED_CLIENT else None
-        ),
+        registered_byte=(draw(st.none() | u8) if flags & ConnectFlags.REGISTERED_CLIENT else None),
         opaque=draw(u32),
     )
 
@@ -64,34 +62,76 @@ def connects(draw: st.DrawFn) -> TapConnect:
 def mutations(draw: st.DrawFn) -> TapMutation:
     rev = draw(st.none() | u64)
     return TapMutation(
-        key=draw(keys), value=draw(values), vbucket=draw(u16), opaque=draw(u32), cas=draw(u64),
-        flags=draw(u32), expiration=draw(u32), rev_seqno=rev,
+        key=draw(keys),
+        value=draw(values),
+        vbucket=draw(u16),
+        opaque=draw(u32),
+        cas=draw(u64),
+        flags=draw(u32),
+        expiration=draw(u32),
+        rev_seqno=rev,
         nru=None if rev is None else draw(st.none() | u8),
-        tap_flags=draw(tap_flags), ttl=draw(u8), datatype=draw(u8),
+        tap_flags=draw(tap_flags),
+        ttl=draw(u8),
+        datatype=draw(u8),
     )
 
 
-def checkpoints(cls: type[TapCheckpointStart] | type[TapCheckpointEnd]) -> st.SearchStrategy[TapEvent]:
+def checkpoints(
+    cls: type[TapCheckpointStart] | type[TapCheckpointEnd],
+) -> st.SearchStrategy[TapEvent]:
     return st.builds(
-        cls, checkpoint_id=u64, vbucket=u16, opaque=u32, cas=u64, tap_flags=tap_flags, ttl=u8,
-        layout=st.sampled_from(CheckpointLayout), engine_specific=st.binary(max_size=16),
+        cls,
+        checkpoint_id=u64,
+        vbucket=u16,
+        opaque=u32,
+        cas=u64,
+        tap_flags=tap_flags,
+        ttl=u8,
+        layout=st.sampled_from(CheckpointLayout),
+        engine_specific=st.binary(max_size=16),
     )
 
 
 events: st.SearchStrategy[TapEvent] = st.one_of(
     connects(),
     mutations(),
-    st.builds(TapDelete, key=keys, vbucket=u16, opaque=u32, cas=u64,
-              rev_seqno=st.none() | u64, tap_flags=tap_flags, ttl=u8),
+    st.builds(
+        TapDelete,
+        key=keys,
+        vbucket=u16,
+        opaque=u32,
+        cas=u64,
+        rev_seqno=st.none() | u64,
+        tap_flags=tap_flags,
+        ttl=u8,
+    ),
     st.builds(TapFlush, vbucket=u16, opaque=u32, tap_flags=tap_flags, ttl=u8),
-    st.builds(TapOpaque, opaque_code=st.sampled_from(OpaqueCode) | u32, vbucket=u16,
-              opaque=u32, tap_flags=tap_flags, ttl=u8),
-    st.builds(TapVbucketSet, state=st.sampled_from(VBucketState), vbucket=u16, opaque=u32,
-              tap_flags=tap_flags, ttl=u8),
+    st.builds(
+        TapOpaque,
+        opaque_code=st.sampled_from(OpaqueCode) | u32,
+        vbucket=u16,
+        opaque=u32,
+        tap_flags=tap_flags,
+        ttl=u8,
+    ),
+    st.builds(
+        TapVbucketSet,
+        state=st.sampled_from(VBucketState),
+        vbucket=u16,
+        opaque=u32,
+        tap_flags=tap_flags,
+        ttl=u8,
+    ),
     checkpoints(TapCheckpointStart),
     checkpoints(TapCheckpointEnd),
-    st.builds(TapResponse, opcode=st.sampled_from(TapOpcode), opaque=u32, status=u16,
-              text=st.binary(max_size=40)),
+    st.builds(
+        TapResponse,
+        opcode=st.sampled_from(TapOpcode),
+        opaque=u32,
+        status=u16,
+        text=st.binary(max_size=40),
+    ),
     st.builds(TapNoop, opaque=u32),
     st.builds(TapNoopResponse, opaque=u32, status=u16),
 )

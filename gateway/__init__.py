@@ -1,0 +1,1 @@
+"""The gateway: trio servers, upstream connections, journal, metrics and CLI."""
