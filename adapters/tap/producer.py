@@ -1,0 +1,185 @@
+"""The producer side of a TAP stream: sequence numbers, acks and retransmits.
+
+Theory of operation. Every message a producer sends gets the next sequence
+number as its opaque. With support-ack the producer asks for an ack (TAP flag
+ACK) every ``ack_interval`` messages and always on OPAQUE, VBUCKET_SET and
+CHECKPOINT_START/END, and keeps every message until an ack covers it: an ack
+of sequence number N releases N and everything sent before it. Once
+``max_unacked`` messages are outstanding it stops (``can_send`` is false). A
+nack whose status is BUSY or TEMPORARY_FAILURE pauses the stream for
+``backoff`` seconds, after which everything outstanding is sent again, in
+order, with the same sequence numbers; any other nack is fatal. Without
+support-ack nothing is kept and ``can_send`` is always true.
+
+State table (``ProducerState``):
+
+    STREAMING  --nack busy/tmpfail--> BACKING_OFF  --backoff elapsed--> STREAMING
+    STREAMING  --other nack--------> FAILED
+    any        --close()-----------> CLOSED
+
+Time enters as ``now`` (seconds, any monotonic origin).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from enum import Enum, auto
+
+from adapters.errors import LocalProtocolError, ProtocolError
+from adapters.mcbp.constants import Status
+from adapters.tap.constants import TapFlags
+from adapters.tap.events import (
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapOpaque,
+    TapResponse,
+    TapStreamMessage,
+    TapVbucketSet,
+)
+
+DEFAULT_ACK_INTERVAL = 1000
+DEFAULT_MAX_UNACKED = 10 * DEFAULT_ACK_INTERVAL
+DEFAULT_BACKOFF = 5.0
+_RETRYABLE = frozenset({Status.BUSY, Status.TEMPORARY_FAILURE})
+_ALWAYS_ACKED = (TapOpaque, TapVbucketSet, TapCheckpointStart, TapCheckpointEnd)
+_SEQNO_LIMIT = 1 << 32
+
+
+class ProducerState(Enum):
+    STREAMING = auto()
+    BACKING_OFF = auto()
+    FAILED = auto()
+    CLOSED = auto()
+
+
+class TapProducer:
+    """Sequence numbers, ack requests and the retransmit window of one TAP stream."""
+
+    def __init__(
+        self,
+        *,
+        support_ack: bool,
+        ack_interval: int = DEFAULT_ACK_INTERVAL,
+        max_unacked: int = DEFAULT_MAX_UNACKED,
+        backoff: float = DEFAULT_BACKOFF,
+    ) -> None:
+        if ack_interval < 1 or max_unacked < ack_interval:
+            raise ValueError("need 1 <= ack_interval <= max_unacked")
+        self.support_ack = support_ack
+        self.ack_interval = ack_interval
+        self.max_unacked = max_unacked
+        self.backoff = backoff
+        self.state = ProducerState.STREAMING
+        self._next_seqno = 1
+        self._since_ack_request = 0
+        self._outstanding: deque[TapStreamMessage] = deque()
+        self._resume_at = 0.0
+        self.sent_total = 0
+        self.acked_total = 0
+        self.nacks_total = 0
+        self.retransmits_total = 0
+
+    # -- sending ---------------------------------------------------------
+
+    @property
+    def can_send(self) -> bool:
+        return self.state is ProducerState.STREAMING and (len(self._outstanding) < self.max_unacked)
+
+    @property
+    def unacked(self) -> int:
+        return len(self._outstanding)
+
+    @property
+    def oldest_unacked(self) -> TapStreamMessage | None:
+        return self._outstanding[0] if self._outstanding else None
+
+    def stamp(self, message: TapStreamMessage, *, force_ack: bool = False) -> TapStreamMessage:
+        """Give ``message`` its sequence number and ack flag; keep it until acked."""
+        if not self.can_send:
+            raise LocalProtocolError(
+                f"cannot send in state {self.state.name} with "
+                f"{len(self._outstanding)} messages unacked"
+            )
+        seqno = self._next_seqno
+        self._next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+        self.sent_total += 1
+        flags = int(message.tap_flags) & ~TapFlags.ACK.value
+        if self.support_ack:
+            self._since_ack_request += 1
+            if (
+                force_ack
+                or isinstance(message, _ALWAYS_ACKED)
+                or self._since_ack_request >= self.ack_interval
+            ):
+                flags |= TapFlags.ACK
+                self._since_ack_request = 0
+        stamped = dataclasses.replace(message, opaque=seqno, tap_flags=TapFlags(flags))
+        if self.support_ack:
+            self._outstanding.append(stamped)
+        return stamped
+
+    # -- receiving -------------------------------------------------------
+
+    def receive(self, response: TapResponse, now: float) -> list[TapStreamMessage]:
+        """Apply an ack or nack; return the messages an ack released (oldest first)."""
+        if self.state in (ProducerState.FAILED, ProducerState.CLOSED):
+            return []
+        if not self.support_ack:
+            raise ProtocolError(
+                "ack on a stream that did not ask for acks",
+                opcode=response.opcode,
+                field="opaque",
+                value=response.opaque,
+            )
+        position = self._position(response.opaque)
+        if response.status == Status.SUCCESS:
+            if position is None:
+                return []  # a late ack for a message already covered
+            released = [self._outstanding.popleft() for _ in range(position + 1)]
+            self.acked_total += len(released)
+            return released
+        self.nacks_total += 1
+        if response.status in _RETRYABLE:
+            self.state = ProducerState.BACKING_OFF
+            self._resume_at = now + self.backoff
+            return []
+        self.state = ProducerState.FAILED
+        text = response.text.decode("utf-8", "replace")
+        raise ProtocolError(
+            f"client refused a message ({text})" if text else "client refused a message",
+            opcode=response.opcode,
+            field="status",
+            value=response.status,
+        )
+
+    def _position(self, seqno: int) -> int | None:
+        for index, message in enumerate(self._outstanding):
+            if message.opaque == seqno:
+                return index
+        if not self._was_sent(seqno):
+            raise ProtocolError(
+                "ack names a sequence number never sent", field="opaque", value=seqno
+            )
+        return None
+
+    def _was_sent(self, seqno: int) -> bool:
+        # Sequence numbers wrap at 2**32; after a wrap every number has been used.
+        return 0 < seqno <= self.sent_total or self.sent_total >= _SEQNO_LIMIT - 1
+
+    # -- time ------------------------------------------------------------
+
+    def retransmit_due(self, now: float) -> list[TapStreamMessage]:
+        """After a backoff: everything outstanding, to be sent again in order."""
+        if self.state is not ProducerState.BACKING_OFF or now < self._resume_at:
+            return []
+        self.state = ProducerState.STREAMING
+        self.retransmits_total += len(self._outstanding)
+        return list(self._outstanding)
+
+    def next_deadline(self) -> float | None:
+        """When ``retransmit_due`` will next have something to do."""
+        return self._resume_at if self.state is ProducerState.BACKING_OFF else None
+
+    def close(self) -> None:
+        self.state = ProducerState.CLOSED

@@ -1,0 +1,132 @@
+"""The TAP producer's sequence numbers, ack requests and retransmit window."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from adapters.errors import LocalProtocolError, ProtocolError
+from adapters.mcbp import Status
+from adapters.tap import (
+    OpaqueCode,
+    TapCheckpointStart,
+    TapFlags,
+    TapMutation,
+    TapOpaque,
+    TapOpcode,
+    TapResponse,
+)
+from adapters.tap.producer import ProducerState, TapProducer
+
+
+def mutation(i: int) -> TapMutation:
+    return TapMutation(b"k%d" % i, b"v")
+
+
+def ack(seqno: int, status: int = 0) -> TapResponse:
+    return TapResponse(TapOpcode.MUTATION, opaque=seqno, status=status)
+
+
+def test_sequence_numbers_and_ack_requests() -> None:
+    producer = TapProducer(support_ack=True, ack_interval=3, max_unacked=6)
+    sent = [producer.stamp(mutation(i)) for i in range(3)]
+    assert [m.opaque for m in sent] == [1, 2, 3]
+    assert [bool(m.tap_flags & TapFlags.ACK) for m in sent] == [False, False, True]
+    opaque = producer.stamp(TapOpaque(OpaqueCode.CLOSE_BACKFILL))
+    checkpoint = producer.stamp(TapCheckpointStart(1))
+    assert opaque.tap_flags & TapFlags.ACK and checkpoint.tap_flags & TapFlags.ACK
+    assert producer.unacked == 5
+
+
+def test_ack_releases_everything_up_to_it() -> None:
+    producer = TapProducer(support_ack=True, ack_interval=2, max_unacked=4)
+    sent = [producer.stamp(mutation(i)) for i in range(4)]
+    assert not producer.can_send
+    with pytest.raises(LocalProtocolError):
+        producer.stamp(mutation(9))
+    assert producer.receive(ack(2), now=0) == sent[:2]
+    assert producer.can_send and producer.unacked == 2
+    assert producer.receive(ack(1), now=0) == []  # late ack, already covered
+    assert producer.receive(ack(4), now=0) == sent[2:]
+
+
+def test_busy_nack_backs_off_then_resends_in_order() -> None:
+    producer = TapProducer(support_ack=True, ack_interval=2, backoff=5.0)
+    sent = [producer.stamp(mutation(i)) for i in range(3)]
+    producer.receive(ack(2, Status.BUSY), now=100.0)
+    assert producer.state is ProducerState.BACKING_OFF and not producer.can_send
+    assert producer.next_deadline() == 105.0
+    assert producer.retransmit_due(104.9) == []
+    assert producer.retransmit_due(105.0) == sent
+    assert producer.can_send and producer.retransmits_total == 3
+
+
+def test_other_nack_is_fatal() -> None:
+    producer = TapProducer(support_ack=True)
+    producer.stamp(mutation(0))
+    with pytest.raises(ProtocolError, match="refused") as info:
+        producer.receive(ack(1, Status.KEY_EXISTS), now=0)
+    assert info.value.value == Status.KEY_EXISTS
+    assert producer.state is ProducerState.FAILED
+
+
+def test_ack_for_unsent_sequence_number() -> None:
+    producer = TapProducer(support_ack=True)
+    producer.stamp(mutation(0))
+    with pytest.raises(ProtocolError, match="never sent"):
+        producer.receive(ack(7), now=0)
+
+
+def test_without_support_ack_nothing_is_kept() -> None:
+    producer = TapProducer(support_ack=False, ack_interval=1, max_unacked=1)
+    for i in range(10):
+        assert not producer.stamp(mutation(i)).tap_flags & TapFlags.ACK
+    assert producer.unacked == 0 and producer.can_send
+    with pytest.raises(ProtocolError, match="did not ask"):
+        producer.receive(ack(1), now=0)
+
+
+class ProducerMachine(RuleBasedStateMachine):
+    """Random sends, acks and nacks against a model of what is outstanding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.producer = TapProducer(support_ack=True, ack_interval=4, max_unacked=12, backoff=1)
+        self.model: list[int] = []
+        self.now = 0.0
+        self.sent = 0
+
+    @precondition(lambda self: self.producer.can_send)
+    @rule()
+    def send(self) -> None:
+        message = self.producer.stamp(mutation(self.sent))
+        self.sent += 1
+        assert message.opaque == self.sent
+        self.model.append(message.opaque)
+
+    @precondition(lambda self: self.model and self.producer.state is ProducerState.STREAMING)
+    @rule(data=st.data())
+    def ack_some(self, data: st.DataObject) -> None:
+        index = data.draw(st.integers(0, len(self.model) - 1))
+        released = self.producer.receive(ack(self.model[index]), self.now)
+        assert [m.opaque for m in released] == self.model[: index + 1]
+        del self.model[: index + 1]
+
+    @precondition(lambda self: self.model and self.producer.state is ProducerState.STREAMING)
+    @rule()
+    def nack_busy(self) -> None:
+        self.producer.receive(ack(self.model[-1], Status.TEMPORARY_FAILURE), self.now)
+
+    @rule(dt=st.floats(0, 2))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        resent = self.producer.retransmit_due(self.now)
+        assert [m.opaque for m in resent] in ([], self.model)
+
+    @invariant()
+    def window_matches_model(self) -> None:
+        assert self.producer.unacked == len(self.model) <= 12
+
+
+TestProducerMachine = ProducerMachine.TestCase
