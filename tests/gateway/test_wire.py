@@ -1,0 +1,80 @@
+"""Packet connections: serving, batching, isolation of a faulty peer, backpressure."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+import trio.testing
+
+from adapters.mcbp import Magic, Opcode, encode_frame
+from gateway.client import McbpClient
+from gateway.wire import PacketConnection, bound_port, parse_hostport, serve_packets
+
+
+async def noop_echo(conn: PacketConnection) -> None:
+    while (frame := await conn.receive_frame()) is not None:
+        await conn.send(encode_frame(Magic.RESPONSE, frame.opcode, opaque=frame.opaque))
+
+
+async def test_faulty_peer_is_closed_alone(nursery: trio.Nursery) -> None:
+    listeners = await nursery.start(partial(serve_packets, noop_echo, "127.0.0.1", 0, label="t"))
+    port = bound_port(listeners)
+    good = await McbpClient.connect("127.0.0.1", port)
+    bad = await trio.open_tcp_stream("127.0.0.1", port)
+    assert (await good.request(Opcode.NOOP)).opcode == Opcode.NOOP
+    await bad.send_all(b"\x42" * 24)  # bad magic
+    assert await bad.receive_some(100) == b""  # closed by the server
+    assert (await good.request(Opcode.NOOP)).opcode == Opcode.NOOP
+    await good.aclose()
+    await bad.aclose()
+
+
+async def test_writer_batches_and_preserves_order() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    conn = PacketConnection(left, max_outbox_bytes=1 << 20)
+    packets = [encode_frame(Magic.REQUEST, Opcode.NOOP, opaque=i) for i in range(500)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run_writer)
+        for packet in packets:
+            conn.send_nowait(packet)
+        conn.finish()
+        received = b""
+        while len(received) < len(b"".join(packets)):
+            received += await right.receive_some()
+    assert received == b"".join(packets)
+    assert conn.bytes_sent == len(received)
+
+
+async def test_send_waits_while_outbox_is_full() -> None:
+    left, right = trio.testing.lockstep_stream_pair()
+    conn = PacketConnection(left, max_outbox_bytes=1000)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run_writer)
+        conn.send_nowait(b"x" * 1000)
+        blocked = trio.Event()
+
+        async def producer() -> None:
+            await conn.send(b"y" * 10)
+            blocked.set()
+
+        nursery.start_soon(producer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not blocked.is_set()  # the peer reads nothing: the sender waits
+        await right.receive_some(2000)
+        await blocked.wait()
+        conn.finish()
+        nursery.cancel_scope.cancel()
+
+
+def test_parse_hostport() -> None:
+    assert parse_hostport("127.0.0.1:11210") == ("127.0.0.1", 11210)
+    assert parse_hostport(":0") == ("127.0.0.1", 0)
+    assert parse_hostport("[::1]:80") == ("::1", 80)
+    for bad in ("host:port", "1:70000"):
+        try:
+            parse_hostport(bad)
+        except ValueError as exc:
+            assert bad in str(exc)
+        else:
+            raise AssertionError(bad)
