@@ -13,11 +13,16 @@ def _add_decode(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser = commands.add_parser(
         "decode",
         help="dissect TAP/UPR packets from a file or stdin into JSON lines",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Read back-to-back memcached binary packets (TAP, UPR or plain memcached) and print "
-            "one JSON object per packet. A malformed packet ends the run with exit status 2 and "
-            "a one-line error naming its byte offset; the packets before it are printed."
+            "Read back-to-back memcached binary packets (TAP, UPR or plain memcached)\n"
+            "and print one JSON object per packet: protocol, opcode, magic, vbucket or\n"
+            "status, opaque, cas, then the message's own fields. Byte strings print as\n"
+            "text when valid UTF-8, else as hex:...\n\n"
+            "A malformed packet ends the run with exit status 2 and a one-line error\n"
+            "naming its byte offset; the packets before it are printed first."
         ),
+        epilog="example: tap-upr-gateway decode --hex capture.hex --dialect upr-draft",
     )
     parser.add_argument("file", nargs="?", default="-", help="input file (default: stdin)")
     parser.add_argument("--hex", action="store_true", help="input is hex text; whitespace ignored")

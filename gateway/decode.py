@@ -86,7 +86,7 @@ def _event_record(frame: Frame, protocol: str, event: Any) -> dict[str, Any]:
         out.setdefault(field.name, _render(getattr(event, field.name)))
     if isinstance(event, tap.TapConnect):
         out["connect_flag_names"] = [
-            f.name.lower() for f in tap.ConnectFlags if f in event.connect_flags
+            str(f.name).lower() for f in tap.ConnectFlags if f in event.connect_flags
         ]
     return out
 

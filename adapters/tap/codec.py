@@ -16,6 +16,7 @@ import struct
 from collections.abc import Callable
 
 from adapters.errors import LocalProtocolError, ProtocolError
+from adapters.fastinit import positional_constructor
 from adapters.mcbp.constants import HEADER_SIZE, Magic, Opcode, Status, VBucketState
 from adapters.mcbp.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameReader, encode_frame
 from adapters.tap.constants import (
@@ -61,6 +62,10 @@ _TAP_FLAGS = {value: TapFlags(value) for value in range(8)}
 _OPAQUE_CODES = {code.value: code for code in OpaqueCode}
 _STATES = {state.value: state for state in VBucketState}
 _TAP_OPCODES = {opcode.value: opcode for opcode in TapOpcode}
+
+
+_make_mutation = positional_constructor(TapMutation)
+_make_delete = positional_constructor(TapDelete)
 
 
 def _tap_flags(value: int) -> TapFlags:
@@ -132,7 +137,7 @@ def _decode_mutation(frame: Frame) -> TapMutation:
             status=_INVALID,
         )
     rev_seqno, nru = _rev_meta(frame, body, 16, es_len)
-    return TapMutation(
+    return _make_mutation(
         body[key_start:key_end],
         body[key_end:],
         frame.vbucket_or_status,
@@ -163,7 +168,7 @@ def _decode_delete(frame: Frame) -> TapDelete:
         )
     rev_seqno, _ = _rev_meta(frame, body, 8, es_len)
     # Some servers send the old value after the key; a delete has no use for it.
-    return TapDelete(
+    return _make_delete(
         body[key_start:key_end],
         frame.vbucket_or_status,
         frame.opaque,
