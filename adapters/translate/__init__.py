@@ -1,0 +1,1 @@
+"""Pure translation between TAP and UPR events, one vbucket at a time."""

@@ -1,0 +1,170 @@
+"""One vbucket of a UPR stream, served as TAP (the TAP front's translation).
+
+Theory of operation. UPR groups items into snapshots; TAP into checkpoints
+and, for a backfill, an initial vbucket stream. ``UprToTap`` turns each
+event of one vbucket's UPR stream into the TAP messages a 2.x server would
+have sent (unstamped: the TAP producer adds sequence numbers and ack flags):
+
+- the first snapshot of a stream that backfills from zero, a DISK snapshot,
+  becomes OPAQUE(INITIAL_VBUCKET_STREAM), its items, OPAQUE(CLOSE_BACKFILL);
+- every other snapshot becomes CHECKPOINT_START(id), its items,
+  CHECKPOINT_END(id), with ids increasing per vbucket; ``checkpoints`` keeps
+  id -> snapshot range so a client that resumes by checkpoint id can be
+  resumed by seqno upstream;
+- a snapshot closes at the item whose by_seqno is its end, or, when
+  deduplication or purged tombstones leave it short, at the next marker or
+  at the end of the stream;
+- mutations become MUTATION (no value and NO_VALUE with keys-only; item
+  flags byte-swapped to host order unless the client asked for network
+  order, as 2.x did); deletions and expirations become DELETE;
+- SET_VBUCKET_STATE becomes VBUCKET_SET.
+
+Anything else in a vbucket's stream is a protocol error naming it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from adapters.errors import ProtocolError
+from adapters.tap.constants import NO_TAP_FLAGS, OpaqueCode, TapFlags
+from adapters.tap.events import (
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapDelete,
+    TapMutation,
+    TapOpaque,
+    TapStreamMessage,
+    TapVbucketSet,
+)
+from adapters.upr.constants import SnapshotFlags
+from adapters.upr.events import (
+    Deletion,
+    Expiration,
+    Mutation,
+    SetVbucketState,
+    SnapshotMarker,
+    StreamEnd,
+    UprEvent,
+)
+
+MAX_REMEMBERED_CHECKPOINTS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSnapshot:
+    start: int
+    end: int
+    checkpoint_id: int | None
+    """None for the backfill (initial vbucket stream), else the TAP checkpoint id."""
+
+
+def swap32(value: int) -> int:
+    return int.from_bytes(value.to_bytes(4, "big"), "little")
+
+
+class UprToTap:
+    """Translator for one vbucket's stream; feed events, get TAP messages."""
+
+    def __init__(
+        self,
+        vbucket: int,
+        *,
+        backfill: bool,
+        keys_only: bool = False,
+        network_byte_order: bool = False,
+        first_checkpoint_id: int = 1,
+    ) -> None:
+        self.vbucket = vbucket
+        self.keys_only = keys_only
+        self.network_byte_order = network_byte_order
+        self._expect_backfill = backfill
+        self.next_checkpoint_id = first_checkpoint_id
+        self.open: OpenSnapshot | None = None
+        self.last_seqno = 0
+        self.checkpoints: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        item_flags = NO_TAP_FLAGS
+        if keys_only:
+            item_flags |= TapFlags.NO_VALUE
+        if network_byte_order:
+            item_flags |= TapFlags.NETWORK_BYTE_ORDER
+        self._item_flags = TapFlags(item_flags)
+
+    @property
+    def in_backfill(self) -> bool:
+        return self.open is not None and self.open.checkpoint_id is None
+
+    def feed(self, event: UprEvent) -> list[TapStreamMessage]:
+        if isinstance(event, Mutation | Deletion | Expiration):
+            return self._item(event)
+        if isinstance(event, SnapshotMarker):
+            return self._marker(event)
+        if isinstance(event, StreamEnd):
+            return self._close()
+        if isinstance(event, SetVbucketState):
+            return [*self._close(), TapVbucketSet(event.state, vbucket=self.vbucket)]
+        raise ProtocolError(
+            f"{event.NAME} has no place in a vbucket stream", field="opcode", value=event.NAME
+        )
+
+    def _marker(self, marker: SnapshotMarker) -> list[TapStreamMessage]:
+        out = self._close()
+        if self._expect_backfill and marker.flags & SnapshotFlags.DISK:
+            self.open = OpenSnapshot(marker.start_seqno, marker.end_seqno, None)
+            out.append(TapOpaque(OpaqueCode.INITIAL_VBUCKET_STREAM, vbucket=self.vbucket))
+        else:
+            checkpoint_id = self.next_checkpoint_id
+            self.next_checkpoint_id += 1
+            self.open = OpenSnapshot(marker.start_seqno, marker.end_seqno, checkpoint_id)
+            self._remember(checkpoint_id, marker.start_seqno, marker.end_seqno)
+            out.append(TapCheckpointStart(checkpoint_id, vbucket=self.vbucket))
+        self._expect_backfill = False
+        return out
+
+    def _item(self, item: Mutation | Deletion | Expiration) -> list[TapStreamMessage]:
+        if item.by_seqno <= self.last_seqno:
+            raise ProtocolError(
+                f"vbucket {self.vbucket}: by_seqno went backwards from {self.last_seqno}",
+                field="by_seqno",
+                value=item.by_seqno,
+            )
+        self.last_seqno = item.by_seqno
+        message: TapStreamMessage
+        if isinstance(item, Mutation):
+            message = TapMutation(
+                item.key,
+                b"" if self.keys_only else item.value,
+                vbucket=self.vbucket,
+                cas=item.cas,
+                flags=item.flags if self.network_byte_order else swap32(item.flags),
+                expiration=item.expiration,
+                rev_seqno=item.rev_seqno,
+                nru=item.nru,
+                tap_flags=self._item_flags,
+                datatype=item.datatype,
+            )
+        else:
+            message = TapDelete(
+                item.key, vbucket=self.vbucket, cas=item.cas, rev_seqno=item.rev_seqno
+            )
+        if self.open is not None and item.by_seqno >= self.open.end:
+            return [message, *self._close()]
+        return [message]
+
+    def _close(self) -> list[TapStreamMessage]:
+        snapshot, self.open = self.open, None
+        if snapshot is None:
+            return []
+        if snapshot.checkpoint_id is None:
+            return [TapOpaque(OpaqueCode.CLOSE_BACKFILL, vbucket=self.vbucket)]
+        return [TapCheckpointEnd(snapshot.checkpoint_id, vbucket=self.vbucket)]
+
+    def _remember(self, checkpoint_id: int, start: int, end: int) -> None:
+        self.checkpoints[checkpoint_id] = (start, end)
+        while len(self.checkpoints) > MAX_REMEMBERED_CHECKPOINTS:
+            self.checkpoints.popitem(last=False)
+
+    def finish(self) -> list[TapStreamMessage]:
+        """The stream ended without STREAM_END (e.g. a dump reached its end)."""
+        return self._close()

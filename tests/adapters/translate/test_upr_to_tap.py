@@ -1,0 +1,201 @@
+"""UPR snapshots of one vbucket become TAP backfill and checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adapters.errors import ProtocolError
+from adapters.mcbp.constants import VBucketState
+from adapters.tap import (
+    OpaqueCode,
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapDelete,
+    TapFlags,
+    TapMutation,
+    TapOpaque,
+    TapStreamMessage,
+    TapVbucketSet,
+)
+from adapters.translate.upr_to_tap import UprToTap, swap32
+from adapters.upr import (
+    Deletion,
+    Expiration,
+    Mutation,
+    Noop,
+    SetVbucketState,
+    SnapshotFlags,
+    SnapshotMarker,
+    StreamEnd,
+    UprEvent,
+)
+
+DISK = SnapshotFlags.DISK
+MEMORY = SnapshotFlags.MEMORY
+
+
+def mutation(seqno: int, key: bytes = b"k", flags: int = 0) -> Mutation:
+    return Mutation(
+        key + b"%d" % seqno,
+        b"value",
+        by_seqno=seqno,
+        rev_seqno=seqno,
+        cas=seqno,
+        flags=flags,
+        nru=2,
+        vbucket=3,
+    )
+
+
+def run(translator: UprToTap, events: list[UprEvent]) -> list[TapStreamMessage]:
+    out: list[TapStreamMessage] = []
+    for event in events:
+        out.extend(translator.feed(event))
+    return out
+
+
+def names(messages: list[TapStreamMessage]) -> list[str]:
+    labels = []
+    for m in messages:
+        if isinstance(m, TapOpaque):
+            labels.append(OpaqueCode(m.opaque_code).name)
+        elif isinstance(m, TapCheckpointStart | TapCheckpointEnd):
+            labels.append(f"{m.NAME}:{m.checkpoint_id}")
+        else:
+            labels.append(m.NAME)
+    return labels
+
+
+def test_backfill_then_live_checkpoints() -> None:
+    translator = UprToTap(3, backfill=True)
+    out = run(
+        translator,
+        [
+            SnapshotMarker(0, 2, DISK),
+            mutation(1),
+            Deletion(b"gone", by_seqno=2, rev_seqno=4),
+            SnapshotMarker(3, 4, MEMORY | SnapshotFlags.CHECKPOINT),
+            mutation(3),
+            mutation(4),
+            SnapshotMarker(5, 5, MEMORY),
+            Expiration(b"old", by_seqno=5, rev_seqno=2),
+        ],
+    )
+    assert names(out) == [
+        "INITIAL_VBUCKET_STREAM",
+        "MUTATION",
+        "DELETE",
+        "CLOSE_BACKFILL",
+        "CHECKPOINT_START:1",
+        "MUTATION",
+        "MUTATION",
+        "CHECKPOINT_END:1",
+        "CHECKPOINT_START:2",
+        "DELETE",
+        "CHECKPOINT_END:2",
+    ]
+    assert all(m.vbucket == 3 for m in out)
+    assert translator.checkpoints == {1: (3, 4), 2: (5, 5)}
+    assert out[2] == TapDelete(b"gone", vbucket=3, rev_seqno=4)
+
+
+def test_short_snapshot_closes_at_the_next_marker_or_stream_end() -> None:
+    translator = UprToTap(0, backfill=True, first_checkpoint_id=7)
+    out = run(
+        translator,
+        [
+            SnapshotMarker(0, 10, DISK),
+            mutation(4),  # tombstones purged: 10 never comes
+            SnapshotMarker(11, 20, MEMORY),
+            mutation(12),
+            StreamEnd(),
+        ],
+    )
+    assert names(out) == [
+        "INITIAL_VBUCKET_STREAM",
+        "MUTATION",
+        "CLOSE_BACKFILL",
+        "CHECKPOINT_START:7",
+        "MUTATION",
+        "CHECKPOINT_END:7",
+    ]
+
+
+def test_mutation_metadata_keys_only_and_flag_byte_order() -> None:
+    host_order = UprToTap(3, backfill=False, keys_only=True)
+    (start, item) = run(host_order, [SnapshotMarker(1, 9, MEMORY), mutation(1, flags=0x01020304)])
+    assert isinstance(start, TapCheckpointStart) and isinstance(item, TapMutation)
+    assert item.value == b"" and item.tap_flags == TapFlags.NO_VALUE
+    assert item.flags == 0x04030201 == swap32(0x01020304)
+    assert (item.rev_seqno, item.cas, item.nru) == (1, 1, 2)
+    network = UprToTap(3, backfill=False, network_byte_order=True)
+    (_, item) = run(network, [SnapshotMarker(1, 9, MEMORY), mutation(1, flags=0x01020304)])
+    assert isinstance(item, TapMutation)
+    assert item.flags == 0x01020304 and item.tap_flags == TapFlags.NETWORK_BYTE_ORDER
+    assert item.value == b"value"
+
+
+def test_state_change_and_protocol_errors() -> None:
+    translator = UprToTap(5, backfill=False)
+    out = run(
+        translator,
+        [SnapshotMarker(1, 5, MEMORY), mutation(1), SetVbucketState(VBucketState.ACTIVE)],
+    )
+    assert names(out)[-2:] == ["CHECKPOINT_END:1", "VBUCKET_SET"]
+    assert out[-1] == TapVbucketSet(VBucketState.ACTIVE, vbucket=5)
+    with pytest.raises(ProtocolError, match="backwards"):
+        translator.feed(mutation(1))
+    with pytest.raises(ProtocolError, match="NOOP"):
+        translator.feed(Noop())
+
+
+@st.composite
+def snapshot_streams(draw: st.DrawFn) -> list[UprEvent]:
+    events: list[UprEvent] = []
+    seqno = 0
+    for index in range(draw(st.integers(1, 6))):
+        size = draw(st.integers(0, 5))
+        start, end = seqno + 1, seqno + max(size, 1)
+        flags = DISK if index == 0 and draw(st.booleans()) else MEMORY
+        events.append(SnapshotMarker(start, end, flags))
+        for offset in range(size):
+            seqno = start + offset
+            events.append(
+                mutation(seqno) if draw(st.booleans()) else Deletion(b"d%d" % seqno, by_seqno=seqno)
+            )
+        seqno = end
+    return events
+
+
+@given(snapshot_streams(), st.booleans())
+def test_every_item_once_in_order_inside_balanced_brackets(
+    events: list[UprEvent], backfill: bool
+) -> None:
+    translator = UprToTap(1, backfill=backfill)
+    out = run(translator, events) + translator.finish()
+    items = [m for m in out if isinstance(m, TapMutation | TapDelete)]
+    sent = [e for e in events if isinstance(e, Mutation | Deletion)]
+    assert [m.key for m in items] == [e.key for e in sent]
+    open_bracket: str | None = None
+    ids = []
+    for message in out:
+        if isinstance(message, TapCheckpointStart):
+            assert open_bracket is None
+            open_bracket = f"cp{message.checkpoint_id}"
+            ids.append(message.checkpoint_id)
+        elif isinstance(message, TapCheckpointEnd):
+            assert open_bracket == f"cp{message.checkpoint_id}"
+            open_bracket = None
+        elif isinstance(message, TapOpaque):
+            if message.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM:
+                assert open_bracket is None and out.index(message) == 0
+                open_bracket = "backfill"
+            else:
+                assert open_bracket == "backfill"
+                open_bracket = None
+        else:
+            assert open_bracket is not None
+    assert open_bracket is None
+    assert ids == sorted(set(ids))
