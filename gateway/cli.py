@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
 
 DIALECTS = ("dcp", "upr-draft")
 
@@ -56,6 +58,179 @@ def _run_decode(args: argparse.Namespace) -> int:
     return decode.run(data, args.dialect, sys.stdout, sys.stderr)
 
 
+def _address(text: str) -> tuple[str, int]:
+    from gateway.wire import parse_hostport
+
+    try:
+        return parse_hostport(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return value
+
+
+def _add_verbosity(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
+
+
+def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "node",
+        help="run the embedded reference node (a 2.x TAP / 3.0 UPR server with a real store)",
+        description=(
+            "Run the reference node: an in-memory vbucket store served over memcached, TAP "
+            "(as ep-engine 2.x) and UPR (as 3.0, or the transport draft with --dialect "
+            "upr-draft). It is the gateway's default upstream and the peer of the tests."
+        ),
+    )
+    parser.add_argument(
+        "--listen",
+        type=_address,
+        default=("127.0.0.1", 11210),
+        metavar="HOST:PORT",
+        help="address to serve (default 127.0.0.1:11210)",
+    )
+    parser.add_argument("--vbuckets", type=int, default=64, help="number of vbuckets (default 64)")
+    parser.add_argument("--data-dir", type=Path, help="persist to this directory (msgpack journal)")
+    parser.add_argument(
+        "--fsync",
+        choices=("always", "batch", "never"),
+        default="batch",
+        help="journal fsync policy with --data-dir (default batch)",
+    )
+    parser.add_argument(
+        "--max-items",
+        type=int,
+        default=2_000_000,
+        help="items plus tombstones the store may hold (default 2000000)",
+    )
+    parser.add_argument(
+        "--sample-items",
+        type=int,
+        default=0,
+        help="write this many sample items at start (keys sample::NNNNNN)",
+    )
+    parser.add_argument("--value-size", type=int, default=100, help="sample value size in bytes")
+    parser.add_argument(
+        "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect to speak (default dcp)"
+    )
+    parser.add_argument(
+        "--users", metavar="FILE", help="require SASL PLAIN; FILE has user:password lines"
+    )
+    _add_verbosity(parser)
+    parser.set_defaults(handler=_run_node)
+
+
+def _run_node(args: argparse.Namespace) -> int:
+    import trio
+
+    from gateway import logs
+    from gateway.node.main import NodeOptions, run_node
+
+    logs.configure(args.verbose - args.quiet)
+    try:
+        users = logs.read_users(args.users) if args.users else None
+    except (OSError, ValueError) as exc:
+        print(f"node: cannot read users file: {exc}", file=sys.stderr)
+        return 2
+    host, port = args.listen
+    options = NodeOptions(
+        host=host,
+        port=port,
+        vbuckets=args.vbuckets,
+        data_dir=args.data_dir,
+        fsync=args.fsync,
+        max_items=args.max_items,
+        sample_items=args.sample_items,
+        value_size=args.value_size,
+        dialect=args.dialect,
+        users=users,
+    )
+    try:
+        trio.run(run_node, options)
+    except OSError as exc:
+        print(f"node: cannot serve {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "load",
+        help="drive writes, deletes and short TTLs at a node; prints ops/s",
+        description=(
+            "Write --items keys (load::N) to a node over memcached, a fraction with a short TTL "
+            "so that expirations happen, then delete a fraction of the others; print ops/s."
+        ),
+    )
+    parser.add_argument(
+        "--target",
+        type=_address,
+        default=("127.0.0.1", 11210),
+        metavar="HOST:PORT",
+        help="node to load (default 127.0.0.1:11210)",
+    )
+    parser.add_argument("--items", type=int, required=True, help="keys to write")
+    parser.add_argument("--value-size", type=int, default=100, help="value size in bytes")
+    parser.add_argument(
+        "--ttl-fraction",
+        type=_fraction,
+        default=0.0,
+        help="fraction of writes with a short TTL (0..1)",
+    )
+    parser.add_argument("--ttl", type=int, default=2, help="the short TTL in seconds (default 2)")
+    parser.add_argument(
+        "--delete-fraction",
+        type=_fraction,
+        default=0.0,
+        help="fraction of non-TTL keys deleted after writing (0..1)",
+    )
+    parser.add_argument("--rate", type=float, help="cap on operations per second")
+    parser.add_argument("--prefix", default="load", help="key prefix (default load)")
+    parser.add_argument("--user", help="SASL PLAIN user")
+    parser.add_argument("--password", default="", help="SASL PLAIN password")
+    parser.set_defaults(handler=_run_load)
+
+
+def _run_load(args: argparse.Namespace) -> int:
+    import trio
+
+    from gateway.load import run_load
+
+    host, port = args.target
+    try:
+        report = trio.run(
+            partial(
+                run_load,
+                host,
+                port,
+                items=args.items,
+                value_size=args.value_size,
+                ttl_fraction=args.ttl_fraction,
+                ttl_seconds=args.ttl,
+                delete_fraction=args.delete_fraction,
+                rate=args.rate,
+                key_prefix=args.prefix,
+                user=args.user,
+                password=args.password,
+            )
+        )
+    except OSError as exc:
+        print(f"load: cannot reach {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a refused login or a target that is not a node
+        print(f"load: {exc}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    return 0 if not report.errors else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tap-upr-gateway",
@@ -66,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_decode(commands)
+    _add_node(commands)
+    _add_load(commands)
     return parser
 
 

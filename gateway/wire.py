@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 RECEIVE_SIZE = 256 * 1024
 DEFAULT_MAX_OUTBOX_BYTES = 4 * 1024 * 1024
 CLOSE_TIMEOUT = 2.0
+FLUSH_TIMEOUT = 10.0
+"""How long a closing connection may take to hand its last queued bytes to a slow peer."""
 
 
 class ConnectionClosed(Exception):
@@ -109,6 +111,10 @@ class PacketConnection:
             self._has_room = trio.Event()
             await self._has_room.wait()
 
+    @property
+    def writer_done(self) -> trio.Event:
+        return self._writer_done
+
     async def run_writer(self) -> None:
         try:
             while True:
@@ -150,13 +156,23 @@ async def run_connection(
     conn = PacketConnection(
         stream, name=name, max_frame_size=max_frame_size, max_outbox_bytes=max_outbox_bytes
     )
+    refused: ProtocolError | None = None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.run_writer)
             try:
                 await handler(conn)
+            except ProtocolError as exc:
+                # Kept out of the nursery so the writer still flushes the error
+                # reply the handler queued before raising.
+                refused = exc
             finally:
                 conn.finish()
+            with trio.move_on_after(FLUSH_TIMEOUT):
+                await conn.writer_done.wait()
+            nursery.cancel_scope.cancel()
+        if refused is not None:
+            log.warning("%s: closing connection: %s", name, refused)
     except* ProtocolError as group:
         log.warning("%s: closing connection: %s", name, _first(group))
     except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed) as group:

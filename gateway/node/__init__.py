@@ -1,0 +1,1 @@
+"""The embedded reference node: an in-memory vbucket store served over memcached, TAP and UPR."""

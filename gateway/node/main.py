@@ -1,0 +1,81 @@
+"""``tap-upr-gateway node``: run the reference node until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from gateway.node.server import Node, NodeConfig
+from gateway.node.store import Store
+from gateway.wire import bound_port
+
+log = logging.getLogger("gateway.node")
+
+
+@dataclass
+class NodeOptions:
+    host: str = "127.0.0.1"
+    port: int = 11210
+    vbuckets: int = 64
+    data_dir: Path | None = None
+    fsync: str = "batch"
+    max_items: int = 2_000_000
+    sample_items: int = 0
+    value_size: int = 100
+    dialect: str = "dcp"
+    users: dict[str, str] | None = None
+
+
+def build_node(options: NodeOptions) -> Node:
+    store = Store(
+        options.vbuckets,
+        data_dir=options.data_dir,
+        fsync=options.fsync,
+        max_items=options.max_items,
+    )
+    if options.sample_items:
+        written = store.populate_sample(
+            options.sample_items, value_size=options.value_size, now=time.time()
+        )
+        log.info("wrote %d sample items (keys sample::NNNNNN)", written)
+    config = NodeConfig(vbuckets=options.vbuckets, dialect=options.dialect, users=options.users)
+    return Node(store, config)
+
+
+async def run_node(
+    options: NodeOptions,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled or signalled; the store is closed (flushed) on the way out."""
+    node = build_node(options)
+    try:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(node.serve, options.host, options.port)
+            port = bound_port(listeners)
+            log.info(
+                "reference node listening on %s:%d (%d vbuckets, dialect %s%s)",
+                options.host,
+                port,
+                options.vbuckets,
+                options.dialect,
+                f", data in {options.data_dir}" if options.data_dir else ", in memory",
+            )
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            task_status.started(port)
+    finally:
+        node.store.close()
+        log.info("reference node stopped")
+
+
+async def _stop_on_signal(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            scope.cancel()
+            return

@@ -1,0 +1,235 @@
+"""The reference node: one listener that speaks memcached, TAP and UPR.
+
+Every connection starts as a memcached command connection (GET/SET/...,
+STAT, SASL). Its first stream message decides what it becomes for the rest
+of its life, as on a real node:
+
+- TAP CONNECT: a TAP producer stream (``tap_producer``);
+- a TAP stream message (MUTATION, DELETE, OPAQUE, ...): the connection is a
+  TAP sender and this node its receiver (``tap_receiver``), the destination of
+  a 2.x vbucket move;
+- UPR OPEN with the producer flag: a UPR producer (``upr_producer``); with no
+  flag: a UPR consumer whose streams this node requests (``upr_consumer``);
+  in the upr-draft dialect, which has no OPEN, a STREAM_REQ or
+  GET_FAILOVER_LOG starts a producer connection directly.
+
+Background tasks close checkpoints on time and run the expiry pager.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+
+import trio
+
+from adapters import tap, upr
+from adapters.errors import ProtocolError
+from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from gateway.node.changes import ChangeFeed
+from gateway.node.store import Store
+from gateway.wire import PacketConnection, serve_packets
+
+log = logging.getLogger(__name__)
+
+VERSION = "3.0.0-tap-upr-reference"
+UNAUTHENTICATED_OPCODES = frozenset(
+    {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
+)
+_TAP_STREAM_OPCODES = frozenset(op for op in tap.TapOpcode if op != tap.TapOpcode.CONNECT)
+
+
+@dataclass
+class NodeConfig:
+    vbuckets: int = 64
+    dialect: str = "dcp"
+    users: dict[str, str] | None = None
+    """SASL PLAIN credentials; when set, every command but SASL/NOOP/VERSION needs them."""
+    tap_ack_interval: int = 1000
+    tap_max_unacked: int = 10_000
+    tap_backoff: float = 5.0
+    tap_noop_interval: float = 20.0
+    upr_noop_interval: float = 180.0
+    expiry_interval: float = 1.0
+    checkpoint_interval: float = 1.0
+    max_frame_size: int = 20 * 1024 * 1024
+
+
+@dataclass
+class Session:
+    """What a command connection has established (authentication so far)."""
+
+    authenticated: bool
+    user: str | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+class Node:
+    def __init__(self, store: Store, config: NodeConfig | None = None) -> None:
+        from gateway.node.tap_producer import TapHub
+        from gateway.node.upr_producer import UprHub
+
+        self.store = store
+        self.config = config or NodeConfig()
+        self.dialect = upr.get_dialect(self.config.dialect)
+        self.changes = ChangeFeed()
+        store.add_listener(self.changes.notify)
+        self.tap = TapHub(self)
+        self.upr = UprHub(self)
+        self.started_at = trio.current_time() if _in_trio() else 0.0
+        self.connections = 0
+
+    # -- serving -------------------------------------------------------------
+
+    async def serve(
+        self,
+        host: str,
+        port: int,
+        *,
+        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen and serve until cancelled; ``task_status`` gets the listeners."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._housekeeping)
+            listeners = await nursery.start(
+                partial(
+                    serve_packets,
+                    self.handle,
+                    host,
+                    port,
+                    label="node",
+                    max_frame_size=self.config.max_frame_size,
+                )
+            )
+            task_status.started(listeners)
+
+    async def handle(self, conn: PacketConnection) -> None:
+        from gateway.node import commands
+
+        self.connections += 1
+        session = Session(authenticated=self.config.users is None)
+        try:
+            while (frame := await conn.receive_frame()) is not None:
+                if frame.magic != Magic.REQUEST:
+                    raise ProtocolError(
+                        "unexpected response on a command connection",
+                        opcode=frame.opcode,
+                        field="magic",
+                        value=frame.magic,
+                    )
+                if not session.authenticated and frame.opcode not in UNAUTHENTICATED_OPCODES:
+                    await conn.send(error_response(frame, Status.AUTH_ERROR, "authenticate first"))
+                    continue
+                if await self._become_stream(conn, frame):
+                    return
+                try:
+                    await commands.execute(self, session, conn, frame)
+                except commands.QuitRequested:
+                    return
+        finally:
+            self.connections -= 1
+
+    async def _become_stream(self, conn: PacketConnection, frame: Frame) -> bool:
+        """Hand the connection to a stream role if ``frame`` starts one."""
+        from gateway.node.tap_producer import serve_tap_stream
+        from gateway.node.tap_receiver import receive_tap_stream
+        from gateway.node.upr_consumer import serve_upr_consumer
+        from gateway.node.upr_producer import serve_upr_producer
+
+        opcode = frame.opcode
+        if opcode == tap.TapOpcode.CONNECT:
+            try:
+                connect = tap.decode_frame(frame)
+            except ProtocolError as exc:
+                await conn.send(error_response(frame, Status.NOT_SUPPORTED, str(exc)))
+                raise
+            assert isinstance(connect, tap.TapConnect)
+            await serve_tap_stream(self, conn, connect)
+            return True
+        if opcode in _TAP_STREAM_OPCODES:
+            await receive_tap_stream(self, conn, frame)
+            return True
+        if opcode not in self.dialect.commands:
+            return False
+        try:
+            event = upr.decode_frame(frame, self.dialect)
+        except ProtocolError as exc:
+            await conn.send(error_response(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc)))
+            raise
+        if isinstance(event, upr.Open):
+            if event.flags & upr.OpenFlags.PRODUCER:
+                await serve_upr_producer(self, conn, event, first=None)
+            elif event.flags & upr.OpenFlags.NOTIFIER:
+                await conn.send(
+                    error_response(
+                        frame, Status.NOT_SUPPORTED, "notifier connections are not supported"
+                    )
+                )
+                return False
+            else:
+                await serve_upr_consumer(self, conn, event)
+            return True
+        if isinstance(event, upr.StreamRequest | upr.GetFailoverLog) and (
+            upr.Command.OPEN not in self.dialect.opcodes
+        ):
+            await serve_upr_producer(self, conn, None, first=event)
+            return True
+        await conn.send(
+            error_response(
+                frame, Status.INVALID_ARGUMENTS, f"{event.NAME} needs an open UPR connection"
+            )
+        )
+        return False
+
+    # -- housekeeping --------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        """Checkpoints closed on time, expired items turned into expirations."""
+        store = self.store
+        while True:
+            await trio.sleep(min(self.config.expiry_interval, self.config.checkpoint_interval))
+            now = wall_clock()
+            store.maybe_close_checkpoints(now)
+            store.expire(now)
+
+
+def wall_clock() -> float:
+    import time
+
+    return time.time()
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+def response(
+    frame: Frame,
+    status: int = Status.SUCCESS,
+    *,
+    key: bytes = b"",
+    value: bytes = b"",
+    extras: bytes = b"",
+    cas: int = 0,
+) -> bytes:
+    """A response to ``frame`` (same opcode and opaque)."""
+    return encode_frame(
+        Magic.RESPONSE,
+        frame.opcode,
+        vbucket_or_status=status,
+        opaque=frame.opaque,
+        cas=cas,
+        key=key,
+        value=value,
+        extras=extras,
+    )
+
+
+def error_response(frame: Frame, status: int, message: str) -> bytes:
+    """An error response whose value says what was wrong, as memcached does."""
+    return response(frame, status, value=message.encode())

@@ -1,0 +1,427 @@
+"""TAP producer connections of the reference node, as an ep-engine 2.x node runs them.
+
+Theory of operation. ``serve_tap_stream`` takes over a connection after its
+CONNECT. ``tap_plan.plan_stream`` turns the CONNECT into one cursor per
+vbucket; a refused CONNECT gets NOT_SUPPORTED with a message and the
+connection closes. One ``TapStream`` then runs three tasks:
+
+- the producer (``_produce``), the only task that writes stream messages:
+  OPAQUE(ENABLE_AUTO_NACK) with support-ack, OPAQUE(ENABLE_CHECKPOINT_SYNC)
+  with checkpoint; for a takeover VBUCKET_SET(pending) per vbucket; the
+  backfills, each OPAQUE(INITIAL_VBUCKET_STREAM), the items,
+  OPAQUE(CLOSE_BACKFILL) (a DUMP sends the items alone); then live items,
+  grouped by the checkpoint each was written in, between CHECKPOINT_START
+  and CHECKPOINT_END. A DUMP ends after its backfill; a takeover, once every
+  vbucket is caught up and (with support-ack) the client has acked it all,
+  makes each vbucket DEAD, sends what the last writes left and
+  VBUCKET_SET(active). Both then wait for every ack and close;
+- the reader (``_read_responses``): acks and nacks go to the sans-IO
+  ``TapProducer`` (sequence numbers, ack requests, window, backoff and
+  retransmit, fatal nacks); a malformed packet gets an error and closes;
+- the watcher: wakes the producer on any store change.
+
+The producer reads the store in bounded batches and awaits each send, so a
+slow client pushes back through the socket outbox and, with support-ack,
+through the ack window. With support-ack, the last message before it
+catches up asks for an ack too (as 2.x did), so a client that acks only
+when asked still confirms everything. With nothing to send it sleeps until
+a change, an ack, a retransmit deadline or the NOOP interval, whichever
+comes first; an idle stream gets a memcached NOOP every
+``tap_noop_interval``.
+
+Item flags travel as stored with FIX_FLAG_BYTEORDER (and the TAP flag
+NETWORK_BYTE_ORDER); without it they are byte-swapped, as 2.x sent them in
+little-endian host order. Deletions and expirations both become DELETE.
+Engine-specific data: rev_seqno, plus nru on mutations (the store keeps no
+NRU bits: 2.x's initial value is sent).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+
+from adapters.errors import ProtocolError
+from adapters.mcbp import Magic, Status, encode_frame
+from adapters.tap import (
+    ConnectFlags,
+    OpaqueCode,
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapConnect,
+    TapDelete,
+    TapFlags,
+    TapMutation,
+    TapNoop,
+    TapNoopResponse,
+    TapOpaque,
+    TapOpcode,
+    TapResponse,
+    TapStreamMessage,
+    TapVbucketSet,
+    decode_frame,
+    encode,
+)
+from adapters.tap.producer import ProducerState, TapProducer
+from gateway.node.items import Item, VBucketState
+from gateway.node.tap_plan import Phase, StreamPlan, VbCursor, plan_stream
+from gateway.node.tap_registry import Registration, TapHub, VbPosition
+from gateway.node.tap_stats import connection_stats, takeover_stats
+from gateway.wire import PacketConnection
+
+__all__ = ["TapHub", "TapStream", "serve_tap_stream"]  # the node builds TapHub from here
+
+log = logging.getLogger(__name__)
+
+BATCH = 256
+"""Items read from the store at a time."""
+REFUSAL_FLUSH_SECONDS = 2.0
+TAKEOVER_SETTLE_ROUNDS = 3
+"""Times a takeover waits for every ack and catches up again before going dead."""
+INITIAL_NRU = 2
+"""ep-engine 2.x's NRU value of an item not referenced since it was stored."""
+
+
+async def serve_tap_stream(node: Any, conn: PacketConnection, connect: TapConnect) -> None:
+    """Run the TAP producer for the rest of the connection."""
+    hub: TapHub = node.tap
+    name = hub.connection_name(connect.name)
+    registration = None
+    if connect.connect_flags & ConnectFlags.REGISTERED_CLIENT:
+        registration = hub.registration(name)
+    try:
+        plan = plan_stream(connect, name, node.store, registration, time.time())
+    except ProtocolError as exc:
+        await refuse(conn, error_reply(TapOpcode.CONNECT, connect.opaque, exc))
+        raise
+    if plan.registered:
+        registration = hub.register(name)
+    stream = TapStream(node, conn, plan, registration)
+    with hub.running(stream):
+        await stream.run()
+
+
+async def refuse(conn: PacketConnection, reply: bytes) -> None:
+    """Send an error reply and see it out before the caller raises (which closes)."""
+    conn.send_nowait(reply)
+    with trio.move_on_after(REFUSAL_FLUSH_SECONDS):  # a peer that does not read gets none
+        await conn.drain()
+
+
+def error_reply(opcode: int, opaque: int, exc: ProtocolError) -> bytes:
+    """An error response naming what was wrong (any opcode, TAP's or not)."""
+    status = exc.status or Status.INVALID_ARGUMENTS
+    return encode_frame(
+        Magic.RESPONSE, opcode, vbucket_or_status=status, opaque=opaque, value=str(exc).encode()
+    )
+
+
+def swap32(flags: int) -> int:
+    return int.from_bytes(flags.to_bytes(4, "big"), "little")
+
+
+class TapStream:
+    """One TAP producer connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        node: Any,
+        conn: PacketConnection,
+        plan: StreamPlan,
+        registration: Registration | None,
+    ) -> None:
+        config = node.config
+        self.node = node
+        self.store = node.store
+        self.conn = conn
+        self.plan = plan
+        self.name = plan.name
+        self.registration = registration
+        self.cursors = {cursor.vb: cursor for cursor in plan.cursors}
+        self.producer = TapProducer(
+            support_ack=plan.support_ack,
+            ack_interval=config.tap_ack_interval,
+            max_unacked=max(config.tap_max_unacked, config.tap_ack_interval),
+            backoff=config.tap_backoff,
+        )
+        self.noop_interval: float = config.tap_noop_interval
+        self.keys_only = plan.has(ConnectFlags.KEYS_ONLY)
+        self.network_order = plan.has(ConnectFlags.FIX_FLAG_BYTEORDER)
+        self.created = time.time()
+        self.last_send = trio.current_time()
+        self._wake = trio.Event()
+        # Positions a registered client reaches once the message is acked.
+        self._pending: dict[int, VbPosition] = {}
+        self.items_sent = 0
+        self.deletes_sent = 0
+        self.checkpoint_ends = 0
+        self.noops_sent = 0
+        self.last_stamped = 0
+        self.last_acked = 0
+        self.idle = False
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_responses, nursery.cancel_scope)
+            nursery.start_soon(self._watch_changes)
+            await self._produce()
+            nursery.cancel_scope.cancel()
+
+    async def _produce(self) -> None:
+        plan = self.plan
+        if plan.support_ack:
+            await self._emit(TapOpaque(OpaqueCode.ENABLE_AUTO_NACK))
+        if plan.has(ConnectFlags.CHECKPOINT):
+            await self._emit(TapOpaque(OpaqueCode.ENABLE_CHECKPOINT_SYNC))
+        if plan.takeover:
+            for cursor in plan.cursors:
+                await self._emit(TapVbucketSet(VBucketState.PENDING, cursor.vb))
+        for cursor in plan.cursors:
+            if cursor.phase is Phase.BACKFILL:
+                await self._backfill(cursor)
+        if not plan.dump:
+            await self._live()
+            if plan.takeover:
+                await self._take_over()
+        await self._settle()
+
+    async def _watch_changes(self) -> None:
+        while True:
+            await self.node.changes.wait_any()
+            self._wake.set()
+
+    # -- phases --------------------------------------------------------------
+
+    async def _backfill(self, cursor: VbCursor) -> None:
+        vb = cursor.vb
+        dump = self.plan.dump
+        if cursor.reset and not dump:
+            await self._emit(
+                TapOpaque(OpaqueCode.INITIAL_VBUCKET_STREAM, vb), VbPosition(0, 0, False)
+            )
+        cursor.backfill_end = end = self.store.high_seqno(vb)
+        while batch := self.store.items_since(vb, cursor.seqno, end, BATCH):
+            for index, item in enumerate(batch):
+                position = VbPosition(item.by_seqno, 0, False)
+                last = index == len(batch) - 1 and self._caught_up(vb, item.by_seqno, end)
+                await self._emit(self._item_message(item), position, last=last)
+                cursor.seqno = item.by_seqno
+        # Later versions of the rest moved past ``end``: live sends them.
+        cursor.seqno = max(cursor.seqno, end)
+        if not dump:
+            await self._emit(
+                TapOpaque(OpaqueCode.CLOSE_BACKFILL, vb), VbPosition(cursor.seqno, 0, True)
+            )
+        cursor.phase = Phase.LIVE if not dump else Phase.DONE
+
+    async def _live(self) -> None:
+        """Stream changes; returns only for a takeover, once all is caught up."""
+        settled = 0
+        while True:
+            self._wake = trio.Event()  # before reading, so no change slips by
+            progressed = False
+            for cursor in self.plan.cursors:
+                progressed = await self._live_step(cursor) or progressed
+            if progressed:
+                self.idle = False
+                continue
+            if self.plan.takeover:
+                # Go dead only once the client holds what was sent (a short
+                # dead window), but do not chase a busy writer for ever.
+                if not self.producer.unacked or settled == TAKEOVER_SETTLE_ROUNDS:
+                    return
+                settled += 1
+                await self._settle()
+                continue
+            self.idle = self.producer.unacked == 0
+            await self._pause()
+
+    async def _live_step(self, cursor: VbCursor) -> bool:
+        """Send one batch of ``cursor``'s vbucket; whether anything went out."""
+        vb = cursor.vb
+        store = self.store
+        high = store.high_seqno(vb)
+        if high < cursor.seqno:
+            log.info("%s: vbucket %d went back to seqno %d; restreaming", self.name, vb, high)
+            cursor.seqno, cursor.checkpoint, cursor.reset = 0, None, True
+            await self._backfill(cursor)
+            return True
+        batch = store.items_since(vb, cursor.seqno, high, BATCH) if high > cursor.seqno else []
+        for index, item in enumerate(batch):
+            if item.checkpoint_id != cursor.checkpoint:
+                await self._end_checkpoint(cursor)
+                cursor.checkpoint = item.checkpoint_id
+                await self._emit(TapCheckpointStart(item.checkpoint_id, vb))
+            position = VbPosition(item.by_seqno, item.checkpoint_id)
+            last = index == len(batch) - 1 and self._caught_up(vb, item.by_seqno)
+            await self._emit(self._item_message(item), position, last=last)
+            cursor.seqno = item.by_seqno
+        if batch:
+            return True
+        cursor.seqno = high  # only overwritten versions were left
+        if cursor.checkpoint is not None and cursor.checkpoint < store.checkpoints(vb)[-1].id:
+            await self._end_checkpoint(cursor)
+            return True
+        return False
+
+    def _caught_up(self, vb: int, seqno: int, end: int | None = None) -> bool:
+        """Nothing left to send in ``vb`` after ``seqno`` (up to ``end``)."""
+        return not self.store.items_since(vb, seqno, end, 1)
+
+    async def _end_checkpoint(self, cursor: VbCursor) -> None:
+        if cursor.checkpoint is None:
+            return
+        checkpoint, cursor.checkpoint = cursor.checkpoint, None
+        self.checkpoint_ends += 1
+        position = VbPosition(cursor.seqno, checkpoint)
+        await self._emit(TapCheckpointEnd(checkpoint, cursor.vb), position)
+
+    async def _take_over(self) -> None:
+        """Each vbucket: DEAD here, its last items, then VBUCKET_SET(active)."""
+        for cursor in self.plan.cursors:
+            self.store.set_state(cursor.vb, VBucketState.DEAD, now=time.time())
+            while await self._live_step(cursor):
+                pass
+            await self._emit(TapVbucketSet(VBucketState.ACTIVE, cursor.vb))
+            cursor.phase = Phase.DONE
+
+    async def _settle(self) -> None:
+        """Wait until every message is acked (at once without support-ack)."""
+        while self.producer.unacked:
+            self._wake = trio.Event()
+            await self._pause()
+
+    # -- sending -------------------------------------------------------------
+
+    def _item_message(self, item: Item) -> TapStreamMessage:
+        if item.deleted:
+            self.deletes_sent += 1
+            return TapDelete(item.key, item.vbucket, cas=item.cas, rev_seqno=item.rev_seqno)
+        tap_flags = TapFlags(0)
+        value = item.value
+        if self.keys_only:
+            tap_flags |= TapFlags.NO_VALUE
+            value = b""
+        if self.network_order:
+            tap_flags |= TapFlags.NETWORK_BYTE_ORDER
+            flags = item.flags
+        else:
+            flags = swap32(item.flags)
+        return TapMutation(
+            item.key,
+            value,
+            item.vbucket,
+            cas=item.cas,
+            flags=flags,
+            expiration=item.expiration,
+            rev_seqno=item.rev_seqno,
+            nru=INITIAL_NRU,
+            tap_flags=tap_flags,
+            datatype=item.datatype,
+        )
+
+    async def _emit(
+        self, message: TapStreamMessage, position: VbPosition | None = None, *, last: bool = False
+    ) -> None:
+        """Stamp and send one message, waiting for the ack window first.
+
+        ``last``: nothing more to send in this vbucket for now; as 2.x did,
+        ask for an ack, so a client that acks only when asked confirms it all.
+        """
+        while not self.producer.can_send:
+            self._wake = trio.Event()
+            await self._pause()
+        stamped = self.producer.stamp(message, force_ack=last)
+        self.last_stamped = stamped.opaque
+        if isinstance(message, TapMutation | TapDelete):
+            self.items_sent += 1
+        if position is not None and self.registration is not None:
+            if self.plan.support_ack:
+                self._pending[stamped.opaque] = position
+            else:
+                self.registration.positions[message.vbucket] = position
+        await self.conn.send(encode(stamped))
+        self.last_send = trio.current_time()
+
+    async def _pause(self) -> None:
+        """Sleep until woken or the next deadline; then do what fell due."""
+        deadline = self.last_send + self.noop_interval
+        retransmit = self.producer.next_deadline()
+        if retransmit is not None:
+            deadline = min(deadline, retransmit)
+        with trio.move_on_at(deadline):
+            await self._wake.wait()
+        await self._on_timers()
+
+    async def _on_timers(self) -> None:
+        now = trio.current_time()
+        again = self.producer.retransmit_due(now)
+        if again:
+            log.info("%s: resending %d unacked messages", self.name, len(again))
+            await self.conn.send(b"".join(encode(message) for message in again))
+            self.last_send = now
+        elif now >= self.last_send + self.noop_interval:
+            self.noops_sent += 1
+            await self.conn.send(encode(TapNoop()))
+            self.last_send = now
+
+    # -- receiving -----------------------------------------------------------
+
+    async def _read_responses(self, scope: trio.CancelScope) -> None:
+        conn = self.conn
+        while (frame := await conn.receive_frame()) is not None:
+            try:
+                event = decode_frame(frame)
+            except ProtocolError as exc:
+                if frame.is_request:
+                    await refuse(conn, error_reply(frame.opcode, frame.opaque, exc))
+                raise
+            if isinstance(event, TapResponse):
+                self._on_response(event)
+            elif isinstance(event, TapNoop):
+                await conn.send(encode(TapNoopResponse(event.opaque)))
+            elif not isinstance(event, TapNoopResponse):
+                refused = ProtocolError(
+                    f"{event.NAME} is not allowed on a TAP producer connection",
+                    opcode=frame.opcode,
+                    status=Status.NOT_SUPPORTED,
+                )
+                await refuse(conn, error_reply(frame.opcode, frame.opaque, refused))
+                raise refused
+        log.info("%s: client closed the TAP connection", self.name)
+        scope.cancel()
+
+    def _on_response(self, response: TapResponse) -> None:
+        released = self.producer.receive(response, trio.current_time())
+        if response.status and self.producer.state is ProducerState.BACKING_OFF:
+            log.info("%s: client busy (0x%02x): backing off", self.name, response.status)
+        for message in released:
+            position = self._pending.pop(message.opaque, None)
+            if position is not None and self.registration is not None:
+                self.registration.positions[message.vbucket] = position
+        if released:
+            self.last_acked = released[-1].opaque
+        self._wake.set()
+
+    # -- statistics ----------------------------------------------------------
+
+    @property
+    def items_remaining(self) -> int:
+        store = self.store
+        return sum(
+            max(0, store.high_seqno(c.vb) - c.seqno)
+            for c in self.plan.cursors
+            if c.phase is not Phase.DONE
+        )
+
+    def connection_stats(self) -> list[tuple[str, str]]:
+        return connection_stats(self)
+
+    def takeover_stats(self, vbucket: int) -> dict[str, str] | None:
+        cursor = self.cursors.get(vbucket)
+        return None if cursor is None else takeover_stats(self, cursor)

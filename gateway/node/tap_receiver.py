@@ -1,0 +1,214 @@
+"""The receiving end of a TAP stream, as a 2.x replica applies one.
+
+Theory of operation. A connection whose first stream message is a TAP
+message (not CONNECT) is a sender pushing a stream into this node: the
+destination of a 2.x vbucket move, where ns_server's ebucketmigrator relays
+the source's TAP stream here unchanged. ``receive_tap_stream`` applies each
+message to the store in arrival order:
+
+- MUTATION / DELETE: replicated writes with the source's CAS, rev_seqno,
+  flags and expiration (``apply_mutation`` / ``apply_deletion``); item
+  flags without the TAP flag NETWORK_BYTE_ORDER arrive byte-swapped (2.x
+  host order) and are swapped back. Where they may land is the store's
+  call: it refuses DEAD vbuckets;
+- OPAQUE(INITIAL_VBUCKET_STREAM): the vbucket is reset to empty before its
+  backfill (refused on an ACTIVE or DEAD vbucket, whose data it would
+  destroy); CLOSE_TAP_STREAM is acked and the sender then closes; the other
+  opaque codes only announce the sender's features;
+- VBUCKET_SET: the vbucket takes the state (pending, then active at the end
+  of a takeover);
+- CHECKPOINT_START/END: the vbucket's checkpoints follow the sender's ids,
+  so a later CONNECT can resume from this node's last closed checkpoint.
+
+Every message with TapFlags.ACK is answered once applied (magic 0x81, same
+opcode and opaque, status 0); a message that cannot be applied gets a nack,
+asked for or not, with the store's status and text, and the stream goes on.
+A message whose TTL has run out (0) is refused with INVALID_ARGUMENTS: it
+has been relayed too often, probably in a loop. A packet that does not
+decode gets an error response and the connection closes. NOOPs are
+answered; responses from the sender are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from adapters.errors import ProtocolError
+from adapters.mcbp import Frame, Status
+from adapters.tap import (
+    OpaqueCode,
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapConnect,
+    TapDelete,
+    TapFlags,
+    TapFlush,
+    TapMutation,
+    TapNoop,
+    TapNoopResponse,
+    TapOpaque,
+    TapOpcode,
+    TapResponse,
+    TapStreamMessage,
+    TapVbucketSet,
+    decode_frame,
+    encode,
+)
+from gateway.node.items import StoreError, VBucketState
+from gateway.node.tap_producer import error_reply, refuse, swap32
+from gateway.wire import PacketConnection
+
+log = logging.getLogger(__name__)
+
+OPCODES: dict[type, TapOpcode] = {
+    TapMutation: TapOpcode.MUTATION,
+    TapDelete: TapOpcode.DELETE,
+    TapFlush: TapOpcode.FLUSH,
+    TapOpaque: TapOpcode.OPAQUE,
+    TapVbucketSet: TapOpcode.VBUCKET_SET,
+    TapCheckpointStart: TapOpcode.CHECKPOINT_START,
+    TapCheckpointEnd: TapOpcode.CHECKPOINT_END,
+}
+_NO_RESET_STATES = (VBucketState.ACTIVE, VBucketState.DEAD)
+
+
+async def receive_tap_stream(node: Any, conn: PacketConnection, first: Frame) -> None:
+    """Apply the TAP stream arriving on ``conn``, starting with ``first``."""
+    receiver = TapReceiver(node.store)
+    frame: Frame | None = first
+    while frame is not None:
+        try:
+            reply = receiver.handle(frame)
+        except _Refused as exc:
+            await refuse(conn, exc.reply)
+            raise
+        if reply:
+            await conn.send(reply)
+        frame = await conn.receive_frame()
+    log.info("%s: TAP sender closed after %d messages", conn.name, receiver.applied)
+
+
+class TapReceiver:
+    """Applies decoded TAP messages to ``store``; ``handle`` returns the reply bytes."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.applied = 0
+        self.nacks = 0
+        self.closing = False
+        """OPAQUE(CLOSE_TAP_STREAM) arrived: the sender is done."""
+
+    def handle(self, frame: Frame) -> bytes:
+        try:
+            event = decode_frame(frame)
+        except ProtocolError as exc:
+            if not frame.is_request:
+                raise
+            raise _Refused(error_reply(frame.opcode, frame.opaque, exc), exc) from None
+        if isinstance(event, TapResponse | TapNoopResponse):
+            return b""  # the sender's answers to our NOOPs, or stray acks: nothing to do
+        if isinstance(event, TapNoop):
+            return encode(TapNoopResponse(event.opaque))
+        if isinstance(event, TapConnect):
+            refused = ProtocolError(
+                "CONNECT inside a TAP stream", opcode=frame.opcode, status=Status.NOT_SUPPORTED
+            )
+            raise _Refused(error_reply(frame.opcode, frame.opaque, refused), refused)
+        return self.receive(event)
+
+    def receive(self, message: TapStreamMessage) -> bytes:
+        """Apply one stream message; the ack, the nack or nothing."""
+        opcode = OPCODES[type(message)]
+        if message.ttl == 0:
+            self.nacks += 1
+            return _reply(opcode, message.opaque, Status.INVALID_ARGUMENTS, b"TTL expired")
+        try:
+            self._apply(message)
+        except StoreError as exc:
+            self.nacks += 1
+            log.info("TAP %s into vbucket %d refused: %s", opcode.name, message.vbucket, exc)
+            return _reply(opcode, message.opaque, exc.status, exc.message.encode())
+        self.applied += 1
+        if message.tap_flags & TapFlags.ACK:
+            return _reply(opcode, message.opaque, Status.SUCCESS)
+        return b""
+
+    def _apply(self, message: TapStreamMessage) -> None:
+        store = self.store
+        vb = message.vbucket
+        now = time.time()
+        if isinstance(message, TapMutation):
+            self._mutation(message, now)
+        elif isinstance(message, TapDelete):
+            store.apply_deletion(
+                vb, message.key, cas=message.cas, rev_seqno=self._rev(message), now=now
+            )
+        elif isinstance(message, TapOpaque):
+            self._opaque(message)
+        elif isinstance(message, TapVbucketSet):
+            store.set_state(vb, message.state, now=now)
+        elif isinstance(message, TapCheckpointStart):
+            if store.checkpoints(vb)[-1].id < message.checkpoint_id:
+                store.close_checkpoint(vb, next_id=message.checkpoint_id)
+        elif isinstance(message, TapCheckpointEnd):
+            if store.checkpoints(vb)[-1].id == message.checkpoint_id:
+                store.close_checkpoint(vb)
+        else:  # TapFlush: 2.x flushed the whole bucket; a node sharing vbuckets must not
+            raise StoreError(Status.NOT_SUPPORTED, "TAP FLUSH is not supported")
+
+    def _mutation(self, message: TapMutation, now: float) -> None:
+        if message.tap_flags & TapFlags.NO_VALUE:
+            raise StoreError(Status.NOT_SUPPORTED, "a keys-only mutation cannot be applied")
+        flags = message.flags
+        if not message.tap_flags & TapFlags.NETWORK_BYTE_ORDER:
+            flags = swap32(flags)
+        self.store.apply_mutation(
+            message.vbucket,
+            message.key,
+            message.value,
+            flags=flags,
+            expiration=message.expiration,
+            cas=message.cas,
+            rev_seqno=self._rev(message),
+            datatype=message.datatype,
+            now=now,
+        )
+
+    def _rev(self, message: TapMutation | TapDelete) -> int:
+        if message.rev_seqno is not None:
+            return message.rev_seqno
+        # A sender without 2.x metadata: the next revision of what is here.
+        old = self.store.lookup(message.vbucket, message.key)
+        return old.rev_seqno + 1 if old is not None else 1
+
+    def _opaque(self, message: TapOpaque) -> None:
+        vb = message.vbucket
+        if message.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM:
+            state = self.store.state(vb)
+            if state in _NO_RESET_STATES:
+                why = f"will not reset vbucket {vb}: it is {state.name.lower()}"
+                raise StoreError(Status.NOT_MY_VBUCKET, why)
+            self.store.reset_vbucket(vb)
+        elif message.opaque_code == OpaqueCode.CLOSE_TAP_STREAM:
+            self.closing = True
+
+
+def _reply(opcode: TapOpcode, opaque: int, status: int, text: bytes = b"") -> bytes:
+    return encode(TapResponse(opcode, opaque, status, text))
+
+
+class _Refused(ProtocolError):
+    """A packet refused with ``reply``, after which the connection closes."""
+
+    def __init__(self, reply: bytes, cause: ProtocolError) -> None:
+        super().__init__(
+            cause.reason,
+            opcode=cause.opcode,
+            field=cause.field,
+            value=cause.value,
+            offset=cause.offset,
+            status=cause.status,
+        )
+        self.reply = reply

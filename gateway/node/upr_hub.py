@@ -1,0 +1,125 @@
+"""The node's registry of open UPR connections, and their statistics.
+
+Theory of operation. Every UPR connection, producer or consumer, registers
+under its name for as long as it runs, inside a ``trio.CancelScope`` the hub
+keeps. Opening a connection under a name already taken cancels the older
+one's scope, as 3.0 closes a connection whose name is reused: that handler
+returns and its socket closes, while the newer one carries on under the
+name. A connection unregisters only itself, so a late exit of the old one
+cannot remove the new one.
+
+``stats`` renders ``STAT dcp`` (and ``STAT upr``) the way 3.0 names it:
+``ep_dcp_*`` totals, then per connection ``eq_dcpq:<name>:<stat>``, with
+the pre-release ``ep_upr_*``/``eq_uprq:`` spellings as aliases.
+``takeover_stats`` answers ``STAT dcp-vbtakeover <vb> <name>``: how much a
+stream has still to send, which an orchestrator polls before it takes over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import trio
+
+log = logging.getLogger(__name__)
+
+
+class UprConnection(Protocol):
+    """What the hub needs from a producer or consumer connection."""
+
+    name: str
+    kind: str
+    """``"producer"`` or ``"consumer"``."""
+
+    @property
+    def items_sent(self) -> int: ...
+
+    @property
+    def total_bytes(self) -> int: ...
+
+    @property
+    def items_remaining(self) -> int: ...
+
+    def connection_stats(self) -> list[tuple[str, str]]:
+        """Per-connection stats, names without the ``eq_dcpq:<name>:`` prefix."""
+        ...
+
+    def takeover_stats(self, vbucket: int) -> dict[str, str] | None: ...
+
+
+class _Entry:
+    __slots__ = ("connection", "scope")
+
+    def __init__(self, connection: UprConnection, scope: trio.CancelScope) -> None:
+        self.connection = connection
+        self.scope = scope
+
+
+class UprHub:
+    """Open UPR connections by name; constructed once per node as ``UprHub(node)``."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self._entries: dict[str, _Entry] = {}
+        self.connections_opened = 0
+        self.connections_replaced = 0
+
+    @contextmanager
+    def running(self, connection: UprConnection) -> Iterator[trio.CancelScope]:
+        """Register ``connection`` while the block runs; a later namesake cancels it."""
+        scope = trio.CancelScope()
+        entry = _Entry(connection, scope)
+        old = self._entries.get(connection.name)
+        if old is not None:
+            log.info("UPR connection %r reopened: closing the older one", connection.name)
+            self.connections_replaced += 1
+            old.scope.cancel()
+        self._entries[connection.name] = entry
+        self.connections_opened += 1
+        try:
+            with scope:
+                yield scope
+        finally:
+            if self._entries.get(connection.name) is entry:
+                del self._entries[connection.name]
+
+    def get(self, name: str) -> UprConnection | None:
+        entry = self._entries.get(name)
+        return entry.connection if entry is not None else None
+
+    def connections(self) -> list[UprConnection]:
+        return [entry.connection for entry in self._entries.values()]
+
+    # -- statistics ----------------------------------------------------------
+
+    def stats(self) -> list[tuple[str, str]]:
+        conns = self.connections()
+        producers = [c for c in conns if c.kind == "producer"]
+        totals = [
+            ("count", len(conns)),
+            ("producer_count", len(producers)),
+            ("consumer_count", len(conns) - len(producers)),
+            ("total_bytes", sum(c.total_bytes for c in conns)),
+            ("items_sent", sum(c.items_sent for c in producers)),
+            ("items_remaining", sum(c.items_remaining for c in producers)),
+        ]
+        out = [(f"ep_dcp_{name}", str(value)) for name, value in totals]
+        per_connection: list[tuple[str, str]] = []
+        for conn in sorted(conns, key=lambda c: c.name):
+            per_connection.extend(
+                (f"{conn.name}:{stat}", value) for stat, value in conn.connection_stats()
+            )
+        out.extend((f"eq_dcpq:{key}", value) for key, value in per_connection)
+        # Pre-release names, still read by tools written against 3.0 betas.
+        out.extend((f"ep_upr_{name}", str(value)) for name, value in totals)
+        out.extend((f"eq_uprq:{key}", value) for key, value in per_connection)
+        return out
+
+    def takeover_stats(self, vbucket: int, name: str) -> dict[str, str] | None:
+        conn = self.get(name)
+        if conn is None:
+            return None
+        return conn.takeover_stats(vbucket)

@@ -1,0 +1,405 @@
+"""One UPR producer stream: from a vbucket's store to the consumer, in snapshots.
+
+Theory of operation. ``check_request`` answers a STREAM_REQ from the store's
+state in one synchronous step: NOT_MY_VBUCKET unless the vbucket is ACTIVE,
+RANGE_ERROR unless start <= end and snap_start <= start <= snap_end, ROLLBACK
+by the 3.0 rule of the store's failover log, else OK with that log. (A live
+stream on the vbucket, KEY_EXISTS, is the connection's business.)
+
+``ProducerStream.run`` then sends, tagged with the request's opaque:
+
+1. the catch-up ("backfill"): everything from the start to the high seqno
+   at that moment, as ONE snapshot with the DISK flag;
+2. live items, one MEMORY snapshot per batch read, a batch never crossing a
+   checkpoint boundary and flagged CHECKPOINT when it begins one; between
+   batches the stream sleeps on the node's change feed;
+3. STREAM_END: OK once the end seqno is sent, STATE_CHANGED if the vbucket
+   stops being ACTIVE, CLOSED after CLOSE_STREAM (``close``).
+
+Reads are bounded (``BATCH`` items) and each message is sent with the
+connection's ``send_counted``, which waits for flow-control room and socket
+backpressure, so a stream never holds more than one batch. A memory marker
+names exactly the seqnos of the first and last items under it; the disk
+marker too, unless the backfill spans several batches and items at its end
+are overwritten while it runs (their new versions follow in memory
+snapshots). The store keeps one version per key, so no key repeats within
+a snapshot.
+
+Takeover (flag 0x01): memory markers carry ACK; once caught up the stream
+waits for every marker ack, sends SET_VBUCKET_STATE(pending) and waits for
+its reply, makes the vbucket DEAD (no more writes), sends what arrived
+meanwhile, waits for the acks again, sends SET_VBUCKET_STATE(active), waits
+for that reply and ends with OK. The draft dialect has no acks: there the
+stream does not wait for replies.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from adapters import upr
+from adapters.mcbp import Status
+from gateway.node.items import Item, ItemKind, VBucketState
+
+if TYPE_CHECKING:
+    from gateway.node.upr_producer import ProducerConnection
+
+BATCH = 256
+"""Items read from the store at a time: the most a stream holds in memory."""
+_COUNT_CHUNK = 4096
+MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
+
+SF = upr.SnapshotFlags
+
+
+class StreamState(enum.Enum):
+    """As 3.0 reports them in ``eq_dcpq:<name>:stream_<vb>_state``."""
+
+    PENDING = "pending"
+    BACKFILLING = "backfilling"
+    IN_MEMORY = "in-memory"
+    TAKEOVER_SEND = "takeover-send"
+    TAKEOVER_WAIT = "takeover-wait"
+    DEAD = "dead"
+
+
+@dataclass
+class StreamSettings:
+    """What a connection's streams send, as negotiated on the connection."""
+
+    delete_times: bool = False
+    """OPEN flag INCLUDE_DELETE_TIMES: deletions and expirations carry delete_time."""
+    draft: bool = False
+    """The transport draft: STREAM_START, SNAPSHOT_START/END, no acks."""
+    expiry_opcode: bool = False
+    """CONTROL enable_expiry_opcode: expirations travel as EXPIRATION."""
+
+
+def _refusal(req: upr.StreamRequest, status: Status, text: str) -> upr.Response:
+    return upr.Response(upr.Command.STREAM_REQ, req.opaque, status.value, text.encode())
+
+
+def check_request(
+    store: Any, req: upr.StreamRequest, draft: bool
+) -> upr.StreamRequestOk | upr.StreamRequestRollback | upr.Response:
+    """The answer to ``req`` from the store as it is now."""
+    vb = req.vbucket
+    if not 0 <= vb < store.n_vbuckets:
+        return _refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
+    state = store.state(vb)
+    if state is not VBucketState.ACTIVE:
+        return _refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is {state.name.lower()}")
+    start, end = req.start_seqno, req.end_seqno
+    if start > end:
+        return _refusal(req, Status.RANGE_ERROR, f"start seqno {start} > end seqno {end}")
+    # The draft names no snapshot: its consumers resume at snapshot boundaries.
+    snap = (start, start) if draft else (req.snap_start_seqno, req.snap_end_seqno)
+    if not snap[0] <= start <= snap[1]:
+        return _refusal(
+            req,
+            Status.RANGE_ERROR,
+            f"start seqno {start} outside snapshot {snap[0]}..{snap[1]}",
+        )
+    rollback = store.rollback_decision(vb, start, req.vbucket_uuid, *snap)
+    if rollback is not None:
+        return upr.StreamRequestRollback(rollback, req.opaque)
+    return upr.StreamRequestOk(store.failover_log(vb), req.opaque)
+
+
+def item_event(
+    item: Item, opaque: int, settings: StreamSettings
+) -> upr.Mutation | upr.Deletion | upr.Expiration:
+    """The stream message of one stored item."""
+    if item.kind is ItemKind.MUTATION:
+        return upr.Mutation(
+            key=item.key,
+            value=item.value,
+            by_seqno=item.by_seqno,
+            rev_seqno=item.rev_seqno,
+            flags=item.flags,
+            expiration=item.expiration,
+            lock_time=item.lock_time,
+            cas=item.cas,
+            datatype=item.datatype,
+            opaque=opaque,
+            vbucket=item.vbucket,
+        )
+    # 3.0 sends every delete as DELETION; EXPIRATION only for consumers that ask.
+    cls = (
+        upr.Expiration
+        if settings.expiry_opcode and item.kind is ItemKind.EXPIRATION
+        else (upr.Deletion)
+    )
+    return cls(
+        key=item.key,
+        by_seqno=item.by_seqno,
+        rev_seqno=item.rev_seqno,
+        delete_time=item.delete_time if settings.delete_times else None,
+        cas=item.cas,
+        opaque=opaque,
+        vbucket=item.vbucket,
+    )
+
+
+def count_items(store: Any, vb: int, after: int, upto: int) -> int:
+    """Items present with ``after < by_seqno <= upto``, read in bounded chunks."""
+    total = 0
+    while after < upto:
+        chunk = store.items_since(vb, after, upto, _COUNT_CHUNK)
+        total += len(chunk)
+        if len(chunk) < _COUNT_CHUNK:
+            break
+        after = chunk[-1].by_seqno
+    return total
+
+
+class ProducerStream:
+    def __init__(self, producer: ProducerConnection, req: upr.StreamRequest) -> None:
+        self.producer = producer
+        self.store = producer.node.store
+        self.changes = producer.node.changes
+        self.settings = producer.settings
+        self.vbucket = req.vbucket
+        self.opaque = req.opaque
+        self.flags = req.flags
+        self.start_seqno = req.start_seqno
+        self.end_seqno = req.end_seqno
+        if req.flags & (upr.StreamFlags.LATEST | upr.StreamFlags.DISK_ONLY):
+            # Everything is "on disk" here: both mean "up to what exists now".
+            self.end_seqno = min(self.end_seqno, self.store.high_seqno(self.vbucket))
+        self.snapshot = (req.snap_start_seqno, req.snap_end_seqno)
+        self.uuid = req.vbucket_uuid
+        self.takeover = bool(req.flags & upr.StreamFlags.TAKEOVER)
+        self.state = StreamState.PENDING
+        self.last_read = self.last_sent = req.start_seqno
+        self.backfill_end = 0
+        self.items_sent = 0
+        self.markers_sent = 0
+        self.end_reason: upr.StreamEndReason | None = None
+        self.scope = trio.CancelScope()
+        self._giving_up_vbucket = False
+        self._unacked_markers = 0
+        self._markers_acked = trio.Event()
+        self._state_reply: trio.Event | None = None
+
+    # -- life cycle --------------------------------------------------------------
+
+    async def run(self) -> None:
+        reason = upr.StreamEndReason.OK
+        with self.scope:
+            reason = await self._stream()
+        if self.scope.cancelled_caught and self.end_reason is not None:
+            reason = self.end_reason
+        await self.producer.send_counted(
+            upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
+        )
+        self.end_reason = upr.StreamEndReason(reason)
+        self.state = StreamState.DEAD
+
+    def close(self, reason: upr.StreamEndReason) -> None:
+        """End the stream early (CLOSE_STREAM): it sends STREAM_END(``reason``)."""
+        if self.end_reason is None:
+            self.end_reason = reason
+            self.scope.cancel()
+
+    async def _stream(self) -> upr.StreamEndReason:
+        if self.settings.draft:
+            await self._send(upr.StreamStart(opaque=self.opaque, vbucket=self.vbucket))
+        reason = await self._backfill()
+        if reason is not None:
+            return reason
+        self.state = StreamState.IN_MEMORY
+        while True:
+            if self.last_read >= self.end_seqno:
+                return upr.StreamEndReason.OK
+            reason = self._state_changed()
+            if reason is not None:
+                return reason
+            if await self._memory_snapshot():
+                continue
+            if self.takeover:
+                await self._take_over()
+                return upr.StreamEndReason.OK
+            # Caught up, and nothing awaited since the read: no change can be missed.
+            await self.changes.wait(self.vbucket)
+
+    def _state_changed(self) -> upr.StreamEndReason | None:
+        if self._giving_up_vbucket:
+            return None
+        if self.store.state(self.vbucket) is not VBucketState.ACTIVE:
+            return upr.StreamEndReason.STATE_CHANGED
+        if self.store.high_seqno(self.vbucket) < self.last_read:
+            # Rolled back under the stream: what was sent is no longer history.
+            # (3.0 consumers know no ROLLBACK reason; they re-request either way.)
+            return upr.StreamEndReason.STATE_CHANGED
+        return None
+
+    # -- snapshots ---------------------------------------------------------------
+
+    async def _backfill(self) -> upr.StreamEndReason | None:
+        """Start .. high seqno as one DISK snapshot, read in bounded batches."""
+        high = min(self.store.high_seqno(self.vbucket), self.end_seqno)
+        if self.last_read >= high:
+            return None
+        self.state = StreamState.BACKFILLING
+        self.backfill_end = high
+        batch = self.store.items_since(self.vbucket, self.last_read, high, BATCH)
+        if batch:
+            # One batch is all of it: the marker can name the exact last seqno.
+            last = batch[-1].by_seqno if len(batch) < BATCH else high
+            await self._marker(batch[0].by_seqno, last, SF.DISK)
+            while batch:
+                await self._send_items(batch)
+                if len(batch) < BATCH:
+                    break
+                reason = self._state_changed()
+                if reason is not None:
+                    return reason
+                batch = self.store.items_since(self.vbucket, self.last_read, high, BATCH)
+            await self._snapshot_end()
+        self.last_read = max(self.last_read, high)
+        return None
+
+    async def _memory_snapshot(self) -> bool:
+        """Send the next batch of live items as a snapshot; False if caught up."""
+        vb = self.vbucket
+        high = self.store.high_seqno(vb)
+        if self.last_read >= high:
+            return False
+        first = self.last_read + 1
+        checkpoint = self.store.checkpoint_of(vb, first)
+        if checkpoint is None:
+            # Older than the checkpoints kept: 3.0 would backfill it from disk.
+            upper, flags = high, SF.DISK
+        else:
+            upper = high if checkpoint.open else min(checkpoint.end_seqno, high)
+            flags = SF.MEMORY | (SF.CHECKPOINT if checkpoint.start_seqno == first else SF(0))
+        upper = min(upper, self.end_seqno)
+        if self.takeover and not self.settings.draft:
+            flags |= SF.ACK
+        batch = self.store.items_since(vb, self.last_read, upper, BATCH)
+        if batch:
+            await self._marker(batch[0].by_seqno, batch[-1].by_seqno, flags)
+            await self._send_items(batch)
+            await self._snapshot_end()
+        else:
+            await trio.lowlevel.checkpoint()  # a range of overwritten items: skip it
+        if len(batch) < BATCH:
+            self.last_read = max(self.last_read, upper)
+        return True
+
+    async def _marker(self, start: int, end: int, flags: upr.SnapshotFlags) -> None:
+        if self.settings.draft:
+            await self._send(upr.SnapshotStart(opaque=self.opaque, vbucket=self.vbucket))
+        else:
+            if flags & SF.ACK:
+                if not self._unacked_markers:
+                    self._markers_acked = trio.Event()
+                self._unacked_markers += 1
+            marker = upr.SnapshotMarker(start, end, flags, opaque=self.opaque, vbucket=self.vbucket)
+            await self._send(marker)
+        self.markers_sent += 1
+
+    async def _snapshot_end(self) -> None:
+        if self.settings.draft:
+            await self._send(upr.SnapshotEnd(opaque=self.opaque, vbucket=self.vbucket))
+
+    async def _send_items(self, batch: list[Item]) -> None:
+        opaque, settings = self.opaque, self.settings
+        for item in batch:
+            await self.producer.send_counted(item_event(item, opaque, settings))
+            self.last_read = self.last_sent = item.by_seqno
+            self.items_sent += 1
+
+    async def _send(self, event: upr.UprRequest) -> None:
+        await self.producer.send_counted(event)
+
+    # -- takeover ------------------------------------------------------------------
+
+    async def _take_over(self) -> None:
+        await self._wait_for_marker_acks()
+        self.state = StreamState.TAKEOVER_WAIT
+        await self._set_vbucket_state(VBucketState.PENDING)
+        # From here on this stream ends the vbucket's life here, not a state change.
+        self._giving_up_vbucket = True
+        self.store.set_state(self.vbucket, VBucketState.DEAD, now=time.time())
+        self.state = StreamState.TAKEOVER_SEND
+        while await self._memory_snapshot():
+            pass  # what was written before the vbucket died
+        await self._wait_for_marker_acks()
+        self.state = StreamState.TAKEOVER_WAIT
+        await self._set_vbucket_state(VBucketState.ACTIVE)
+
+    async def _wait_for_marker_acks(self) -> None:
+        if self._unacked_markers:
+            await self._markers_acked.wait()
+
+    async def _set_vbucket_state(self, state: VBucketState) -> None:
+        reply = self._state_reply = trio.Event()
+        await self._send(upr.SetVbucketState(state, opaque=self.opaque, vbucket=self.vbucket))
+        if not self.settings.draft:
+            await reply.wait()
+
+    def on_response(self, event: upr.Response) -> None:
+        """A reply of the consumer to this stream's SET_VBUCKET_STATE or marker."""
+        if event.command is upr.Command.SET_VBUCKET_STATE:
+            if self._state_reply is not None:
+                self._state_reply.set()
+        elif event.command is upr.Command.SNAPSHOT_MARKER and self._unacked_markers:
+            self._unacked_markers -= 1
+            if not self._unacked_markers:
+                self._markers_acked.set()
+
+    # -- statistics ------------------------------------------------------------------
+
+    def items_remaining(self) -> int:
+        if self.state is StreamState.DEAD:
+            return 0
+        upto = min(self.store.high_seqno(self.vbucket), self.end_seqno)
+        return count_items(self.store, self.vbucket, self.last_read, upto)
+
+    def backfill_remaining(self) -> int:
+        if self.state is not StreamState.BACKFILLING:
+            return 0
+        return count_items(self.store, self.vbucket, self.last_read, self.backfill_end)
+
+    def stats(self) -> list[tuple[str, str]]:
+        prefix = f"stream_{self.vbucket}_"
+        values: list[tuple[str, object]] = [
+            ("state", self.state.value),
+            ("opaque", self.opaque),
+            ("flags", f"0x{int(self.flags):x}"),
+            ("start_seqno", self.start_seqno),
+            ("end_seqno", self.end_seqno),
+            ("vb_uuid", self.uuid),
+            ("snap_start_seqno", self.snapshot[0]),
+            ("snap_end_seqno", self.snapshot[1]),
+            ("last_sent_seqno", self.last_sent),
+            ("last_read_seqno", self.last_read),
+            ("items_sent", self.items_sent),
+            ("items_remaining", self.items_remaining()),
+            ("backfill_remaining", self.backfill_remaining()),
+            ("snapshots_sent", self.markers_sent),
+            ("unacked_markers", self._unacked_markers),
+        ]
+        if self.end_reason is not None:
+            values.append(("end_reason", self.end_reason.name.lower()))
+        return [(prefix + name, str(value)) for name, value in values]
+
+    def takeover_stats(self) -> dict[str, str]:
+        remaining = self.items_remaining()
+        backfill = self.backfill_remaining()
+        return {
+            "name": self.producer.name,
+            "status": self.state.value,
+            "estimate": str(remaining),
+            "backfillRemaining": str(backfill),
+            "chk_items": str(max(0, remaining - backfill)),
+            "vb_items": str(self.store.vbucket_stats(self.vbucket).items),
+            "on_disk_deletes": "0",
+        }
