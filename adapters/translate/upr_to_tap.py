@@ -8,9 +8,14 @@ have sent (unstamped: the TAP producer adds sequence numbers and ack flags):
 - the first snapshot of a stream that backfills from zero, a DISK snapshot,
   becomes OPAQUE(INITIAL_VBUCKET_STREAM), its items, OPAQUE(CLOSE_BACKFILL);
 - every other snapshot becomes CHECKPOINT_START(id), its items,
-  CHECKPOINT_END(id), with ids increasing per vbucket; ``checkpoints`` keeps
-  id -> snapshot range so a client that resumes by checkpoint id can be
-  resumed by seqno upstream;
+  CHECKPOINT_END(id), with ids increasing per vbucket (drawn from
+  ``checkpoint_ids``, which a caller may share between streams);
+  ``checkpoints`` keeps id -> (first, last) seqno actually sent under that
+  checkpoint, recorded when it closes, so a client that resumes by
+  checkpoint id can be resumed by seqno upstream;
+- after ``resume()`` (the upstream stream was re-requested from the last
+  seqno sent), the first marker continues the snapshot still open instead of
+  closing it: the client sees one unbroken checkpoint or backfill;
 - a snapshot closes at the item whose by_seqno is its end, or, when
   deduplication or purged tombstones leave it short, at the next marker or
   at the end of the stream;
@@ -24,8 +29,10 @@ Anything else in a vbucket's stream is a protocol error naming it.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 from adapters.errors import ProtocolError
 from adapters.tap.constants import NO_TAP_FLAGS, OpaqueCode, TapFlags
@@ -75,14 +82,17 @@ class UprToTap:
         keys_only: bool = False,
         network_byte_order: bool = False,
         first_checkpoint_id: int = 1,
+        checkpoint_ids: Iterator[int] | None = None,
     ) -> None:
         self.vbucket = vbucket
         self.keys_only = keys_only
         self.network_byte_order = network_byte_order
         self._expect_backfill = backfill
-        self.next_checkpoint_id = first_checkpoint_id
+        self._ids = checkpoint_ids or itertools.count(first_checkpoint_id)
         self.open: OpenSnapshot | None = None
         self.last_seqno = 0
+        self._first_in_open = 0
+        self._resuming = False
         self.checkpoints: OrderedDict[int, tuple[int, int]] = OrderedDict()
         item_flags = NO_TAP_FLAGS
         if keys_only:
@@ -108,16 +118,23 @@ class UprToTap:
             f"{event.NAME} has no place in a vbucket stream", field="opcode", value=event.NAME
         )
 
+    def resume(self) -> None:
+        """The upstream stream restarts after ``last_seqno``: continue what is open."""
+        self._resuming = True
+
     def _marker(self, marker: SnapshotMarker) -> list[TapStreamMessage]:
+        if self._resuming:
+            self._resuming = False
+            if self.open is not None:
+                self.open = replace(self.open, end=max(self.open.end, marker.end_seqno))
+                return []
         out = self._close()
         if self._expect_backfill and marker.flags & SnapshotFlags.DISK:
             self.open = OpenSnapshot(marker.start_seqno, marker.end_seqno, None)
             out.append(TapOpaque(OpaqueCode.INITIAL_VBUCKET_STREAM, vbucket=self.vbucket))
         else:
-            checkpoint_id = self.next_checkpoint_id
-            self.next_checkpoint_id += 1
+            checkpoint_id = next(self._ids)
             self.open = OpenSnapshot(marker.start_seqno, marker.end_seqno, checkpoint_id)
-            self._remember(checkpoint_id, marker.start_seqno, marker.end_seqno)
             out.append(TapCheckpointStart(checkpoint_id, vbucket=self.vbucket))
         self._expect_backfill = False
         return out
@@ -129,6 +146,8 @@ class UprToTap:
                 field="by_seqno",
                 value=item.by_seqno,
             )
+        if self.open is not None and not self._first_in_open:
+            self._first_in_open = item.by_seqno
         self.last_seqno = item.by_seqno
         message: TapStreamMessage
         if isinstance(item, Mutation):
@@ -154,10 +173,12 @@ class UprToTap:
 
     def _close(self) -> list[TapStreamMessage]:
         snapshot, self.open = self.open, None
+        first, self._first_in_open = self._first_in_open, 0
         if snapshot is None:
             return []
         if snapshot.checkpoint_id is None:
             return [TapOpaque(OpaqueCode.CLOSE_BACKFILL, vbucket=self.vbucket)]
+        self._remember(snapshot.checkpoint_id, first or snapshot.start, self.last_seqno)
         return [TapCheckpointEnd(snapshot.checkpoint_id, vbucket=self.vbucket)]
 
     def _remember(self, checkpoint_id: int, start: int, end: int) -> None:

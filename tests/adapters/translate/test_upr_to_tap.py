@@ -98,6 +98,7 @@ def test_backfill_then_live_checkpoints() -> None:
     ]
     assert all(m.vbucket == 3 for m in out)
     assert translator.checkpoints == {1: (3, 4), 2: (5, 5)}
+    assert translator.open is None
     assert out[2] == TapDelete(b"gone", vbucket=3, rev_seqno=4)
 
 
@@ -199,3 +200,39 @@ def test_every_item_once_in_order_inside_balanced_brackets(
             assert open_bracket is not None
     assert open_bracket is None
     assert ids == sorted(set(ids))
+
+
+def test_checkpoint_records_what_was_sent_and_ids_come_from_a_shared_counter() -> None:
+    import itertools
+
+    ids = itertools.count(40)
+    first, second = (
+        UprToTap(1, backfill=False, checkpoint_ids=ids),
+        UprToTap(2, backfill=False, checkpoint_ids=ids),
+    )
+    run(first, [SnapshotMarker(3, 9, MEMORY), mutation(4), mutation(6), StreamEnd()])
+    out = run(second, [SnapshotMarker(1, 1, MEMORY), mutation(1)])
+    assert first.checkpoints == {40: (4, 6)}
+    assert names(out) == ["CHECKPOINT_START:41", "MUTATION", "CHECKPOINT_END:41"]
+
+
+def test_resume_continues_the_open_checkpoint_and_the_open_backfill() -> None:
+    translator = UprToTap(0, backfill=True)
+    out = run(translator, [SnapshotMarker(0, 10, DISK), mutation(3)])
+    translator.resume()
+    out += run(translator, [SnapshotMarker(4, 12, DISK), mutation(11), mutation(12)])
+    out += run(translator, [SnapshotMarker(13, 15, MEMORY), mutation(13)])
+    translator.resume()
+    out += run(translator, [SnapshotMarker(14, 15, MEMORY), mutation(15)])
+    assert names(out) == [
+        "INITIAL_VBUCKET_STREAM",
+        "MUTATION",
+        "MUTATION",
+        "MUTATION",
+        "CLOSE_BACKFILL",
+        "CHECKPOINT_START:1",
+        "MUTATION",
+        "MUTATION",
+        "CHECKPOINT_END:1",
+    ]
+    assert translator.checkpoints == {1: (13, 15)}
