@@ -105,6 +105,8 @@ class StreamStats:
     """Total time spent with a full window (monotonic seconds)."""
     # TAP acks.
     acks_pending: int = 0
+    ack_window: int = 0
+    """Most unacknowledged TAP messages allowed before the front waits (0: acks off)."""
     nacks_total: int = 0
     retransmits_total: int = 0
     oldest_unacked_time: float | None = None
@@ -168,6 +170,10 @@ class GatewayStats:
     takeovers_started_total: Counter[str] = field(default_factory=Counter)
     takeovers_completed_total: Counter[str] = field(default_factory=Counter)
     upr_log: UprLogStats = field(default_factory=UprLogStats)
+    closed_items_sent: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Items sent by connections since closed, by (direction, kind), so totals never fall."""
+    closed_bytes_sent: Counter[str] = field(default_factory=Counter)
+    """Bytes sent by connections since closed, by direction."""
 
     @contextmanager
     def stream(self, stats: StreamStats) -> Iterator[StreamStats]:
@@ -178,7 +184,10 @@ class GatewayStats:
         try:
             yield stats
         finally:
-            self.streams.pop(key, None)
+            if self.streams.pop(key, None) is not None:
+                for kind, count in stats.items_sent.items():
+                    self.closed_items_sent[stats.direction, kind] += count
+                self.closed_bytes_sent[stats.direction] += stats.bytes_sent
 
     def active(self, direction: str) -> list[StreamStats]:
         return [s for s in self.streams.values() if s.direction == direction]
