@@ -15,42 +15,16 @@ uuids; both limits are enforced here.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+
+from adapters.upr.rollback import rollback_decision
+
+__all__ = ["MAX_ENTRIES", "UUID_BITS", "FailoverLog", "rollback_decision"]
 
 MAX_ENTRIES = 25
 UUID_BITS = 48
 
 FailoverEntries = tuple[tuple[int, int], ...]
-
-
-def rollback_decision(
-    entries: Sequence[tuple[int, int]],
-    high_seqno: int,
-    start: int,
-    uuid: int,
-    snap_start: int,
-    snap_end: int,
-) -> int | None:
-    """The seqno a consumer must roll back to, or ``None`` to stream from ``start``.
-
-    ``entries`` is the producer's failover log, newest first. The 3.0 rule:
-    a consumer starting from 0 has nothing to lose; an unknown uuid means an
-    unknown history (back to 0); otherwise the consumer's history agrees with
-    ours up to ``upper``, the seqno where the next newer history began (or
-    our high seqno for the newest), and a snapshot reaching past it must be
-    rolled back to its start, or to ``upper`` if that is lower.
-    """
-    if start == 0:
-        return None
-    for index, (entry_uuid, _) in enumerate(entries):
-        if entry_uuid == uuid:
-            upper = high_seqno if index == 0 else entries[index - 1][1]
-            break
-    else:
-        return 0
-    if snap_end <= upper:
-        return None
-    return min(snap_start, upper)
 
 
 class FailoverLog:

@@ -1,0 +1,130 @@
+"""What the UPR front's durable log holds: items with gateway seqnos, and marks.
+
+``LogItem`` is one version of one key in one vbucket, as a UPR consumer will
+receive it: a mutation, a deletion or an expiration with the by_seqno the
+gateway assigned. ``LogMark`` records what happened to the TAP stream
+between items (a backfill began or closed, a checkpoint closed, the
+vbucket changed state); marks take no seqno, but replaying them rebuilds
+the ingest state (``TapToUpr.replay``) after a restart.
+
+``to_row``/``from_row`` give the plain lists the log stores as msgpack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+
+class ItemKind(IntEnum):
+    MUTATION = 0
+    DELETION = 1
+    EXPIRATION = 2
+
+
+class MarkKind(IntEnum):
+    BACKFILL_START = 1
+    """OPAQUE(INITIAL_VBUCKET_STREAM); value 1 when it resets a vbucket the log held."""
+    BACKFILL_END = 2
+    """OPAQUE(CLOSE_BACKFILL)."""
+    CHECKPOINT_START = 3
+    CHECKPOINT_END = 4
+    """value: the checkpoint id, the last closed one resumes the TAP stream."""
+    STATE = 5
+    """value: the vbucket state the TAP node announced (VBUCKET_SET)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogItem:
+    by_seqno: int
+    kind: ItemKind
+    key: bytes
+    value: bytes = b""
+    rev_seqno: int = 0
+    cas: int = 0
+    flags: int = 0
+    """Item flags in network order, as stored."""
+    expiration: int = 0
+    lock_time: int = 0
+    datatype: int = 0
+    checkpoint_id: int = 0
+    """The TAP checkpoint it came in (0: the backfill)."""
+    backfill: bool = False
+    """Came in a TAP backfill (served in DISK snapshots)."""
+    checkpoint_start: bool = False
+    """First item logged after a TAP CHECKPOINT_START (its marker gets CHECKPOINT)."""
+    arrival: float = 0.0
+    """Wall-clock seconds it entered the log (for latency figures)."""
+    delete_time: int = 0
+    """Epoch seconds of the delete (deletions and expirations)."""
+
+    @property
+    def deleted(self) -> bool:
+        return self.kind is not ItemKind.MUTATION
+
+
+@dataclass(frozen=True, slots=True)
+class LogMark:
+    kind: MarkKind
+    value: int = 0
+
+
+LogRecord = LogItem | LogMark
+
+_ITEM, _MARK = 0, 1
+_KINDS = {kind.value: kind for kind in ItemKind}
+_MARKS = {kind.value: kind for kind in MarkKind}
+
+
+def to_row(record: LogRecord) -> list[object]:
+    """A plain list for msgpack (bytes stay bytes)."""
+    if isinstance(record, LogMark):
+        return [_MARK, record.kind.value, record.value]
+    r = record
+    return [
+        _ITEM,
+        r.by_seqno,
+        r.kind.value,
+        r.key,
+        r.value,
+        r.rev_seqno,
+        r.cas,
+        r.flags,
+        r.expiration,
+        r.lock_time,
+        r.datatype,
+        r.checkpoint_id,
+        int(r.backfill) | int(r.checkpoint_start) << 1,
+        r.arrival,
+        r.delete_time,
+    ]
+
+
+def from_row(row: list[Any]) -> LogRecord:
+    """The record of ``to_row``; ``ValueError`` for anything else."""
+    try:
+        if row[0] == _MARK:
+            return LogMark(_MARKS[row[1]], int(row[2]))
+        if row[0] != _ITEM or len(row) != 15:
+            raise ValueError(f"not a log record: {row!r:.80}")
+        (_, seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bits, arr, dt) = row
+        return LogItem(
+            int(seqno),
+            _KINDS[kind],
+            bytes(key),
+            bytes(value),
+            int(rev),
+            int(cas),
+            int(flags),
+            int(exp),
+            int(lock),
+            int(dtype),
+            int(cp),
+            bool(int(bits) & 1),
+            bool(int(bits) & 2),
+            float(arr),
+            int(dt),
+        )
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ValueError(f"not a log record: {row!r:.80}") from exc

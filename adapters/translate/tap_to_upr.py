@@ -1,0 +1,273 @@
+"""One vbucket of a TAP stream, turned into UPR history (the UPR front's ingest).
+
+Theory of operation. A TAP producer sends items without sequence numbers,
+grouped into a backfill (OPAQUE(INITIAL_VBUCKET_STREAM) ... OPAQUE(CLOSE_
+BACKFILL)) and checkpoints (CHECKPOINT_START id ... CHECKPOINT_END id).
+``TapToUpr`` gives every new version of a key the next by_seqno of the
+vbucket and returns the records to append to the durable log: ``LogItem``s
+(with kind, the TAP checkpoint, whether it came in the backfill) and
+``LogMark``s for the stream structure. The only state is a small index,
+key -> ``KeyVersion`` (latest seqno, cas, rev_seqno, expiration, deleted),
+the current phase and checkpoint, and the high seqno.
+
+- Duplicates: a TAP producer resends what was not acknowledged (after a
+  reconnect, a resume by checkpoint, a retransmit). A mutation or delete
+  whose cas and rev_seqno equal the key's latest logged version is that
+  same version again: it is skipped and keeps its seqno.
+- Deletes: TAP has no expiration message. A DELETE of a key whose last
+  mutation carried an expiration that is set and not after the delete's
+  arrival (``now``, plus ``expiry_tolerance`` seconds for clock skew) is an
+  EXPIRATION, anything else a DELETION.
+- Upstream reset: OPAQUE(INITIAL_VBUCKET_STREAM) for a vbucket the log
+  already holds (the node lost its state, or could not resume) starts a
+  reconcile. Items of the new backfill that did not change are duplicates
+  (kept seqnos), changed ones get new seqnos, and at CLOSE_BACKFILL every
+  live key the backfill did not mention becomes a deletion. The history
+  only moves forward, so consumers need no rollback.
+- FLUSH deletes every live key.
+
+``replay`` applies records read back from the log, rebuilding the same
+state after a restart. A reconcile the log shows begun but not finished
+cannot be resumed (the keys it had seen are not logged):
+``reset_interrupted`` tells the ingest to ask for a fresh backfill.
+
+Time enters as ``now`` (wall-clock epoch seconds, as TAP expirations are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from adapters.errors import ProtocolError
+from adapters.mcbp.constants import VBucketState
+from adapters.tap.constants import OpaqueCode, TapFlags
+from adapters.tap.events import (
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapDelete,
+    TapFlush,
+    TapMutation,
+    TapOpaque,
+    TapStreamMessage,
+    TapVbucketSet,
+)
+from adapters.translate.log_records import ItemKind, LogItem, LogMark, LogRecord, MarkKind
+
+DEFAULT_EXPIRY_TOLERANCE = 1.0
+
+
+class KeyVersion(NamedTuple):
+    seqno: int
+    cas: int
+    rev_seqno: int
+    expiration: int
+    deleted: bool
+
+
+def swap32(value: int) -> int:
+    return int.from_bytes(value.to_bytes(4, "big"), "little")
+
+
+class TapToUpr:
+    """Ingest state of one vbucket (see the module docstring)."""
+
+    def __init__(
+        self,
+        vbucket: int,
+        *,
+        high_seqno: int = 0,
+        expiry_tolerance: float = DEFAULT_EXPIRY_TOLERANCE,
+    ) -> None:
+        self.vbucket = vbucket
+        self.high_seqno = high_seqno
+        self.expiry_tolerance = expiry_tolerance
+        self.index: dict[bytes, KeyVersion] = {}
+        self.in_backfill = False
+        self.backfilled = False
+        """A backfill completed at least once (the log holds a whole vbucket)."""
+        self.resetting: set[bytes] | None = None
+        """Keys seen by the reconciling backfill (None: not reconciling)."""
+        self.reset_interrupted = False
+        self.checkpoint_id: int | None = None
+        self.last_closed_checkpoint = 0
+        self.state: VBucketState | None = None
+        self.duplicates = 0
+        self._checkpoint_start = False
+
+    @property
+    def live_keys(self) -> int:
+        return sum(1 for v in self.index.values() if not v.deleted)
+
+    # -- feeding -------------------------------------------------------------
+
+    def feed(self, message: TapStreamMessage, now: float) -> list[LogRecord]:
+        """The log records of one TAP message of this vbucket."""
+        if message.vbucket != self.vbucket:
+            raise ProtocolError(
+                f"message for vbucket {message.vbucket} fed to vbucket {self.vbucket}",
+                field="vbucket",
+                value=message.vbucket,
+            )
+        if isinstance(message, TapMutation):
+            return self._mutation(message, now)
+        if isinstance(message, TapDelete):
+            return self._delete(message, now)
+        if isinstance(message, TapCheckpointStart):
+            self.checkpoint_id = message.checkpoint_id
+            self._checkpoint_start = True
+            return [LogMark(MarkKind.CHECKPOINT_START, message.checkpoint_id)]
+        if isinstance(message, TapCheckpointEnd):
+            self.checkpoint_id = None
+            self._checkpoint_start = False
+            self.last_closed_checkpoint = message.checkpoint_id
+            return [LogMark(MarkKind.CHECKPOINT_END, message.checkpoint_id)]
+        if isinstance(message, TapOpaque):
+            return self._opaque(message, now)
+        if isinstance(message, TapVbucketSet):
+            self.state = message.state
+            return [LogMark(MarkKind.STATE, int(message.state))]
+        if isinstance(message, TapFlush):
+            return self._delete_all(lambda key: True, now)
+        raise ProtocolError(f"{message.NAME} has no place in a vbucket stream", field="opcode")
+
+    def _opaque(self, message: TapOpaque, now: float) -> list[LogRecord]:
+        code = message.opaque_code
+        if code == OpaqueCode.INITIAL_VBUCKET_STREAM:
+            reset = any(not v.deleted for v in self.index.values())
+            self.in_backfill = True
+            self.resetting = set() if reset else None
+            self.reset_interrupted = False
+            self.checkpoint_id = None
+            return [LogMark(MarkKind.BACKFILL_START, int(reset))]
+        if code == OpaqueCode.CLOSE_BACKFILL:
+            out: list[LogRecord] = []
+            seen = self.resetting
+            if seen is not None:
+                out = self._delete_all(lambda key: key not in seen, now)
+            self.resetting = None
+            self.in_backfill = False
+            self.backfilled = True
+            out.append(LogMark(MarkKind.BACKFILL_END))
+            return out
+        return []  # auto nack, checkpoint sync, ...: stream settings, no history
+
+    def _next(self) -> int:
+        self.high_seqno += 1
+        return self.high_seqno
+
+    def _origin(self) -> tuple[int, bool, bool]:
+        first = self._checkpoint_start and not self.in_backfill
+        self._checkpoint_start = False
+        return (0 if self.in_backfill else self.checkpoint_id or 0), self.in_backfill, first
+
+    def _mutation(self, m: TapMutation, now: float) -> list[LogRecord]:
+        if self.resetting is not None:
+            self.resetting.add(m.key)
+        old = self.index.get(m.key)
+        rev = m.rev_seqno if m.rev_seqno is not None else (old.rev_seqno + 1 if old else 1)
+        if old is not None and not old.deleted and old.cas == m.cas and old.rev_seqno == rev:
+            self.duplicates += 1
+            return []
+        flags = m.flags if m.tap_flags & TapFlags.NETWORK_BYTE_ORDER else swap32(m.flags)
+        checkpoint, backfill, first = self._origin()
+        item = LogItem(
+            self._next(),
+            ItemKind.MUTATION,
+            m.key,
+            m.value,
+            rev,
+            m.cas,
+            flags,
+            m.expiration,
+            0,
+            m.datatype,
+            checkpoint,
+            backfill,
+            first,
+            now,
+            0,
+        )
+        self.index[m.key] = KeyVersion(item.by_seqno, m.cas, rev, m.expiration, False)
+        return [item]
+
+    def _delete(self, d: TapDelete, now: float) -> list[LogRecord]:
+        if self.resetting is not None:
+            self.resetting.add(d.key)
+        old = self.index.get(d.key)
+        rev = d.rev_seqno if d.rev_seqno is not None else (old.rev_seqno + 1 if old else 1)
+        if old is not None and old.deleted and old.cas == d.cas and old.rev_seqno == rev:
+            self.duplicates += 1
+            return []
+        return [self._tombstone(d.key, old, d.cas, rev, now)]
+
+    def _tombstone(
+        self, key: bytes, old: KeyVersion | None, cas: int, rev: int, now: float
+    ) -> LogItem:
+        expired = (
+            old is not None
+            and not old.deleted
+            and 0 < old.expiration <= now + self.expiry_tolerance
+        )
+        checkpoint, backfill, first = self._origin()
+        item = LogItem(
+            self._next(),
+            ItemKind.EXPIRATION if expired else ItemKind.DELETION,
+            key,
+            b"",
+            rev,
+            cas,
+            0,
+            0,
+            0,
+            0,
+            checkpoint,
+            backfill,
+            first,
+            now,
+            int(now),
+        )
+        self.index[key] = KeyVersion(item.by_seqno, cas, rev, 0, True)
+        return item
+
+    def _delete_all(self, doomed: Callable[[bytes], bool], now: float) -> list[LogRecord]:
+        victims = [(key, v) for key, v in self.index.items() if not v.deleted and doomed(key)]
+        return [self._tombstone(key, v, v.cas, v.rev_seqno + 1, now) for key, v in victims]
+
+    # -- restoring -----------------------------------------------------------
+
+    def replay(self, record: LogRecord) -> None:
+        """Apply a record read back from the log (in log order)."""
+        if isinstance(record, LogItem):
+            if record.by_seqno > self.high_seqno:
+                self.high_seqno = record.by_seqno
+            self.index[record.key] = KeyVersion(
+                record.by_seqno,
+                record.cas,
+                record.rev_seqno,
+                record.expiration,
+                record.deleted,
+            )
+            return
+        kind, value = record.kind, record.value
+        if kind is MarkKind.BACKFILL_START:
+            self.in_backfill = True
+            self.reset_interrupted = bool(value)
+            self.checkpoint_id = None
+        elif kind is MarkKind.BACKFILL_END:
+            self.in_backfill = False
+            self.reset_interrupted = False
+            self.backfilled = True
+        elif kind is MarkKind.CHECKPOINT_START:
+            self.checkpoint_id = value
+        elif kind is MarkKind.CHECKPOINT_END:
+            self.checkpoint_id = None
+            self.last_closed_checkpoint = value
+        elif kind is MarkKind.STATE:
+            self.state = VBucketState(value)
+
+    def forget(self, key: bytes, seqno: int) -> None:
+        """Compaction purged the tombstone at ``seqno``: drop the key if it is still that."""
+        version = self.index.get(key)
+        if version is not None and version.deleted and version.seqno == seqno:
+            del self.index[key]

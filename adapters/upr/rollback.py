@@ -1,0 +1,90 @@
+"""The producer's answer to a STREAM_REQ: range checks and the 3.0 rollback rule.
+
+Pure functions over a vbucket's failover log and seqnos, shared by every
+producer that serves UPR (the reference node, the gateway's UPR front).
+
+A failover log is a list of (uuid, seqno) pairs, newest first: "from this
+seqno on, history is the one named by this uuid". A consumer presents
+(uuid, start, snapshot range) and ``rollback_decision`` says whether, and
+how far, it must roll back first. ``answer_stream_request`` adds the range
+checks and the purge rule and returns the response event to send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from adapters.mcbp.constants import Status
+from adapters.upr.constants import Command
+from adapters.upr.events import StreamRequest
+from adapters.upr.responses import Response, StreamRequestOk, StreamRequestRollback
+
+
+def rollback_decision(
+    entries: Sequence[tuple[int, int]],
+    high_seqno: int,
+    start: int,
+    uuid: int,
+    snap_start: int,
+    snap_end: int,
+) -> int | None:
+    """The seqno a consumer must roll back to, or ``None`` to stream from ``start``.
+
+    ``entries`` is the producer's failover log, newest first. The 3.0 rule:
+    a consumer starting from 0 has nothing to lose; an unknown uuid means an
+    unknown history (back to 0); otherwise the consumer's history agrees with
+    ours up to ``upper``, the seqno where the next newer history began (or
+    our high seqno for the newest), and a snapshot reaching past it must be
+    rolled back to its start, or to ``upper`` if that is lower.
+    """
+    if start == 0:
+        return None
+    for index, (entry_uuid, _) in enumerate(entries):
+        if entry_uuid == uuid:
+            upper = high_seqno if index == 0 else entries[index - 1][1]
+            break
+    else:
+        return 0
+    if snap_end <= upper:
+        return None
+    return min(snap_start, upper)
+
+
+StreamAnswer = StreamRequestOk | StreamRequestRollback | Response
+
+
+def refusal(req: StreamRequest, status: Status, text: str) -> Response:
+    return Response(Command.STREAM_REQ, req.opaque, status.value, text.encode())
+
+
+def answer_stream_request(
+    req: StreamRequest,
+    entries: Sequence[tuple[int, int]],
+    high_seqno: int,
+    *,
+    purge_seqno: int = 0,
+    draft: bool = False,
+) -> StreamAnswer:
+    """OK with the failover log, ROLLBACK, or RANGE_ERROR, for a known vbucket.
+
+    The draft names no snapshot: its consumers resume at snapshot
+    boundaries, so their snapshot is (start, start). A consumer whose start
+    lies below ``purge_seqno`` may have missed purged tombstones: it must
+    start over from 0 (as 3.0 does).
+    """
+    start, end = req.start_seqno, req.end_seqno
+    if start > end:
+        return refusal(req, Status.RANGE_ERROR, f"start seqno {start} > end seqno {end}")
+    snap_start, snap_end = (start, start) if draft else (req.snap_start_seqno, req.snap_end_seqno)
+    if not snap_start <= start <= snap_end:
+        return refusal(
+            req,
+            Status.RANGE_ERROR,
+            f"start seqno {start} outside snapshot {snap_start}..{snap_end}",
+        )
+    rollback = rollback_decision(entries, high_seqno, start, req.vbucket_uuid, snap_start, snap_end)
+    if rollback is None and 0 < start < purge_seqno:
+        rollback = 0
+    if rollback is not None:
+        return StreamRequestRollback(rollback, req.opaque)
+    return StreamRequestOk(tuple(entries), req.opaque)
