@@ -1,0 +1,197 @@
+"""``/metrics`` over HTTP/1.1 on trio, rendered off the event loop.
+
+Each scrape captures a ``StatsView`` on the trio thread (a copy of the stream
+list and process counters: cheap, and consistent with the fronts, which
+mutate the stats on that thread), then renders the text in a worker thread,
+one render at a time, so a scrape of thousands of streams never stalls them.
+
+The exposition format follows the Accept header (Prometheus text, or
+OpenMetrics when asked for; ``prometheus_client``'s ``choose_encoder``) and
+the body is gzipped when the scraper accepts it. Connections are bounded in
+number, in request-head size and in time (idle, head and write timeouts);
+bad requests get a specific 4xx/5xx and a closed connection (see
+``gateway.metrics.http``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import time
+
+import trio
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+
+from gateway.metrics.collector import Clock, GatewayCollector, register_gateway_metrics
+from gateway.metrics.http import (
+    MAX_HEAD_BYTES,
+    HttpError,
+    Request,
+    accepts_gzip,
+    error_response,
+    find_head_end,
+    parse_request_head,
+    response,
+)
+from gateway.metrics.view import StatsView
+from gateway.stats import GatewayStats
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 32
+MAX_REQUESTS_PER_CONNECTION = 1000
+IDLE_TIMEOUT = 75.0
+"""Longer than common scrape intervals, so a scraper's keep-alive connection survives."""
+HEAD_TIMEOUT = 10.0
+WRITE_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 2.0
+RECEIVE_SIZE = 16384
+GZIP_LEVEL = 1
+"""Fast: metrics text compresses well even at the lowest level."""
+
+INDEX = b"tap-upr-gateway: metrics at /metrics\n"
+
+
+class MetricsServer:
+    """Answers HTTP requests for one registry (``handle`` per TCP connection)."""
+
+    def __init__(self, registry: CollectorRegistry, collector: GatewayCollector) -> None:
+        self.registry = registry
+        self.collector = collector
+        self.render_limiter = trio.CapacityLimiter(1)
+        self.open_connections = 0
+        self.scrapes_total = 0
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        try:
+            if self.open_connections >= MAX_CONNECTIONS:
+                busy = HttpError(503, f"more than {MAX_CONNECTIONS} connections open")
+                with trio.move_on_after(WRITE_TIMEOUT):
+                    await stream.send_all(error_response(busy))
+                return
+            self.open_connections += 1
+            try:
+                await self._serve(stream)
+            finally:
+                self.open_connections -= 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the scraper went away; nothing to answer
+        finally:
+            with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+                scope.shield = True
+                await stream.aclose()
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        for served in range(1, MAX_REQUESTS_PER_CONNECTION + 1):
+            try:
+                request = await self._read_request(stream, buffer)
+            except HttpError as error:
+                with trio.move_on_after(WRITE_TIMEOUT):
+                    await stream.send_all(error_response(error))
+                return
+            if request is None:
+                return
+            close = not request.keep_alive or served == MAX_REQUESTS_PER_CONNECTION
+            reply, must_close = await self.answer(request, close=close)
+            with trio.move_on_after(WRITE_TIMEOUT) as scope:
+                await stream.send_all(reply)
+            if scope.cancelled_caught or close or must_close:
+                return
+
+    async def _read_request(self, stream: trio.abc.Stream, buffer: bytearray) -> Request | None:
+        """The next request head, or ``None`` at a clean close or an idle timeout."""
+        deadline = trio.current_time() + (HEAD_TIMEOUT if buffer else IDLE_TIMEOUT)
+        while True:
+            end = find_head_end(buffer)
+            if end >= 0 or len(buffer) > MAX_HEAD_BYTES:
+                if end < 0 or end > MAX_HEAD_BYTES:
+                    raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes")
+                head = bytes(buffer[:end])
+                del buffer[:end]
+                return parse_request_head(head)
+            with trio.move_on_at(deadline) as scope:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            if scope.cancelled_caught:
+                if buffer.strip():
+                    raise HttpError(408, f"request head not complete in {HEAD_TIMEOUT:g} s")
+                return None
+            if not data:
+                return None  # closed (perhaps mid-head): no one left to answer
+            if not buffer.strip():
+                deadline = min(deadline, trio.current_time() + HEAD_TIMEOUT)
+            buffer += data
+
+    async def answer(self, request: Request, *, close: bool) -> tuple[bytes, bool]:
+        """The response bytes, and whether the connection must close after them."""
+        head_only = request.method == "HEAD"
+        try:
+            if request.path not in ("/metrics", "/"):
+                raise HttpError(404, f"no page {request.path[:100]!r}; metrics are at /metrics")
+            if request.method not in ("GET", "HEAD"):
+                raise HttpError(405, f"method {request.method} on {request.path}")
+        except HttpError as error:
+            return error_response(error, head_only=head_only), True
+        if request.path == "/":
+            return response(200, INDEX, head_only=head_only, close=close), False
+        view = self.collector.capture()
+        use_gzip = accepts_gzip(request.header("accept-encoding"))
+        try:
+            body, content_type = await trio.to_thread.run_sync(
+                self._render, view, request.header("accept"), use_gzip,
+                limiter=self.render_limiter,
+            )  # fmt: skip
+        except Exception:
+            log.exception("rendering /metrics failed")
+            failed = HttpError(500, "rendering the metrics failed; see the gateway's log")
+            return error_response(failed, head_only=head_only), True
+        self.scrapes_total += 1
+        headers = [("Vary", "Accept, Accept-Encoding")]
+        if use_gzip:
+            headers.append(("Content-Encoding", "gzip"))
+        reply = response(
+            200, body, content_type=content_type, headers=tuple(headers),
+            head_only=head_only, close=close,
+        )  # fmt: skip
+        return reply, False
+
+    def _render(self, view: StatsView, accept: str, use_gzip: bool) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        with self.collector.pinned(view):
+            body = encoder(self.registry)
+        if use_gzip:
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+        return body, content_type
+
+
+async def serve_metrics(
+    stats: GatewayStats,
+    host: str,
+    port: int,
+    *,
+    per_vbucket: bool = False,
+    registry: CollectorRegistry | None = None,
+    clock: Clock = time.time,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``/metrics`` for ``stats`` on ``host:port`` (0: a free port) until cancelled.
+
+    ``task_status.started`` receives the bound port. Without ``registry`` a
+    fresh one is made, with the process collector (CPU, memory, open files)
+    beside the gateway's; an injected one gets the gateway collector added
+    for as long as this runs.
+    """
+    if registry is None:
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+    collector = register_gateway_metrics(registry, stats, per_vbucket=per_vbucket, clock=clock)
+    try:
+        server = MetricsServer(registry, collector)
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, server.handle, listeners)
+            bound: int = listeners[0].socket.getsockname()[1]
+            task_status.started(bound)
+    finally:
+        registry.unregister(collector)
