@@ -75,6 +75,7 @@ class TapProducer:
         self._since_ack_request = 0
         self._outstanding: deque[TapStreamMessage] = deque()
         self._resume_at = 0.0
+        self.last_stamped: TapStreamMessage | None = None
         self.sent_total = 0
         self.acked_total = 0
         self.nacks_total = 0
@@ -117,7 +118,26 @@ class TapProducer:
         stamped = dataclasses.replace(message, opaque=seqno, tap_flags=TapFlags(flags))
         if self.support_ack:
             self._outstanding.append(stamped)
+        self.last_stamped = stamped
         return stamped
+
+    def request_ack_on_last(self) -> TapStreamMessage:
+        """Ask for an ack on the message stamped last, before it is sent.
+
+        A sender calls this when it has nothing more to send for now, so a
+        client that acks only when asked confirms everything outstanding.
+        """
+        last = self.last_stamped
+        if last is None:
+            raise LocalProtocolError("no message has been stamped")
+        if not self.support_ack or last.tap_flags & TapFlags.ACK:
+            return last
+        if not self._outstanding or self._outstanding[-1] is not last:
+            raise LocalProtocolError("the last stamped message was already acked")
+        asked = dataclasses.replace(last, tap_flags=TapFlags(int(last.tap_flags) | TapFlags.ACK))
+        self._outstanding[-1] = self.last_stamped = asked
+        self._since_ack_request = 0
+        return asked
 
     # -- receiving -------------------------------------------------------
 

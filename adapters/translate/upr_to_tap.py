@@ -83,7 +83,10 @@ class UprToTap:
         network_byte_order: bool = False,
         first_checkpoint_id: int = 1,
         checkpoint_ids: Iterator[int] | None = None,
+        continue_backfill: bool = False,
     ) -> None:
+        """``continue_backfill``: the client already holds the start of this
+        vbucket's backfill; go on with it (no new INITIAL_VBUCKET_STREAM)."""
         self.vbucket = vbucket
         self.keys_only = keys_only
         self.network_byte_order = network_byte_order
@@ -93,6 +96,10 @@ class UprToTap:
         self.last_seqno = 0
         self._first_in_open = 0
         self._resuming = False
+        if continue_backfill:
+            self.open = OpenSnapshot(0, 0, None)
+            self._expect_backfill = False
+            self._resuming = True
         self.checkpoints: OrderedDict[int, tuple[int, int]] = OrderedDict()
         item_flags = NO_TAP_FLAGS
         if keys_only:
@@ -100,6 +107,15 @@ class UprToTap:
         if network_byte_order:
             item_flags |= TapFlags.NETWORK_BYTE_ORDER
         self._item_flags = TapFlags(item_flags)
+
+    @property
+    def last_closed_checkpoint(self) -> int:
+        return next(reversed(self.checkpoints), 0)
+
+    @property
+    def backfill_pending(self) -> bool:
+        """A backfill is expected or under way: the client does not hold it all yet."""
+        return self._expect_backfill or self.in_backfill
 
     @property
     def in_backfill(self) -> bool:

@@ -130,3 +130,20 @@ class ProducerMachine(RuleBasedStateMachine):
 
 
 TestProducerMachine = ProducerMachine.TestCase
+
+
+def test_request_ack_on_last_marks_the_newest_outstanding_message() -> None:
+    from adapters.tap import TapMutation
+
+    producer = TapProducer(support_ack=True, ack_interval=100)
+    producer.stamp(TapMutation(b"a", b"1"))
+    second = producer.stamp(TapMutation(b"b", b"2"))
+    assert not second.tap_flags & TapFlags.ACK
+    asked = producer.request_ack_on_last()
+    assert asked.opaque == second.opaque and asked.tap_flags & TapFlags.ACK
+    assert producer.request_ack_on_last() is asked
+    released = producer.receive(TapResponse(TapOpcode.MUTATION, opaque=asked.opaque), now=0.0)
+    assert [m.opaque for m in released] == [1, 2] and released[-1] == asked
+    assert TapProducer(support_ack=False).stamp(TapMutation(b"c")).opaque == 1
+    with pytest.raises(LocalProtocolError, match="no message"):
+        TapProducer(support_ack=True).request_ack_on_last()

@@ -236,3 +236,10 @@ def test_resume_continues_the_open_checkpoint_and_the_open_backfill() -> None:
         "CHECKPOINT_END:1",
     ]
     assert translator.checkpoints == {1: (13, 15)}
+
+
+def test_an_unfinished_backfill_goes_on_without_a_reset() -> None:
+    translator = UprToTap(0, backfill=True, continue_backfill=True)
+    out = run(translator, [SnapshotMarker(5, 7, DISK), mutation(6), mutation(7)])
+    assert names(out) == ["MUTATION", "MUTATION", "CLOSE_BACKFILL"]
+    assert translator.last_closed_checkpoint == 0

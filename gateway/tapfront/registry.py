@@ -1,0 +1,178 @@
+"""What the TAP front remembers between connections: positions and checkpoints.
+
+Theory of operation. Two things outlive a TAP connection:
+
+- per registered client name and vbucket, the last position the client
+  acknowledged (``VbResume``: upstream uuid, seqno, snapshot range,
+  checkpoint id, whether its backfill had finished), so a client that
+  reconnects under its name resumes instead of backfilling again;
+- per vbucket, where each checkpoint the gateway handed out ended, so a
+  client that reconnects with the CHECKPOINT flag and its last closed
+  checkpoint id can be resumed by seqno upstream. Checkpoint ids come from
+  one counter per vbucket shared by every connection, so an id names one
+  range whoever received it. The newest ``KEEP_CHECKPOINTS`` per vbucket
+  are kept; an older id means a full backfill, as a 2.x server did once it
+  had purged the checkpoint.
+
+With a state directory both live in one msgpack file, rewritten atomically
+(temporary file, fsync, rename) when something changed and at most every
+``save_interval`` seconds, and once more on shutdown. Positions only move
+forward on acknowledgement, so a file older than the truth makes a client
+resume a little early (duplicates it already has), never late (a gap).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import astuple, dataclass, field
+from pathlib import Path
+
+import msgpack
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "tap-front-state.msgpack"
+SCHEMA_VERSION = 1
+KEEP_CHECKPOINTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class VbResume:
+    """Where a client stands in one vbucket, in the upstream's terms."""
+
+    uuid: int
+    seqno: int
+    snap_start: int
+    snap_end: int
+    checkpoint_id: int = 0
+    backfill_done: bool = True
+
+
+@dataclass
+class Registry:
+    """Registered clients and checkpoint ends (see the module docstring)."""
+
+    path: Path | None = None
+    clients: dict[str, dict[int, VbResume]] = field(default_factory=dict)
+    checkpoints: dict[int, OrderedDict[int, VbResume]] = field(default_factory=dict)
+    next_ids: dict[int, int] = field(default_factory=dict)
+    dirty: bool = False
+
+    @classmethod
+    def open(cls, state_dir: Path | None) -> Registry:
+        if state_dir is None:
+            return cls()
+        state_dir.mkdir(parents=True, exist_ok=True)
+        registry = cls(path=state_dir / STATE_FILE)
+        try:
+            data = registry.path.read_bytes()  # type: ignore[union-attr]
+        except FileNotFoundError:
+            return registry
+        try:
+            registry._load(msgpack.unpackb(data, strict_map_key=False))
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+            # Starting over costs clients a backfill; refusing to start costs more.
+            log.error("%s is unreadable (%s); registered clients will backfill", registry.path, exc)
+        return registry
+
+    def _load(self, data: dict[str, object]) -> None:
+        if data.get("version") != SCHEMA_VERSION:
+            raise ValueError(f"schema version {data.get('version')!r}")
+        clients = data["clients"]
+        checkpoints = data["checkpoints"]
+        next_ids = data["next_ids"]
+        assert isinstance(clients, dict) and isinstance(checkpoints, dict)
+        assert isinstance(next_ids, dict)
+        self.clients = {
+            name: {int(vb): VbResume(*pos) for vb, pos in positions.items()}
+            for name, positions in clients.items()
+        }
+        self.checkpoints = {
+            int(vb): OrderedDict((int(cp), VbResume(*pos)) for cp, pos in entries)
+            for vb, entries in checkpoints.items()
+        }
+        self.next_ids = {int(vb): int(n) for vb, n in next_ids.items()}
+
+    # -- registered clients ---------------------------------------------------
+
+    def positions(self, name: str) -> dict[int, VbResume] | None:
+        return self.clients.get(name)
+
+    def register(self, name: str) -> dict[int, VbResume]:
+        if name not in self.clients:
+            self.clients[name] = {}
+            self.dirty = True
+        return self.clients[name]
+
+    def advance(self, name: str, vbucket: int, position: VbResume) -> None:
+        positions = self.clients.get(name)
+        if positions is not None:
+            positions[vbucket] = position
+            self.dirty = True
+
+    def forget(self, name: str) -> bool:
+        self.dirty = True
+        return self.clients.pop(name, None) is not None
+
+    # -- checkpoints ----------------------------------------------------------
+
+    def checkpoint_ids(self, vbucket: int) -> Iterator[int]:
+        """Endless ids for new checkpoints of ``vbucket``, shared by every stream."""
+        while True:
+            current = self.next_ids.get(vbucket, 1)
+            self.next_ids[vbucket] = current + 1
+            self.dirty = True
+            yield current
+
+    def checkpoint_closed(self, vbucket: int, checkpoint_id: int, end: VbResume) -> None:
+        entries = self.checkpoints.setdefault(vbucket, OrderedDict())
+        entries[checkpoint_id] = end
+        while len(entries) > KEEP_CHECKPOINTS:
+            entries.popitem(last=False)
+        self.dirty = True
+
+    def checkpoint_ends(self) -> dict[tuple[int, int], VbResume]:
+        return {
+            (vb, cp): end for vb, entries in self.checkpoints.items() for cp, end in entries.items()
+        }
+
+    # -- persistence ----------------------------------------------------------
+
+    def snapshot(self) -> bytes | None:
+        """The state file's bytes if anything changed since the last one (else None)."""
+        if self.path is None or not self.dirty:
+            return None
+        self.dirty = False
+        packed: bytes = msgpack.packb(
+            {
+                "version": SCHEMA_VERSION,
+                "clients": {
+                    name: {vb: astuple(pos) for vb, pos in positions.items()}
+                    for name, positions in self.clients.items()
+                },
+                "checkpoints": {
+                    vb: [(cp, astuple(end)) for cp, end in entries.items()]
+                    for vb, entries in self.checkpoints.items()
+                },
+                "next_ids": self.next_ids,
+            }
+        )
+        return packed
+
+    def write(self, data: bytes) -> None:
+        """Replace the state file with ``data`` atomically (callable from a thread)."""
+        assert self.path is not None
+        temporary = self.path.with_suffix(".tmp")
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.path)
+
+    def save(self) -> None:
+        data = self.snapshot()
+        if data is not None:
+            self.write(data)

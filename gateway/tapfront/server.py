@@ -1,0 +1,291 @@
+"""The TAP front's listener: TAP clients in, one UPR upstream connection each.
+
+Theory of operation. Every connection starts as a memcached command
+connection, as on a 2.x node: SASL (required when ``users`` is set), NOOP,
+VERSION, STAT and DEREGISTER_TAP_CLIENT are answered; anything else but a
+TAP CONNECT gets UNKNOWN_COMMAND and the connection stays open. A CONNECT
+is decoded (a malformed one gets NOT_SUPPORTED naming the field, and the
+connection closes), the upstream's vbuckets are read with ``STAT vbucket``
+and ``STAT vbucket-seqno``, the CONNECT is planned (``plan``) and a
+``TapSession`` serves the connection for the rest of its life. A second
+connection under a name already streaming replaces the first, as 2.x did.
+
+Registered-client positions and checkpoint ends are saved to the state
+directory every ``save_interval`` seconds (packed on the loop, written and
+fsynced in a worker thread) and on shutdown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from adapters import tap, upr
+from adapters.errors import GatewayError, ProtocolError
+from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from gateway.client import McbpClient
+from gateway.stats import GatewayStats
+from gateway.tapfront.plan import UpstreamVbucket, plan_connection
+from gateway.tapfront.registry import Registry
+from gateway.tapfront.session import SessionConfig, TapSession
+from gateway.wire import PacketConnection, bound_port, serve_packets
+
+log = logging.getLogger(__name__)
+
+VERSION = "tap-upr-gateway 0.1.0 (TAP front)"
+REFUSAL_FLUSH_SECONDS = 2.0
+UPSTREAM_QUERY_TIMEOUT = 10.0
+_OPEN_OPCODES = frozenset(
+    {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
+)
+
+
+@dataclass
+class TapFrontConfig:
+    listen: tuple[str, int]
+    upr_upstream: tuple[str, int]
+    state_dir: Path | None = None
+    dialect: str = "dcp"
+    upstream_user: str | None = None
+    upstream_password: str | None = None
+    users: dict[str, str] | None = None
+    """SASL PLAIN credentials TAP clients must present (None: no authentication)."""
+    buffer_size: int = 8 * 1024 * 1024
+    ack_interval: int = 1000
+    max_unacked: int = 10_000
+    backoff: float = 5.0
+    noop_interval: float = 20.0
+    save_interval: float = 1.0
+    reconnect_attempts: int | None = None
+
+    def session_config(self) -> SessionConfig:
+        return SessionConfig(
+            upstream=self.upr_upstream,
+            dialect=upr.get_dialect(self.dialect),
+            user=self.upstream_user,
+            password=self.upstream_password,
+            buffer_size=self.buffer_size,
+            ack_interval=self.ack_interval,
+            max_unacked=self.max_unacked,
+            backoff=self.backoff,
+            noop_interval=self.noop_interval,
+            reconnect_attempts=self.reconnect_attempts,
+        )
+
+
+def reply(
+    frame: Frame, status: int = Status.SUCCESS, *, key: bytes = b"", value: bytes = b""
+) -> bytes:
+    return encode_frame(
+        Magic.RESPONSE,
+        frame.opcode,
+        vbucket_or_status=status,
+        opaque=frame.opaque,
+        key=key,
+        value=value,
+    )
+
+
+async def refuse(conn: PacketConnection, frame: Frame, exc: ProtocolError) -> None:
+    """Send the error reply and see it out before the caller raises (which closes)."""
+    status = exc.status or Status.INVALID_ARGUMENTS
+    conn.send_nowait(reply(frame, status, value=str(exc).encode()))
+    with trio.move_on_after(REFUSAL_FLUSH_SECONDS):
+        await conn.drain()
+
+
+async def read_upstream_vbuckets(
+    address: tuple[str, int], user: str | None, password: str | None
+) -> dict[int, UpstreamVbucket]:
+    """Each upstream vbucket's state, uuid and high seqno."""
+    with trio.fail_after(UPSTREAM_QUERY_TIMEOUT):
+        async with await McbpClient.connect(*address, name="upstream stats") as client:
+            if user is not None:
+                await client.sasl_plain(user, password or "")
+            states = await client.stats("vbucket")
+            seqnos = await client.stats("vbucket-seqno")
+    out = {}
+    for key, state in states.items():
+        if not key.startswith("vb_"):
+            continue
+        vb = int(key[3:])
+        out[vb] = UpstreamVbucket(
+            vb,
+            active=state == "active",
+            uuid=int(seqnos.get(f"vb_{vb}:uuid", "0")),
+            high_seqno=int(seqnos.get(f"vb_{vb}:high_seqno", "0")),
+        )
+    return out
+
+
+class TapFront:
+    def __init__(
+        self,
+        config: TapFrontConfig,
+        stats: GatewayStats | None = None,
+        registry: Registry | None = None,
+    ) -> None:
+        self.config = config
+        self.stats = stats or GatewayStats()
+        self.registry = registry or Registry.open(config.state_dir)
+        self.sessions: dict[str, tuple[TapSession, trio.CancelScope]] = {}
+        self._anonymous = itertools.count(1)
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        host, port = self.config.listen
+        try:
+            async with trio.open_nursery() as nursery:
+                listeners = await nursery.start(
+                    partial(serve_packets, self.handle, host, port, label="tap-front")
+                )
+                nursery.start_soon(self._save_periodically)
+                task_status.started(bound_port(listeners))
+        finally:
+            self.registry.save()
+
+    async def _save_periodically(self) -> None:
+        while True:
+            await trio.sleep(self.config.save_interval)
+            data = self.registry.snapshot()
+            if data is not None:
+                await trio.to_thread.run_sync(self.registry.write, data)
+
+    # -- one connection ------------------------------------------------------
+
+    async def handle(self, conn: PacketConnection) -> None:
+        authenticated = self.config.users is None
+        while (frame := await conn.receive_frame()) is not None:
+            if frame.magic != Magic.REQUEST:
+                raise ProtocolError(
+                    "a response before any stream",
+                    opcode=frame.opcode,
+                    field="magic",
+                    value=frame.magic,
+                )
+            if not authenticated and frame.opcode not in _OPEN_OPCODES:
+                await conn.send(reply(frame, Status.AUTH_ERROR, value=b"authenticate first"))
+                continue
+            if frame.opcode == tap.TapOpcode.CONNECT:
+                await self._stream(conn, frame)
+                return
+            if frame.opcode == Opcode.SASL_AUTH:
+                authenticated = await self._sasl_auth(conn, frame) or authenticated
+            else:
+                await self._command(conn, frame)
+
+    async def _sasl_auth(self, conn: PacketConnection, frame: Frame) -> bool:
+        fields = frame.value.split(b"\x00")
+        users = self.config.users or {}
+        if frame.key != b"PLAIN" or len(fields) != 3:
+            await conn.send(reply(frame, Status.AUTH_ERROR, value=b"only SASL PLAIN is supported"))
+            return False
+        user, password = (f.decode("utf-8", "replace") for f in fields[1:])
+        if self.config.users is not None and users.get(user) != password:
+            await conn.send(reply(frame, Status.AUTH_ERROR, value=b"authentication failed"))
+            return False
+        await conn.send(reply(frame, value=b"Authenticated"))
+        return True
+
+    async def _command(self, conn: PacketConnection, frame: Frame) -> None:
+        opcode = frame.opcode
+        if opcode == Opcode.NOOP:
+            await conn.send(reply(frame))
+        elif opcode == Opcode.VERSION:
+            await conn.send(reply(frame, value=VERSION.encode()))
+        elif opcode == Opcode.SASL_LIST_MECHS:
+            await conn.send(reply(frame, value=b"PLAIN"))
+        elif opcode == Opcode.STAT:
+            pairs = self.stat_pairs(frame.key.decode("utf-8", "replace"))
+            if pairs is None:
+                await conn.send(reply(frame, Status.KEY_NOT_FOUND, value=b"unknown stat group"))
+                return
+            await conn.send(
+                b"".join(reply(frame, key=k.encode(), value=v.encode()) for k, v in pairs)
+                + reply(frame)
+            )
+        elif opcode == Opcode.DEREGISTER_TAP_CLIENT:
+            name = frame.key.decode("utf-8", "replace")
+            self.registry.forget(name)
+            running = self.sessions.get(name)
+            if running is not None:
+                running[1].cancel()
+            await conn.send(reply(frame))
+        else:
+            await conn.send(
+                reply(frame, Status.UNKNOWN_COMMAND, value=b"unknown command 0x%02x" % opcode)
+            )
+
+    def stat_pairs(self, group: str) -> list[tuple[str, str]] | None:
+        from gateway.metrics.stat_groups import tap_stat_pairs
+
+        if group in ("", "tap"):
+            return tap_stat_pairs(self.stats)
+        return None
+
+    async def _stream(self, conn: PacketConnection, frame: Frame) -> None:
+        try:
+            connect = tap.decode_frame(frame)
+        except ProtocolError as exc:
+            await refuse(
+                conn,
+                frame,
+                ProtocolError(str(exc), opcode=frame.opcode, status=Status.NOT_SUPPORTED),
+            )
+            raise
+        assert isinstance(connect, tap.TapConnect)
+        config = self.config
+        name = connect.name.decode("utf-8", "replace") or f"anon_{next(self._anonymous)}"
+        try:
+            upstream = await read_upstream_vbuckets(
+                config.upr_upstream, config.upstream_user, config.upstream_password
+            )
+        except (OSError, GatewayError, trio.TooSlowError) as exc:
+            where = "{}:{}".format(*config.upr_upstream)
+            failure = ProtocolError(
+                f"UPR upstream {where} unavailable: {exc!r}",
+                opcode=frame.opcode,
+                status=Status.TEMPORARY_FAILURE,
+            )
+            await refuse(conn, frame, failure)
+            raise failure from None
+        registry = self.registry
+        registered = connect.connect_flags & tap.ConnectFlags.REGISTERED_CLIENT
+        try:
+            plan = plan_connection(
+                connect,
+                name,
+                upstream,
+                registered=registry.positions(name) if registered else None,
+                checkpoint_ends=registry.checkpoint_ends(),
+                now=time.time(),
+            )
+        except ProtocolError as exc:
+            await refuse(conn, frame, exc)
+            raise
+        if plan.registered:
+            registry.register(name)
+        session = TapSession(conn, plan, config.session_config(), registry, self.stats)
+        previous = self.sessions.get(name)
+        if previous is not None:
+            log.info("%s: a new connection under this name replaces the old one", name)
+            previous[1].cancel()
+        log.info(
+            "%s: TAP stream of %d vbuckets (flags 0x%x) from UPR upstream %s:%d",
+            name,
+            len(plan.starts),
+            int(plan.flags),
+            *config.upr_upstream,
+        )
+        with trio.CancelScope() as scope:
+            self.sessions[name] = (session, scope)
+            try:
+                await session.run()
+            finally:
+                if self.sessions.get(name, (None,))[0] is session:
+                    del self.sessions[name]

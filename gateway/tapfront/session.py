@@ -1,0 +1,512 @@
+"""One TAP peer served from the UPR streams of an upstream node.
+
+Theory of operation. A ``TapSession`` owns one TAP connection (a client that
+sent CONNECT, or a TAP receiver the gateway pushes to) and one upstream UPR
+connection of its own, and runs three tasks:
+
+- the pump, the only task that writes stream messages: it requests one UPR
+  stream per vbucket of the plan, then reads the upstream a socket read at a
+  time, translates every frame with that vbucket's ``UprToTap``, stamps the
+  TAP messages with the sans-IO ``TapProducer`` (sequence numbers, ack
+  requests, the unacked window) and writes the whole batch with one send;
+- the reader: acks and nacks from the TAP peer go to the ``TapProducer``;
+  what an ack releases is then settled upstream (see below);
+- the timers: a NOOP on an idle TAP connection, the resend after a busy nack.
+
+Backpressure runs end to end. The upstream stops at the flow-control buffer
+the gateway announced, and the gateway returns buffer bytes only for what
+the TAP peer acknowledged (with support-ack) or what was handed to its
+socket (without). Each batch's upstream bytes, the replies the upstream
+waits for (SET_VBUCKET_STATE, acknowledged snapshot markers) and the
+positions reached travel as a ``Settlement`` attached to the last TAP
+message of the batch, and are settled when that message is acked. The last
+message of every batch asks for an ack, so a peer that acks only when asked
+can never leave the upstream stalled on a full buffer. Memory per session is
+bounded by the upstream buffer plus the socket outbox.
+
+Upstream loss: the pump reconnects with backoff and re-requests every open
+stream from the last seqno sent, within the snapshot it was in; the
+translators continue the checkpoint or backfill that was open, so the TAP
+peer sees neither a gap nor a duplicate. A rollback answer restarts that
+vbucket with a full backfill behind OPAQUE(INITIAL_VBUCKET_STREAM).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from adapters import upr
+from adapters.errors import ProtocolError
+from adapters.mcbp import Frame, Status
+from adapters.tap import (
+    ConnectFlags,
+    OpaqueCode,
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapDelete,
+    TapMutation,
+    TapNoop,
+    TapNoopResponse,
+    TapOpaque,
+    TapResponse,
+    TapStreamMessage,
+    TapVbucketSet,
+    decode_frame,
+    encode,
+)
+from adapters.tap.producer import ProducerState, TapProducer
+from adapters.upr.flow_control import is_counted
+from gateway.stats import GatewayStats, StreamStats
+from gateway.tapfront.plan import ConnectionPlan
+from gateway.tapfront.registry import Registry, VbResume
+from gateway.tapfront.upstream import UprUpstream, UpstreamError
+from gateway.tapfront.vbstream import VbStream
+from gateway.wire import PacketConnection
+
+log = logging.getLogger(__name__)
+
+_OK = Status.SUCCESS.value
+_ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
+_RESPONSES = (
+    upr.StreamRequestOk,
+    upr.StreamRequestRollback,
+    upr.FailoverLogResponse,
+    upr.AddStreamResponse,
+    upr.Response,
+)
+
+
+@dataclass
+class SessionConfig:
+    upstream: tuple[str, int]
+    dialect: upr.Dialect = upr.DCP
+    user: str | None = None
+    password: str | None = None
+    buffer_size: int = 8 * 1024 * 1024
+    ack_interval: int = 1000
+    max_unacked: int = 10_000
+    backoff: float = 5.0
+    noop_interval: float = 20.0
+    reconnect_initial: float = 0.1
+    reconnect_max: float = 5.0
+    reconnect_attempts: int | None = None
+    """Consecutive failed reconnects before giving up (None: never give up)."""
+
+
+@dataclass
+class Settlement:
+    """What becomes final once a TAP message is acknowledged (see the docstring)."""
+
+    generation: int = 0
+    credit: int = 0
+    replies: list[bytes] = field(default_factory=list)
+    positions: dict[int, VbResume] = field(default_factory=dict)
+    arrival: float = 0.0
+    """Wall-clock arrival of the oldest upstream item in it (0: none)."""
+
+    def merge(self, other: Settlement) -> None:
+        if other.generation == self.generation:
+            self.credit += other.credit
+            self.replies.extend(other.replies)
+        self.positions.update(other.positions)
+        if other.arrival and not self.arrival:
+            self.arrival = other.arrival
+
+    @property
+    def empty(self) -> bool:
+        return not (self.credit or self.replies or self.positions)
+
+
+class SessionFailed(ProtocolError):
+    """The session cannot go on (upstream gone for good, a stream refused)."""
+
+
+class TapSession:
+    def __init__(
+        self,
+        conn: PacketConnection,
+        plan: ConnectionPlan,
+        config: SessionConfig,
+        registry: Registry,
+        stats: GatewayStats,
+        *,
+        first_messages: tuple[TapStreamMessage, ...] = (),
+    ) -> None:
+        self.conn = conn
+        self.plan = plan
+        self.config = config
+        self.registry = registry
+        self.gateway_stats = stats
+        self.name = plan.name
+        self.first_messages = first_messages
+        self.producer = TapProducer(
+            support_ack=plan.support_ack,
+            ack_interval=config.ack_interval,
+            max_unacked=max(config.max_unacked, config.ack_interval),
+            backoff=config.backoff,
+        )
+        upstream_name = "{}:{}".format(*config.upstream)
+        self.stats = StreamStats("tap_front", plan.name, upstream_name, created=time.time())
+        self.stats.ack_window = self.producer.max_unacked if plan.support_ack else 0
+        keys_only = plan.has(ConnectFlags.KEYS_ONLY)
+        network_order = plan.has(ConnectFlags.FIX_FLAG_BYTEORDER)
+        self.vbuckets = {
+            start.vbucket: VbStream(
+                start,
+                registry.checkpoint_ids(start.vbucket),
+                keys_only=keys_only,
+                network_byte_order=network_order,
+                progress=self.stats.vbucket(start.vbucket),
+            )
+            for start in plan.starts
+        }
+        self.by_opaque: dict[int, VbStream] = {}
+        self.upstream: UprUpstream | None = None
+        self.generation = 0
+        self._batch: list[bytes] = []
+        self._settling = Settlement()
+        self._pending: dict[int, Settlement] = {}
+        self._ready: list[Settlement] = []
+        self._wake = trio.Event()
+        self.last_send = trio.current_time()
+        self.done = False
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self) -> None:
+        with self.gateway_stats.stream(self.stats):
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._read_peer, nursery.cancel_scope)
+                    nursery.start_soon(self._timers)
+                    await self._pump()
+                    await self._settle_all()
+                    nursery.cancel_scope.cancel()
+            finally:
+                if self.upstream is not None:
+                    await self.upstream.aclose()
+                self.registry.save()
+
+    async def _pump(self) -> None:
+        for message in self._opening_messages():
+            await self._emit(message, None)
+        await self._flush()
+        failures = 0
+        while not all(vb.ended for vb in self.vbuckets.values()):
+            try:
+                self.upstream = await self._connect()
+                failures = 0
+                await self._request_streams()
+                while not all(vb.ended for vb in self.vbuckets.values()):
+                    for frame in await self.upstream.receive_batch():
+                        await self._on_upstream_frame(frame)
+                    await self._flush()
+            except UpstreamError as exc:
+                failures += 1
+                await self._upstream_lost(exc, failures)
+        for vb in self.vbuckets.values():
+            for message in vb.translator.finish():
+                await self._emit(message, vb)
+        await self._flush()
+
+    def _opening_messages(self) -> list[TapStreamMessage]:
+        out: list[TapStreamMessage] = list(self.first_messages)
+        if self.plan.support_ack:
+            out.append(TapOpaque(OpaqueCode.ENABLE_AUTO_NACK))
+        if self.plan.has(ConnectFlags.CHECKPOINT):
+            out.append(TapOpaque(OpaqueCode.ENABLE_CHECKPOINT_SYNC))
+        return out
+
+    async def _connect(self) -> UprUpstream:
+        config = self.config
+        host, port = config.upstream
+        self.generation += 1
+        upstream = await UprUpstream.connect(
+            host,
+            port,
+            name=b"tapfront:" + self.name.encode(),
+            dialect=config.dialect,
+            buffer_size=config.buffer_size,
+            user=config.user,
+            password=config.password,
+        )
+        self.stats.buffer_size = upstream.buffer_size
+        return upstream
+
+    async def _upstream_lost(self, exc: UpstreamError, failures: int) -> None:
+        """Flush what was translated, then wait before the next attempt."""
+        attempts = self.config.reconnect_attempts
+        await self._flush()
+        if self.upstream is not None:
+            await self.upstream.aclose()
+            self.upstream = None
+            self.gateway_stats.upstream_reconnects_total[self.stats.upstream] += 1
+        if attempts is not None and failures > attempts:
+            raise SessionFailed(f"{self.name}: giving up on the UPR upstream: {exc}")
+        delay = min(self.config.reconnect_max, self.config.reconnect_initial * 2 ** (failures - 1))
+        log.warning("%s: %s; reconnecting in %.1fs", self.name, exc, delay)
+        self.by_opaque.clear()
+        for vb in self.vbuckets.values():
+            vb.prepare_resume()
+        await trio.sleep(delay)
+
+    async def _request_streams(self) -> None:
+        upstream = self.upstream
+        assert upstream is not None
+        requests = []
+        for vb in self.vbuckets.values():
+            if vb.ended:
+                continue
+            opaque = upstream.next_opaque()
+            self.by_opaque[opaque] = vb
+            requests.append(
+                upr.encode(vb.stream_request(opaque, self.plan.takeover), upstream.dialect)
+            )
+        await upstream.send(b"".join(requests))
+
+    # -- upstream messages ---------------------------------------------------
+
+    async def _on_upstream_frame(self, frame: Frame) -> None:
+        upstream = self.upstream
+        assert upstream is not None
+        try:
+            event = upr.decode_frame(frame, upstream.dialect)
+        except ProtocolError as exc:
+            vb = self.by_opaque.get(frame.opaque)
+            self.gateway_stats.protocol_errors_total["tap_front", "upstream_malformed"] += 1
+            if vb is None or not frame.is_request:
+                raise UpstreamError(f"malformed message from upstream: {exc}") from None
+            log.error("%s: vbucket %d: ending the stream: %s", self.name, vb.vbucket, exc)
+            await self._end_stream(vb, "malformed")
+            return
+        if isinstance(event, _RESPONSES):
+            await self._on_response(event)
+            return
+        if isinstance(event, upr.Noop):
+            await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
+            return
+        vb = self.by_opaque.get(event.opaque)
+        if vb is None:
+            raise UpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
+        if is_counted(event.NAME, False):
+            upstream.unacked_bytes += frame.size
+            self._settling.credit += frame.size
+        if not self._settling.arrival and isinstance(event, _ITEMS):
+            self._settling.arrival = time.time()
+        for message in vb.translate(event):
+            await self._emit(message, vb)
+        reply = vb.reply_due(event)
+        if reply is not None:
+            self._settling.replies.append(upr.encode(reply, upstream.dialect))
+            self._end_settlement()
+        if isinstance(event, upr.StreamEnd):
+            await self._end_stream(vb, _reason_name(event.reason))
+
+    async def _on_response(self, response: upr.UprResponse) -> None:
+        vb = self.by_opaque.get(response.opaque)
+        if vb is None or response.NAME != "STREAM_REQ":
+            return  # NOOP and buffer-ack answers need nothing
+        if isinstance(response, upr.StreamRequestOk):
+            vb.accepted(response.failover_log)
+            return
+        if isinstance(response, upr.StreamRequestRollback):
+            log.warning(
+                "%s: vbucket %d: upstream asks to roll back to %d; the client cannot roll "
+                "back partially, so the vbucket is streamed again from 0",
+                self.name,
+                vb.vbucket,
+                response.rollback_seqno,
+            )
+            self.gateway_stats.rollbacks_total["tap_front"] += 1
+            self.gateway_stats.last_rollback_seqno["tap_front"] = response.rollback_seqno
+            for message in vb.restart_from_zero():
+                await self._emit(message, vb)
+            upstream = self.upstream
+            assert upstream is not None
+            opaque = upstream.next_opaque()
+            self.by_opaque[opaque] = vb
+            await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
+            return
+        status = getattr(response, "status", -1)
+        text = getattr(response, "value", b"").decode("utf-8", "replace")
+        log.error(
+            "%s: vbucket %d: upstream refused the stream (status 0x%02x%s)",
+            self.name,
+            vb.vbucket,
+            status,
+            f": {text}" if text else "",
+        )
+        await self._end_stream(vb, f"refused_0x{status:02x}")
+
+    async def _end_stream(self, vb: VbStream, reason: str) -> None:
+        vb.ended = True
+        self.gateway_stats.stream_ends_total["tap_front", reason] += 1
+        for message in vb.translator.finish():
+            await self._emit(message, vb)
+        if reason == "ok" and self.plan.takeover:
+            self.gateway_stats.takeovers_completed_total["tap_front"] += 1
+
+    # -- writing to the TAP peer ---------------------------------------------
+
+    async def _emit(self, message: TapStreamMessage, vb: VbStream | None) -> None:
+        """Stamp one message into the batch, waiting for room in the ack window."""
+        if (
+            self.plan.dump
+            and isinstance(message, TapOpaque)
+            and message.opaque_code
+            in (
+                OpaqueCode.INITIAL_VBUCKET_STREAM,
+                OpaqueCode.CLOSE_BACKFILL,
+            )
+        ):
+            return  # a dump sends the items alone, as 2.x did
+        while not self.producer.can_send:
+            await self._flush()
+            self._wake = trio.Event()
+            await self._wake.wait()
+        if vb is not None and isinstance(message, TapCheckpointEnd):
+            self.registry.checkpoint_closed(vb.vbucket, message.checkpoint_id, vb.position())
+        stamped = self.producer.stamp(message)
+        self._batch.append(encode(stamped))
+        self._count(message)
+        if vb is not None:
+            self._settling.positions[vb.vbucket] = vb.position()
+        if isinstance(message, TapVbucketSet):
+            self.gateway_stats.takeovers_started_total["tap_front"] += (
+                message.state == upr.VBucketState.PENDING
+            )
+
+    def _count(self, message: TapStreamMessage) -> None:
+        sent = self.stats.items_sent
+        if isinstance(message, TapMutation):
+            sent["mutation"] += 1
+        elif isinstance(message, TapDelete):
+            sent["deletion"] += 1
+        elif isinstance(message, TapCheckpointStart | TapCheckpointEnd):
+            sent["marker"] += 1
+        elif isinstance(message, TapVbucketSet):
+            sent["state"] += 1
+
+    def _end_settlement(self) -> None:
+        """Attach what was gathered to the last message stamped (or settle it now)."""
+        settlement, self._settling = self._settling, Settlement(self.generation)
+        settlement.generation = self.generation
+        if settlement.empty:
+            return
+        last = self.producer.last_stamped
+        if self.plan.support_ack and last is not None and self.producer.unacked:
+            held = self._pending.get(last.opaque)
+            if held is None:
+                self._pending[last.opaque] = settlement
+            else:
+                held.merge(settlement)
+        else:
+            self._ready.append(settlement)
+
+    async def _flush(self) -> None:
+        """Write the batch (its last message asking for an ack), then settle what may be."""
+        if self._batch and self.plan.support_ack:
+            self._batch[-1] = encode(self.producer.request_ack_on_last())
+        self._end_settlement()
+        if self._batch:
+            data = b"".join(self._batch)
+            self._batch.clear()
+            await self.conn.send(data)
+            self.stats.bytes_sent += len(data)
+            self.stats.last_item_time = time.time()
+            self.last_send = trio.current_time()
+        ready, self._ready = self._ready, []
+        for settlement in ready:
+            await self._settle(settlement)
+        self._update_ack_stats()
+
+    async def _settle(self, settlement: Settlement) -> None:
+        upstream = self.upstream
+        if upstream is not None and settlement.generation == self.generation:
+            await upstream.acknowledge(settlement.credit)
+            if settlement.replies:
+                await upstream.send(b"".join(settlement.replies))
+        for vbucket, position in settlement.positions.items():
+            progress = self.stats.vbucket(vbucket)
+            progress.acked_seqno = max(progress.acked_seqno, position.seqno)
+            if self.plan.registered:
+                self.registry.advance(self.name, vbucket, position)
+        if settlement.arrival:
+            self.stats.latency.observe(max(0.0, time.time() - settlement.arrival))
+
+    def _update_ack_stats(self) -> None:
+        stats = self.stats
+        stats.acks_pending = self.producer.unacked
+        stats.nacks_total = self.producer.nacks_total
+        stats.retransmits_total = self.producer.retransmits_total
+        upstream = self.upstream
+        stats.unacked_bytes = upstream.unacked_bytes if upstream is not None else 0
+        oldest = min((s.arrival for s in self._pending.values() if s.arrival), default=0.0)
+        stats.oldest_unacked_time = oldest or None
+
+    async def _settle_all(self) -> None:
+        """Wait until the peer acknowledged everything (at once without support-ack)."""
+        while self.producer.unacked:
+            self._wake = trio.Event()
+            await self._wake.wait()
+        self.done = True
+
+    # -- the TAP peer ----------------------------------------------------------
+
+    async def _read_peer(self, scope: trio.CancelScope) -> None:
+        conn = self.conn
+        while (frame := await conn.receive_frame()) is not None:
+            event = decode_frame(frame)
+            if isinstance(event, TapResponse):
+                await self._on_ack(event)
+            elif isinstance(event, TapNoop):
+                await conn.send(encode(TapNoopResponse(event.opaque)))
+            elif not isinstance(event, TapNoopResponse):
+                raise ProtocolError(
+                    f"{event.NAME} is not allowed from the TAP peer of a stream",
+                    opcode=frame.opcode,
+                    status=Status.NOT_SUPPORTED,
+                )
+        log.info("%s: TAP peer closed the connection", self.name)
+        scope.cancel()
+
+    async def _on_ack(self, response: TapResponse) -> None:
+        released = self.producer.receive(response, trio.current_time())
+        if response.status and self.producer.state is ProducerState.BACKING_OFF:
+            log.info("%s: TAP peer busy (0x%02x): backing off", self.name, response.status)
+        for message in released:
+            settlement = self._pending.pop(message.opaque, None)
+            if settlement is not None:
+                await self._settle(settlement)
+        self._update_ack_stats()
+        self._wake.set()
+
+    async def _timers(self) -> None:
+        while True:
+            deadline = self.last_send + self.config.noop_interval
+            retransmit = self.producer.next_deadline()
+            if retransmit is not None:
+                deadline = min(deadline, retransmit)
+            await trio.sleep_until(deadline)
+            now = trio.current_time()
+            again = self.producer.retransmit_due(now)
+            if again:
+                log.info("%s: resending %d unacked messages", self.name, len(again))
+                await self.conn.send(b"".join(encode(message) for message in again))
+                self.last_send = now
+                self._update_ack_stats()
+                self._wake.set()
+            elif now >= self.last_send + self.config.noop_interval:
+                await self.conn.send(encode(TapNoop()))
+                self.last_send = now
+
+
+def _reason_name(reason: int) -> str:
+    try:
+        return upr.StreamEndReason(reason).name.lower()
+    except ValueError:
+        return f"reason_{reason}"

@@ -1,0 +1,167 @@
+"""The TAP front's connection to an upstream UPR node, as a consumer of its streams.
+
+``UprUpstream.connect`` opens the socket, authenticates with SASL PLAIN when
+credentials are given, OPENs a producer connection named after the TAP
+client, and in the released dialect announces a flow-control buffer and asks
+for NOOPs (the draft has neither). After that the session drives it: it
+sends STREAM_REQs and responses with ``send``, reads whatever arrived with
+``receive_batch`` (every complete frame of one socket read, so the session
+translates and writes them as one batch), and returns freed buffer bytes
+with ``acknowledge``.
+
+Errors: ``UpstreamError`` for anything that makes the connection unusable
+(refused, closed, a failed OPEN), so the session can reconnect; malformed
+frames raise the codec's ``ProtocolError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import trio
+
+from adapters import upr
+from adapters.errors import GatewayError, ProtocolError
+from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, Frame, FrameReader, Status
+from gateway.client import McbpClient, RequestFailed
+
+log = logging.getLogger(__name__)
+
+RECEIVE_SIZE = 256 * 1024
+DEFAULT_BUFFER_SIZE = 8 * 1024 * 1024
+DEFAULT_NOOP_INTERVAL = 120
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class UpstreamError(GatewayError):
+    """The upstream connection failed or closed; a reconnect may help."""
+
+
+class UprUpstream:
+    def __init__(self, stream: trio.SocketStream, address: str, dialect: upr.Dialect) -> None:
+        self.stream = stream
+        self.address = address
+        self.dialect = dialect
+        self.reader = FrameReader(DEFAULT_MAX_FRAME_SIZE)
+        self._send_lock = trio.Lock()
+        self._opaques = 0
+        self.unacked_bytes = 0
+        """Flow-controlled bytes received and not yet acknowledged."""
+        self.buffer_size = 0
+        self.bytes_received = 0
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        name: bytes,
+        dialect: upr.Dialect = upr.DCP,
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+        noop_interval: int = DEFAULT_NOOP_INTERVAL,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> UprUpstream:
+        address = f"{host}:{port}"
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise UpstreamError(f"cannot connect to UPR upstream {address}: {exc}") from None
+        self = cls(stream, address, dialect)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                await self._handshake(name, buffer_size, noop_interval, user, password)
+        except (trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+            await self.aclose()
+            raise UpstreamError(f"UPR upstream {address}: handshake failed: {exc!r}") from None
+        except (UpstreamError, ProtocolError, RequestFailed) as exc:
+            await self.aclose()
+            raise UpstreamError(f"UPR upstream {address}: {exc}") from None
+        return self
+
+    async def _handshake(
+        self,
+        name: bytes,
+        buffer_size: int,
+        noop_interval: int,
+        user: str | None,
+        password: str | None,
+    ) -> None:
+        if user is not None:
+            client = McbpClient(self.stream, name=f"upstream {self.address}")
+            await client.sasl_plain(user, password or "")
+        if upr.Command.OPEN not in self.dialect.opcodes:
+            return  # the draft opens streams directly
+        await self._request(upr.Open(name=name, flags=upr.OpenFlags.PRODUCER))
+        if upr.Command.CONTROL not in self.dialect.opcodes:
+            return
+        await self._request(upr.Control(b"connection_buffer_size", b"%d" % buffer_size))
+        self.buffer_size = buffer_size
+        await self._request(upr.Control(b"enable_noop", b"true"))
+        await self._request(upr.Control(b"set_noop_interval", b"%d" % noop_interval))
+
+    async def _request(self, event: upr.UprRequest) -> None:
+        """A handshake request; nothing else can arrive before its answer."""
+        opaque = self.next_opaque()
+        await self.send_event(dataclasses.replace(event, opaque=opaque))
+        while True:
+            for frame in await self.receive_batch():
+                response = upr.decode_frame(frame, self.dialect)
+                if not response.IS_RESPONSE or response.opaque != opaque:
+                    continue
+                status = getattr(response, "status", Status.SUCCESS)
+                if status != Status.SUCCESS:
+                    text = getattr(response, "value", b"").decode("utf-8", "replace")
+                    raise UpstreamError(
+                        f"{event.NAME} refused with status 0x{status:02x}"
+                        + (f": {text}" if text else "")
+                    )
+                return
+
+    def next_opaque(self) -> int:
+        self._opaques = (self._opaques + 1) & 0xFFFFFFFF
+        return self._opaques
+
+    async def send(self, data: bytes) -> None:
+        try:
+            async with self._send_lock:
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise UpstreamError(f"UPR upstream {self.address}: send failed: {exc!r}") from None
+
+    async def send_event(self, event: upr.UprEvent) -> None:
+        await self.send(upr.encode(event, self.dialect))
+
+    async def receive_batch(self) -> list[Frame]:
+        """Every complete frame of the next socket read (waits for at least one)."""
+        frames: list[Frame] = []
+        while not frames:
+            while (frame := self.reader.next_frame()) is not None:
+                frames.append(frame)
+            if frames:
+                break
+            try:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise UpstreamError(f"UPR upstream {self.address}: {exc!r}") from None
+            if not data:
+                raise UpstreamError(f"UPR upstream {self.address} closed the connection")
+            self.bytes_received += len(data)
+            self.reader.receive_data(data)
+        return frames
+
+    async def acknowledge(self, size: int) -> None:
+        """Return ``size`` freed bytes to the producer's flow-control window."""
+        if size <= 0 or not self.buffer_size:
+            return
+        size = min(size, self.unacked_bytes)
+        if size <= 0:
+            return
+        self.unacked_bytes -= size
+        await self.send_event(upr.BufferAcknowledgement(size, opaque=self.next_opaque()))
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
