@@ -47,10 +47,26 @@ HEAD_TIMEOUT = 10.0
 WRITE_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
 RECEIVE_SIZE = 16384
+LINGER_TIMEOUT = 1.0
+LINGER_BYTES = 1 << 20
 GZIP_LEVEL = 1
 """Fast: metrics text compresses well even at the lowest level."""
 
 INDEX = b"tap-upr-gateway: metrics at /metrics\n"
+
+
+async def _linger(stream: trio.abc.Stream) -> None:
+    """Half-close, then drain what the peer still sends, so closing with unread
+    input does not reset the connection before the peer reads our error."""
+    if isinstance(stream, trio.abc.HalfCloseableStream):
+        await stream.send_eof()
+    with trio.move_on_after(LINGER_TIMEOUT):
+        drained = 0
+        while drained < LINGER_BYTES:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                return
+            drained += len(data)
 
 
 class MetricsServer:
@@ -90,6 +106,7 @@ class MetricsServer:
             except HttpError as error:
                 with trio.move_on_after(WRITE_TIMEOUT):
                     await stream.send_all(error_response(error))
+                await _linger(stream)
                 return
             if request is None:
                 return
@@ -98,6 +115,8 @@ class MetricsServer:
             with trio.move_on_after(WRITE_TIMEOUT) as scope:
                 await stream.send_all(reply)
             if scope.cancelled_caught or close or must_close:
+                if must_close:
+                    await _linger(stream)
                 return
 
     async def _read_request(self, stream: trio.abc.Stream, buffer: bytearray) -> Request | None:

@@ -66,8 +66,6 @@ def tap_stat_pairs(stats: GatewayStats, *, now: float | None = None) -> Pairs:
         ("ep_tap_total_backlog_size", str(sum(f.send_lag for _, _, f in conns))),
         ("ep_tap_queue_backfillremaining", str(sum(f.backfill_remaining for _, _, f in conns))),
         ("ep_tap_deletes", str(closed_deletes + sum(_deletes(f) for _, _, f in conns))),
-        ("ep_tap_ack_window_full", str(sum(_window_full(f) for _, _, f in conns))),
-        ("ep_tap_num_nacks", str(sum(f.nacks_total for _, _, f in conns))),
     ]
     for name, upstream, fig in conns:
         values: list[tuple[str, object]] = [

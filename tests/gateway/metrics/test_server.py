@@ -1,0 +1,269 @@
+"""serve_metrics over real loopback sockets: formats, negotiation, bad requests, limits."""
+
+from __future__ import annotations
+
+import gzip
+import urllib.request
+from dataclasses import dataclass
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+
+from gateway.metrics import serve_metrics
+from gateway.metrics import server as server_module
+from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
+from tests.gateway.metrics.conftest import parse, value
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class Client:
+    """Raw HTTP/1.1 over one connection, so malformed requests can be sent too."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    async def _fill(self) -> bool:
+        data = await self.stream.receive_some(65536)
+        self.buffer += data
+        return bool(data)
+
+    async def reply(self, *, head_only: bool = False) -> Reply:
+        while b"\r\n\r\n" not in self.buffer:
+            assert await self._fill(), f"closed before a reply; got {bytes(self.buffer)!r}"
+        end = self.buffer.index(b"\r\n\r\n") + 4
+        lines = bytes(self.buffer[: end - 4]).decode("latin-1").split("\r\n")
+        del self.buffer[:end]
+        status = int(lines[0].split(" ")[1])
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = 0 if head_only else int(headers["content-length"])
+        while len(self.buffer) < length:
+            assert await self._fill(), "closed inside a body"
+        body = bytes(self.buffer[:length])
+        del self.buffer[:length]
+        return Reply(status, headers, body)
+
+    async def request(self, raw: bytes, *, head_only: bool = False) -> Reply:
+        await self.stream.send_all(raw)
+        return await self.reply(head_only=head_only)
+
+    async def closed(self) -> bool:
+        with trio.move_on_after(5):
+            while await self._fill():
+                pass
+            return True
+        return False
+
+
+def get(path: str = "/metrics", *extra: str) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", "Host: test", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def start(nursery: trio.Nursery, stats: GatewayStats, **kw: object) -> int:
+    port: int = await nursery.start(lambda task_status: serve_metrics(
+        stats, "127.0.0.1", 0, task_status=task_status, **kw  # type: ignore[arg-type]
+    ))  # fmt: skip
+    return port
+
+
+async def connect(port: int) -> Client:
+    return Client(await trio.open_tcp_stream("127.0.0.1", port))
+
+
+def busy_stats() -> GatewayStats:
+    stats = GatewayStats()
+    stream = StreamStats(TAP_FRONT, "replica-1", "node:11210")
+    stats.streams[id(stream)] = stream
+    stream.items_sent["mutation"] += 3
+    stream.vbucket(0).upstream_high_seqno = 9
+    return stats
+
+
+async def test_text_format_by_default_with_keep_alive(nursery: trio.Nursery) -> None:
+    stats = busy_stats()
+    port = await start(nursery, stats)
+    client = await connect(port)
+    first = await client.request(get())
+    assert first.status == 200
+    assert first.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = parse(first.body.decode())
+    labels = {"direction": TAP_FRONT, "connection": "replica-1", "upstream": "node:11210"}
+    assert value(samples, "tapupr_stream_send_lag_seqnos", **labels) == 9
+    assert any(name == "process_cpu_seconds_total" for name, _ in samples)
+    stats.streams.clear()
+    second = await client.request(get())  # same connection
+    assert value(parse(second.body.decode()), "tapupr_active_connections", direction=TAP_FRONT) == 0
+
+
+async def test_openmetrics_when_asked(nursery: trio.Nursery) -> None:
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    accept = "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    reply = await client.request(get("/metrics", accept))
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith("application/openmetrics-text")
+    assert "Accept" in reply.headers["vary"]
+    text = reply.body.decode()
+    assert text.endswith("# EOF\n")
+    families = {f.name for f in parse_openmetrics(text)}
+    assert "tapupr_stream_items_sent" in families
+
+
+async def test_gzip_when_accepted(nursery: trio.Nursery) -> None:
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    reply = await client.request(get("/metrics", "Accept-Encoding: gzip"))
+    assert reply.headers["content-encoding"] == "gzip"
+    assert b"tapupr_stream_items_sent_total" in gzip.decompress(reply.body)
+
+
+async def test_head_and_index(nursery: trio.Nursery) -> None:
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    head = await client.request(b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\n", head_only=True)
+    assert head.status == 200 and int(head.headers["content-length"]) > 0
+    index = await client.request(get("/"))
+    assert index.status == 200 and b"/metrics" in index.body
+
+
+async def test_urllib_scrape(nursery: trio.Nursery) -> None:
+    port = await start(nursery, busy_stats())
+
+    def fetch() -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return bytes(r.read())
+
+    assert b"tapupr_active_connections" in await trio.to_thread.run_sync(fetch)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (get("/nope"), 404),
+        (b"POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n", 405),
+        (b"PUT /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nbody", 413),
+        (b"GET /metrics\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\n\r\n", 400),
+        (b"GET /metrics HTTP/3.0\r\nHost: t\r\n\r\n", 505),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),  # TLS hello
+    ],
+)
+async def test_bad_requests_answered_and_closed(
+    nursery: trio.Nursery, raw: bytes, status: int
+) -> None:
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    reply = await client.request(raw)
+    assert reply.status == status
+    assert reply.headers["connection"] == "close"
+    assert reply.body.startswith(str(status).encode())
+    if status == 405:
+        assert reply.headers["allow"] == "GET, HEAD"
+    assert await client.closed()
+    # The server still serves others.
+    assert (await (await connect(port)).request(get())).status == 200
+
+
+async def test_oversized_head_is_refused(nursery: trio.Nursery) -> None:
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    reply = await client.request(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n")
+    assert reply.status == 431
+    assert await client.closed()
+
+
+async def test_slow_head_times_out_with_408(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.abc.Clock
+) -> None:
+    monkeypatch.setattr(server_module, "HEAD_TIMEOUT", 1.0)
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    await client.stream.send_all(b"GET /metrics HTTP/1.1\r\n")
+    reply = await client.reply()
+    assert reply.status == 408
+
+
+async def test_idle_connection_closed_silently(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.abc.Clock
+) -> None:
+    monkeypatch.setattr(server_module, "IDLE_TIMEOUT", 1.0)
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    assert await client.closed()
+    assert client.buffer == b""
+
+
+async def test_connection_limit_answers_503(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
+    port = await start(nursery, busy_stats())
+    held = [await connect(port) for _ in range(2)]
+    for client in held:
+        assert (await client.request(get())).status == 200
+    extra = await connect(port)
+    reply = await extra.reply()
+    assert reply.status == 503
+    await held[0].stream.aclose()
+    await trio.sleep(0.05)
+    assert (await (await connect(port)).request(get())).status == 200
+
+
+async def test_render_failure_is_500_not_a_crash(nursery: trio.Nursery) -> None:
+    class Broken:
+        def collect(self) -> list[object]:
+            raise RuntimeError("boom")
+
+    registry = CollectorRegistry()
+    registry.register(Broken())  # type: ignore[arg-type]
+    port = await start(nursery, busy_stats(), registry=registry)
+    client = await connect(port)
+    reply = await client.request(get())
+    assert reply.status == 500
+    assert (await (await connect(port)).request(get("/"))).status == 200
+
+
+async def test_injected_registry_released_on_exit() -> None:
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        await start(nursery, busy_stats(), registry=registry)
+        assert "tapupr_active_connections" in registry._names_to_collectors
+        nursery.cancel_scope.cancel()
+    assert "tapupr_active_connections" not in registry._names_to_collectors
+
+
+async def test_scrapes_while_streams_churn(nursery: trio.Nursery) -> None:
+    """Renders run in a thread while the trio side mutates: every scrape succeeds."""
+    stats = GatewayStats()
+    port = await start(nursery, stats, per_vbucket=True)
+    done = trio.Event()
+
+    async def churn() -> None:
+        n = 0
+        while not done.is_set():
+            stream = StreamStats(UPR_FRONT, f"c{n % 7}", "node:11210")
+            with stats.stream(stream):
+                for vb in range(64):
+                    stream.vbucket(vb).upstream_high_seqno = n + vb
+                    stream.items_sent["mutation"] += 1
+                await trio.sleep(0)
+            n += 1
+
+    nursery.start_soon(churn)
+    client = await connect(port)
+    for _ in range(20):
+        reply = await client.request(get())
+        assert reply.status == 200
+        parse(reply.body.decode())  # well formed, no duplicate series
+    done.set()
