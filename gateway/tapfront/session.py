@@ -134,7 +134,7 @@ class TapSession:
         registry: Registry,
         stats: GatewayStats,
         *,
-        first_messages: tuple[TapStreamMessage, ...] = (),
+        closing_messages: tuple[TapStreamMessage, ...] = (),
     ) -> None:
         self.conn = conn
         self.plan = plan
@@ -142,7 +142,8 @@ class TapSession:
         self.registry = registry
         self.gateway_stats = stats
         self.name = plan.name
-        self.first_messages = first_messages
+        self.closing_messages = closing_messages
+        """Sent once every stream ended and was acked (a push ends with CLOSE_TAP_STREAM)."""
         self.producer = TapProducer(
             support_ack=plan.support_ack,
             ack_interval=config.ack_interval,
@@ -185,6 +186,12 @@ class TapSession:
                     nursery.start_soon(self._timers)
                     await self._pump()
                     await self._settle_all()
+                    if self.closing_messages:
+                        for message in self.closing_messages:
+                            await self._emit(message, None)
+                        await self._flush()
+                        await self._settle_all()
+                    self.done = True
                     nursery.cancel_scope.cancel()
             finally:
                 if self.upstream is not None:
@@ -214,7 +221,7 @@ class TapSession:
         await self._flush()
 
     def _opening_messages(self) -> list[TapStreamMessage]:
-        out: list[TapStreamMessage] = list(self.first_messages)
+        out: list[TapStreamMessage] = []
         if self.plan.support_ack:
             out.append(TapOpaque(OpaqueCode.ENABLE_AUTO_NACK))
         if self.plan.has(ConnectFlags.CHECKPOINT):
@@ -453,7 +460,6 @@ class TapSession:
         while self.producer.unacked:
             self._wake = trio.Event()
             await self._wake.wait()
-        self.done = True
 
     # -- the TAP peer ----------------------------------------------------------
 

@@ -1,0 +1,95 @@
+"""Push mode: vbuckets streamed from a UPR node into a TAP receiver (a 2.x node).
+
+``move_upr_to_tap`` does what ns_server's 2.x vbucket mover did, with a UPR
+node as the source: it makes each vbucket a replica on the destination
+(SET_VBUCKET), connects to the destination as a TAP sender and runs a
+``TapSession`` whose plan is backfill + support-ack + list vbuckets (+
+takeover). Without takeover each vbucket is streamed up to the source's high
+seqno at the start; with takeover the source streams until it has handed the
+vbucket over (pending, dead on the source, active), which the destination
+acknowledges through the TAP acks. Either way the session ends with
+OPAQUE(CLOSE_TAP_STREAM) asking for an ack, and returns once it is acked:
+everything before it has been applied on the destination.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+
+import trio
+
+from adapters.errors import GatewayError
+from adapters.mcbp import Opcode
+from adapters.mcbp.constants import VBucketState
+from adapters.tap import ConnectFlags, OpaqueCode, TapOpaque
+from gateway.client import McbpClient
+from gateway.stats import GatewayStats
+from gateway.tapfront.plan import ConnectionPlan, VbStart
+from gateway.tapfront.registry import Registry
+from gateway.tapfront.server import read_upstream_vbuckets
+from gateway.tapfront.session import SessionConfig, TapSession
+from gateway.wire import run_connection
+
+log = logging.getLogger(__name__)
+
+
+class MoveFailed(GatewayError):
+    """The move could not be completed; the message says where it stopped."""
+
+
+async def move_upr_to_tap(
+    source: tuple[str, int],
+    destination: tuple[str, int],
+    vbuckets: list[int],
+    *,
+    takeover: bool,
+    config: SessionConfig | None = None,
+    stats: GatewayStats | None = None,
+    name: str = "move",
+) -> GatewayStats:
+    """Move ``vbuckets`` (see the module docstring); the move's figures on success."""
+    config = config or SessionConfig(upstream=source)
+    stats = stats or GatewayStats()
+    upstream = await read_upstream_vbuckets(source, config.user, config.password)
+    for vb in vbuckets:
+        state = upstream.get(vb)
+        if state is None or not state.active:
+            raise MoveFailed(f"vbucket {vb} is not active on the source {source[0]}:{source[1]}")
+    async with await McbpClient.connect(*destination, name="move destination") as client:
+        for vb in vbuckets:
+            await client.request(
+                Opcode.SET_VBUCKET, vbucket=vb, extras=struct.pack(">I", VBucketState.REPLICA)
+            )
+    flags = ConnectFlags.BACKFILL | ConnectFlags.SUPPORT_ACK | ConnectFlags.LIST_VBUCKETS
+    if takeover:
+        flags |= ConnectFlags.TAKEOVER_VBUCKETS
+    starts = tuple(
+        VbStart.full(vb) if takeover else VbStart.full(vb, end=upstream[vb].high_seqno)
+        for vb in vbuckets
+    )
+    plan = ConnectionPlan(name, flags, starts)
+    outcome: list[TapSession] = []
+
+    async def push(conn: object) -> None:
+        session = TapSession(
+            conn,  # type: ignore[arg-type]
+            plan,
+            config,
+            Registry(),
+            stats,
+            closing_messages=(TapOpaque(OpaqueCode.CLOSE_TAP_STREAM),),
+        )
+        outcome.append(session)
+        await session.run()
+
+    try:
+        stream = await trio.open_tcp_stream(*destination)
+    except OSError as exc:
+        raise MoveFailed(f"cannot connect to the TAP destination: {exc}") from None
+    label = "move to {}:{}".format(*destination)
+    await run_connection(stream, push, name=label)
+    if not outcome or not outcome[0].done:
+        raise MoveFailed(f"{label}: the TAP stream ended before the destination acked it all")
+    log.info("%s: vbuckets %s moved%s", label, vbuckets, " (takeover)" if takeover else "")
+    return stats
