@@ -1,0 +1,274 @@
+"""The upstream side of the UPR front: one TAP connection into the durable log.
+
+Theory of operation. ``Ingest.run`` keeps one TAP connection to the upstream
+node for the whole gateway, whatever the number of consumers:
+
+1. connect (SASL PLAIN first when configured) and learn the vbuckets:
+   ``STAT vbucket`` for their states, ``STAT vbucket-seqno`` as the list
+   when the node has no state group; every active one unless configured;
+2. CONNECT as the registered client ``tap_name`` with backfill (everything),
+   list vbuckets, support ack, checkpoint (each vbucket's last closed TAP
+   checkpoint id from the log) and network byte order flags. The node
+   resumes a registered client where its acks left off, else by checkpoint,
+   else it backfills from scratch (the log then reconciles);
+3. stream in batches: every frame one read brought is applied to the logs;
+   then the touched logs are written, fsynced per the policy (in a worker
+   thread), published to the consumers, and only then are the TAP messages
+   that asked for an ack acknowledged, in one write. A crash therefore never
+   loses what the node considers delivered.
+
+Any failure (refused connect, lost connection, malformed packet) closes the
+connection and retries with exponential backoff; each retry resumes as in 2.
+A vbucket whose reconcile was interrupted by a crash cannot be resumed (the
+keys the reset had seen are not logged): the ingest then deregisters its
+name first, so the node backfills, and omits that vbucket's checkpoint.
+
+Takeover requests from consumer streams go through ``takeover`` (see
+``gateway.uprfront.takeover``): VBUCKET_SET messages are held, unacked, until
+the consumer has answered the matching SET_VBUCKET_STATE.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from adapters.errors import GatewayError, ProtocolError
+from adapters.mcbp import Frame, FrameReader, Opcode
+from adapters.mcbp.constants import VBucketState
+from adapters.tap import (
+    ConnectFlags,
+    TapConnect,
+    TapFlags,
+    TapNoop,
+    TapNoopResponse,
+    TapOpaque,
+    TapOpcode,
+    TapResponse,
+    TapStreamMessage,
+    TapVbucketSet,
+    decode_frame,
+    encode,
+)
+from gateway.client import McbpClient
+from gateway.stats import GatewayStats
+from gateway.uprfront.config import UprFrontConfig
+from gateway.uprfront.logset import LogSet
+from gateway.uprfront.vblog import VbLog
+
+log = logging.getLogger(__name__)
+
+RECEIVE_SIZE = 256 * 1024
+CONNECT_FLAGS = (
+    ConnectFlags.BACKFILL
+    | ConnectFlags.LIST_VBUCKETS
+    | ConnectFlags.SUPPORT_ACK
+    | ConnectFlags.CHECKPOINT
+    | ConnectFlags.REGISTERED_CLIENT
+    | ConnectFlags.FIX_FLAG_BYTEORDER
+)
+_OPCODES: dict[str, TapOpcode] = {
+    "MUTATION": TapOpcode.MUTATION,
+    "DELETE": TapOpcode.DELETE,
+    "FLUSH": TapOpcode.FLUSH,
+    "OPAQUE": TapOpcode.OPAQUE,
+    "VBUCKET_SET": TapOpcode.VBUCKET_SET,
+    "CHECKPOINT_START": TapOpcode.CHECKPOINT_START,
+    "CHECKPOINT_END": TapOpcode.CHECKPOINT_END,
+}
+
+StateHook = Callable[[int, VBucketState], Awaitable[None]]
+"""Called with a VBUCKET_SET before it is acked (takeover hand-off)."""
+
+
+class UpstreamError(GatewayError):
+    """The TAP upstream refused or broke the stream."""
+
+
+def ack_of(message: TapStreamMessage) -> bytes:
+    return encode(TapResponse(_OPCODES[message.NAME], message.opaque, 0))
+
+
+class Ingest:
+    def __init__(
+        self,
+        config: UprFrontConfig,
+        logs: LogSet,
+        stats: GatewayStats,
+        *,
+        name: str | None = None,
+        vbuckets: tuple[int, ...] | None = None,
+        takeover: bool = False,
+        state_hook: StateHook | None = None,
+    ) -> None:
+        self.config = config
+        self.logs = logs
+        self.stats = stats
+        self.name = name or config.tap_name
+        self.vbuckets = vbuckets if vbuckets is not None else config.vbuckets
+        self.takeover = takeover
+        self.state_hook = state_hook
+        self.address = f"{config.tap_upstream[0]}:{config.tap_upstream[1]}"
+        self.connected = trio.Event()
+        self.connections = 0
+        self.batches = 0
+        self.messages = 0
+        self.last_error: str | None = None
+
+    async def run(self) -> None:
+        """Stream from the upstream for ever, reconnecting with backoff."""
+        delay = self.config.reconnect_min
+        while True:
+            started = self.messages
+            try:
+                await self._session()
+                self.last_error = "upstream closed the TAP stream"
+            except (OSError, trio.BrokenResourceError, GatewayError, EOFError) as exc:
+                self.last_error = str(exc) or type(exc).__name__
+            log.warning(
+                "upstream %s: %s; reconnecting in %.2fs", self.address, self.last_error, delay
+            )
+            self.stats.upstream_reconnects_total[self.address] += 1
+            await trio.sleep(delay)
+            progressed = self.messages > started
+            delay = (
+                self.config.reconnect_min
+                if progressed
+                else min(delay * 2, self.config.reconnect_max)
+            )
+
+    # -- one connection ---------------------------------------------------------
+
+    async def session(self) -> None:
+        """One connection, until the upstream closes it (a takeover's whole life)."""
+        await self._session()
+
+    async def _session(self) -> None:
+        host, port = self.config.tap_upstream
+        client = await McbpClient.connect(host, port, name=f"tap upstream {self.address}")
+        async with client:
+            if self.config.upstream_user is not None:
+                await client.sasl_plain(
+                    self.config.upstream_user, self.config.upstream_password or ""
+                )
+            vbuckets = await self._vbuckets(client)
+            logs = [self.logs.ensure(vb) for vb in vbuckets]
+            if not self.takeover and any(v.translator.reset_interrupted for v in logs):
+                await client.request(
+                    Opcode.DEREGISTER_TAP_CLIENT, key=self.name.encode(), check=False
+                )
+            await client.send(encode(self.connect_event(logs)))
+            self.connections += 1
+            self.connected.set()
+            await self._stream(client)
+
+    async def _vbuckets(self, client: McbpClient) -> tuple[int, ...]:
+        if self.vbuckets is not None:
+            return self.vbuckets
+        states = await client.stats("vbucket")
+        active = sorted(
+            int(k[3:]) for k, v in states.items() if k.startswith("vb_") and v == "active"
+        )
+        if active or states:
+            return tuple(active)
+        seqnos = await client.stats("vbucket-seqno")
+        return tuple(
+            sorted({int(k[3:].split(":")[0]) for k in seqnos if k.endswith(":high_seqno")})
+        )
+
+    def connect_event(self, logs: list[VbLog]) -> TapConnect:
+        checkpoints = tuple(
+            (v.vbucket, v.translator.last_closed_checkpoint)
+            for v in logs
+            if v.translator.last_closed_checkpoint and not v.translator.reset_interrupted
+        )
+        flags = CONNECT_FLAGS
+        if self.takeover:
+            # A one-off connection: no registration, no backfill, resume by checkpoint.
+            flags = (flags | ConnectFlags.TAKEOVER_VBUCKETS) & ~(
+                ConnectFlags.REGISTERED_CLIENT | ConnectFlags.BACKFILL
+            )
+        return TapConnect(
+            self.name.encode(),
+            ConnectFlags(flags),
+            backfill_date=0,
+            vbuckets=tuple(v.vbucket for v in logs),
+            checkpoints=checkpoints,
+        )
+
+    async def _stream(self, client: McbpClient) -> None:
+        reader: FrameReader = client.reader
+        stream = client.stream
+        while True:
+            frames = reader.frames()
+            if not frames:
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    return
+                reader.receive_data(data)
+                continue
+            replies = await self._apply(frames, stream)
+            if replies:
+                await stream.send_all(b"".join(replies))
+
+    async def _apply(self, frames: list[Frame], stream: trio.abc.Stream) -> list[bytes]:
+        """Log one batch durably; the acks and NOOP replies to send afterwards."""
+        now = time.time()
+        replies: list[bytes] = []
+        acks: list[bytes] = []
+        touched: dict[int, VbLog] = {}
+        always = self.config.fsync == "always"
+        for frame in frames:
+            event = decode_frame(frame)
+            if isinstance(event, TapNoop):
+                replies.append(encode(TapNoopResponse(event.opaque)))
+                continue
+            if isinstance(event, TapNoopResponse):
+                continue
+            if isinstance(event, TapResponse):
+                text = event.text.decode("utf-8", "replace")
+                raise UpstreamError(
+                    f"upstream answered 0x{event.status:02x} to {event.opcode.name}: {text}"
+                )
+            if isinstance(event, TapConnect):
+                raise ProtocolError("CONNECT from a TAP producer", opcode=TapOpcode.CONNECT)
+            self.messages += 1
+            if isinstance(event, TapVbucketSet) and self.state_hook is not None:
+                # Durable first: what came before the state change is logged.
+                await self._commit(touched)
+                touched = {}
+                if replies or acks:
+                    await stream.send_all(b"".join(replies + acks))
+                    replies, acks = [], []
+                await self.state_hook(event.vbucket, event.state)
+            if not (isinstance(event, TapOpaque) and event.vbucket not in self.logs.logs):
+                vblog = self.logs.ensure(event.vbucket)
+                vblog.ingest(event, now)
+                touched[event.vbucket] = vblog
+                if always:
+                    await self._commit(touched)
+                    touched = {}
+            if event.tap_flags & TapFlags.ACK:
+                acks.append(ack_of(event))
+        await self._commit(touched)
+        self.batches += 1
+        return replies + acks
+
+    async def _commit(self, touched: dict[int, VbLog]) -> None:
+        if not touched:
+            return
+        logs = list(touched.values())
+        for vblog in logs:
+            vblog.write()
+        if self.config.fsync != "never":
+            await trio.to_thread.run_sync(_sync_all, logs)
+        for vblog in logs:
+            vblog.publish()
+
+
+def _sync_all(logs: list[VbLog]) -> None:
+    for vblog in logs:
+        vblog.sync()

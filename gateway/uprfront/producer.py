@@ -1,0 +1,340 @@
+"""A UPR consumer's connection to the gateway: the producer side, served from the log.
+
+Theory of operation. ``UprConnection.run`` takes the connection after its
+OPEN (or, in the draft dialect, its first STREAM_REQ or GET_FAILOVER_LOG)
+and runs in one nursery:
+
+- the reader (this task): decodes each request and answers it at once:
+  CONTROL (connection_buffer_size, enable_noop, set_noop_interval,
+  enable_expiry_opcode; unknown keys INVALID_ARGUMENTS), STREAM_REQ (unknown
+  vbucket NOT_MY_VBUCKET, a live stream on the vbucket KEY_EXISTS, then the
+  range and rollback rules against the gateway's failover log),
+  GET_FAILOVER_LOG, CLOSE_STREAM, NOOP; BUFFER_ACKNOWLEDGEMENTs credit the
+  flow-control window; replies the streams wait for (SET_VBUCKET_STATE,
+  acked markers) go to their stream;
+- one ``LogStream`` task per stream;
+- the NOOP task once the consumer enabled NOOPs: a NOOP per interval, and
+  the connection drops if the previous one is unanswered.
+
+A malformed packet gets INVALID_ARGUMENTS (or UNKNOWN_COMMAND) naming what
+was wrong, then the connection closes; other consumers are untouched.
+
+Stats: the connection's ``StreamStats`` (direction upr_front) counts bytes,
+items by kind, the window, time blocked on it, and per vbucket the seqnos
+sent and acknowledged. With flow control on, each item's arrival time is
+kept until the consumer's buffer acks cover it, which gives the latency
+from log arrival to consumer acknowledgement (bounded by the window).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from adapters import upr
+from adapters.errors import ProtocolError
+from adapters.mcbp import Frame, Magic, Status, encode_frame
+from adapters.translate.log_records import LogItem
+from adapters.upr.flow_control import ProducerWindow, is_counted
+from adapters.upr.rollback import answer_stream_request
+from gateway.stats import StreamStats
+from gateway.uprfront.streams import LogStream
+from gateway.wire import PacketConnection
+
+if TYPE_CHECKING:
+    from gateway.uprfront.server import UprFront
+
+log = logging.getLogger(__name__)
+
+_OK = Status.SUCCESS.value
+_TRUE_FALSE = {b"true": True, b"false": False}
+
+
+@dataclass
+class Settings:
+    delete_times: bool = False
+    expiry_opcode: bool = False
+
+
+def error_reply(frame: Frame, status: int, text: str) -> bytes:
+    return encode_frame(
+        Magic.RESPONSE,
+        frame.opcode,
+        vbucket_or_status=status,
+        opaque=frame.opaque,
+        value=text.encode(),
+    )
+
+
+class UprConnection:
+    def __init__(
+        self,
+        front: UprFront,
+        conn: PacketConnection,
+        name: str,
+        flags: upr.OpenFlags,
+        stream_stats: StreamStats,
+    ) -> None:
+        self.front = front
+        self.conn = conn
+        self.name = name
+        self.dialect = front.dialect
+        self.draft = upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes
+        self.settings = Settings(delete_times=bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES))
+        self.window = ProducerWindow()
+        self._room = trio.Event()
+        self.streams: dict[int, LogStream] = {}
+        self.noop_enabled = False
+        self.noop_interval = front.config.noop_interval
+        self._noop_changed = trio.Event()
+        self._noop_outstanding: int | None = None
+        self._opaques = itertools.count(1)
+        self.stream_stats = stream_stats
+        self._nursery: trio.Nursery | None = None
+        # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
+        self._in_flight: deque[tuple[int, int, int, float]] = deque()
+        self._blocked_at: float | None = None
+
+    # -- running ---------------------------------------------------------------
+
+    async def run(self, first: upr.UprEvent | None) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._noop_loop)
+            if first is not None:
+                await self.handle(first)
+            while (frame := await self.conn.receive_frame()) is not None:
+                await self.handle(await self._decode(frame))
+            nursery.cancel_scope.cancel()
+
+    async def _decode(self, frame: Frame) -> upr.UprEvent:
+        try:
+            return upr.decode_frame(frame, self.dialect)
+        except ProtocolError as exc:
+            kind = "unknown_opcode" if exc.status == Status.UNKNOWN_COMMAND else "malformed"
+            self.front.stats.protocol_errors_total[("upr_front", kind)] += 1
+            if frame.magic == Magic.REQUEST:
+                self.conn.send_nowait(
+                    error_reply(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc))
+                )
+            raise
+
+    async def handle(self, event: upr.UprEvent) -> None:
+        if event.IS_RESPONSE:
+            self._on_response(event)  # type: ignore[arg-type]
+        elif isinstance(event, upr.StreamRequest):
+            await self._stream_request(event)
+        elif isinstance(event, upr.Control):
+            await self._control(event)
+        elif isinstance(event, upr.BufferAcknowledgement):
+            await self._buffer_ack(event)
+        elif isinstance(event, upr.CloseStream):
+            await self._close_stream(event)
+        elif isinstance(event, upr.GetFailoverLog):
+            await self._failover_log(event)
+        elif isinstance(event, upr.Noop):
+            await self.respond(upr.Response(upr.Command.NOOP, event.opaque, _OK))
+        else:
+            await self._refuse(event, Status.NOT_SUPPORTED, f"{event.NAME} is not for a producer")
+
+    # -- sending ---------------------------------------------------------------
+
+    async def respond(self, event: upr.UprEvent) -> None:
+        await self.conn.send(upr.encode(event, self.dialect))
+
+    async def _refuse(self, event: upr.UprEvent, status: int, text: str) -> None:
+        command = getattr(event, "COMMAND", upr.Command.OPEN)
+        await self.respond(upr.Response(command, event.opaque, status, text.encode()))
+
+    async def send_counted(self, event: upr.UprRequest, item: LogItem | None = None) -> None:
+        """Send a stream message, first waiting for room in the flow-control window."""
+        data = upr.encode(event, self.dialect)
+        window = self.window
+        counted = window.enabled and is_counted(event.NAME, False)
+        stats = self.stream_stats
+        if counted:
+            while not window.can_send:
+                if self._blocked_at is None:
+                    self._blocked_at = trio.current_time()
+                if self._room.is_set():
+                    self._room = trio.Event()
+                await self._room.wait()
+            if self._blocked_at is not None:
+                stats.blocked_seconds += trio.current_time() - self._blocked_at
+                self._blocked_at = None
+        await self.conn.send(data)
+        stats.bytes_sent += len(data)
+        if counted:
+            window.sent(len(data))
+            stats.unacked_bytes = window.unacked_bytes
+            if item is not None:
+                self._in_flight.append(
+                    (window.total_sent, event.vbucket, item.by_seqno, item.arrival)
+                )
+
+    # -- requests --------------------------------------------------------------
+
+    async def _stream_request(self, req: upr.StreamRequest) -> None:
+        vblog = self.front.logs.get(req.vbucket)
+        if vblog is None or not self.front.serves(req.vbucket):
+            await self._refuse(req, Status.NOT_MY_VBUCKET, f"no vbucket {req.vbucket} here")
+            return
+        live = self.streams.get(req.vbucket)
+        if live is not None and live.live:
+            await self._refuse(req, Status.KEY_EXISTS, f"vbucket {req.vbucket} already streams")
+            return
+        answer = answer_stream_request(
+            req,
+            vblog.failover.entries,
+            vblog.high_seqno,
+            purge_seqno=vblog.purge_seqno,
+            draft=self.draft,
+        )
+        if isinstance(answer, upr.StreamRequestRollback):
+            self.front.stats.rollbacks_total["upr_front"] += 1
+            self.front.stats.last_rollback_seqno["upr_front"] = answer.rollback_seqno
+        if not isinstance(answer, upr.StreamRequestOk):
+            await self.respond(answer)
+            return
+        stream = LogStream(self, vblog, req)
+        self.streams[req.vbucket] = stream
+        await self.respond(answer)
+        assert self._nursery is not None
+        self._nursery.start_soon(stream.run)
+
+    async def _failover_log(self, req: upr.GetFailoverLog) -> None:
+        vblog = self.front.logs.get(req.vbucket)
+        if vblog is None:
+            await self._refuse(req, Status.NOT_MY_VBUCKET, f"no vbucket {req.vbucket} here")
+            return
+        await self.respond(upr.FailoverLogResponse(vblog.failover.entries, req.opaque))
+
+    async def _close_stream(self, req: upr.CloseStream) -> None:
+        stream = self.streams.get(req.vbucket)
+        if stream is None or not stream.live:
+            await self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
+            return
+        await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
+        stream.close(upr.StreamEndReason.CLOSED)
+
+    async def _buffer_ack(self, ack: upr.BufferAcknowledgement) -> None:
+        if not self.window.enabled:
+            return
+        try:
+            self.window.acknowledged(ack.buffer_bytes)
+        except ProtocolError as exc:
+            await self._refuse(ack, Status.INVALID_ARGUMENTS, str(exc))
+            raise
+        self.stream_stats.unacked_bytes = self.window.unacked_bytes
+        self._credit(self.window.total_acked)
+        self._room.set()
+
+    def _credit(self, acked: int) -> None:
+        """Items whose whole message the acks now cover: acked seqnos and latency."""
+        in_flight = self.stream_stats
+        now = time.time()
+        while self._in_flight and self._in_flight[0][0] <= acked:
+            _, vb, seqno, arrival = self._in_flight.popleft()
+            in_flight.vbucket(vb).acked_seqno = seqno
+            in_flight.latency.observe(max(0.0, now - arrival))
+
+    async def _control(self, req: upr.Control) -> None:
+        error = self._apply_control(req.key, req.value.rstrip(b"\x00"))
+        if error is None:
+            await self.respond(upr.Response(upr.Command.CONTROL, req.opaque, _OK))
+        else:
+            await self._refuse(req, Status.INVALID_ARGUMENTS, error)
+
+    def _apply_control(self, key: bytes, value: bytes) -> str | None:
+        shown = value.decode("utf-8", "replace")
+        if key == b"connection_buffer_size":
+            if not value.isdigit():
+                return f"connection_buffer_size must be a decimal number, not {shown!r}"
+            self.window.set_buffer_size(int(value))
+            self.stream_stats.buffer_size = int(value)
+            self._room.set()
+        elif key in (b"enable_noop", b"enable_expiry_opcode"):
+            flag = _TRUE_FALSE.get(value)
+            if flag is None:
+                return f"{key.decode()} must be true or false, not {shown!r}"
+            if key == b"enable_noop":
+                self.noop_enabled = flag
+                self._noop_changed.set()
+            else:
+                self.settings.expiry_opcode = flag
+        elif key == b"set_noop_interval":
+            try:
+                interval = float(value)
+            except ValueError:
+                interval = 0.0
+            if not 0 < interval < float("inf"):
+                return f"set_noop_interval must be a positive number of seconds, not {shown!r}"
+            self.noop_interval = interval
+            self._noop_changed.set()
+        else:
+            return f"unknown control key {key.decode('utf-8', 'replace')!r}"
+        return None
+
+    # -- responses from the consumer -------------------------------------------
+
+    def _on_response(self, event: upr.UprResponse) -> None:
+        command = getattr(event, "command", None)
+        if command is upr.Command.NOOP:
+            if event.opaque == self._noop_outstanding:
+                self._noop_outstanding = None
+            return
+        if command in (upr.Command.SET_VBUCKET_STATE, upr.Command.SNAPSHOT_MARKER):
+            for stream in self.streams.values():
+                if stream.opaque == event.opaque and stream.live:
+                    stream.on_response(event)  # type: ignore[arg-type]
+                    return
+        log.debug("%s: ignoring unexpected response %r", self.name, event)
+
+    # -- NOOP ------------------------------------------------------------------
+
+    async def _noop_loop(self) -> None:
+        while True:
+            self._noop_changed = trio.Event()
+            if not self.noop_enabled:
+                await self._noop_changed.wait()
+                continue
+            with trio.move_on_after(self.noop_interval):
+                await self._noop_changed.wait()
+                continue
+            if self._noop_outstanding is not None:
+                raise ProtocolError(
+                    f"consumer {self.name!r} did not answer a NOOP within "
+                    f"{self.noop_interval:g} seconds"
+                )
+            self._noop_outstanding = next(self._opaques)
+            await self.respond(upr.Noop(opaque=self._noop_outstanding))
+
+    # -- statistics ------------------------------------------------------------
+
+    def connection_stats(self) -> list[tuple[str, str]]:
+        window = self.window
+        prefix = f"eq_dcpq:{self.name}:"
+        out = [
+            ("type", "producer"),
+            ("items_sent", str(sum(s.items_sent for s in self.streams.values()))),
+            ("items_remaining", str(sum(s.items_remaining() for s in self.streams.values()))),
+            ("total_bytes_sent", str(self.stream_stats.bytes_sent)),
+            ("unacked_bytes", str(window.unacked_bytes)),
+            ("total_acked_bytes", str(window.total_acked)),
+            ("max_buffer_bytes", str(window.buffer_size or 0)),
+            ("flow_control", "enabled" if window.enabled else "disabled"),
+            ("paused", str(not window.can_send).lower()),
+            ("noop_enabled", str(self.noop_enabled).lower()),
+            ("enable_expiry_opcode", str(self.settings.expiry_opcode).lower()),
+            ("num_streams", str(len(self.streams))),
+        ]
+        pairs = [(prefix + k, v) for k, v in out]
+        for vb in sorted(self.streams):
+            pairs.extend(self.streams[vb].stats(prefix))
+        return pairs

@@ -1,0 +1,289 @@
+"""The UPR front: the durable log, the upstream ingest and the UPR listener together.
+
+Theory of operation. ``UprFront.run`` opens the logs found in the state
+directory, starts the ingest (one TAP connection upstream) and a compaction
+timer, and listens for UPR consumers. Each connection starts as a memcached
+command connection: SASL PLAIN (required first when ``users`` is set),
+NOOP, VERSION and STAT (``vbucket-seqno [vb]``, ``upr``/``dcp``,
+``vbucket-takeover <vb> <name>``) are answered there; OPEN with the
+producer flag (or, in the draft dialect, a first STREAM_REQ or
+GET_FAILOVER_LOG) turns it into a ``UprConnection`` for the rest of its
+life. Reopening a name closes the older connection of that name.
+
+Takeover: a takeover stream that has caught up calls ``take_over``, which
+opens a TAP takeover connection for its vbucket and turns the node's
+VBUCKET_SET messages into the stream's SET_VBUCKET_STATE, acking each only
+once the consumer replied. When the node closes that connection the
+vbucket is no longer served here (other streams on it end STATE_CHANGED).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import trio
+
+from adapters import upr
+from adapters.errors import GatewayError, ProtocolError
+from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from adapters.mcbp.constants import VBucketState
+from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
+from gateway.uprfront.compaction import compact_log
+from gateway.uprfront.config import UprFrontConfig, UprFrontError
+from gateway.uprfront.ingest import Ingest
+from gateway.uprfront.logset import LogOptions, LogSet
+from gateway.uprfront.producer import UprConnection, error_reply
+from gateway.uprfront.stat_groups import UnknownStatGroup, collect
+from gateway.uprfront.streams import LogStream
+from gateway.wire import PacketConnection, bound_port, serve_packets
+
+log = logging.getLogger(__name__)
+
+VERSION = "tap-upr-gateway upr-front"
+_OPEN_WITHOUT_AUTH = frozenset(
+    {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.NOOP, Opcode.VERSION}
+)
+
+
+def _response(frame: Frame, status: int = 0, *, key: bytes = b"", value: bytes = b"") -> bytes:
+    return encode_frame(
+        Magic.RESPONSE,
+        frame.opcode,
+        vbucket_or_status=status,
+        opaque=frame.opaque,
+        key=key,
+        value=value,
+    )
+
+
+class UprFront:
+    def __init__(self, config: UprFrontConfig, stats: GatewayStats | None = None) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else GatewayStats()
+        self.dialect = upr.get_dialect(config.dialect)
+        self.logs = LogSet(
+            config.state_dir,
+            LogOptions(config.fsync, config.segment_bytes, config.expiry_tolerance),
+            self.stats,
+            seed=config.seed,
+        )
+        self.ingest = Ingest(config, self.logs, self.stats)
+        self.connections: dict[str, UprConnection] = {}
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self.taken_over: set[int] = set()
+        self.port = 0
+
+    def serves(self, vbucket: int) -> bool:
+        return vbucket in self.logs.logs and vbucket not in self.taken_over
+
+    # -- running ---------------------------------------------------------------
+
+    async def run(
+        self,
+        *,
+        close_logs: bool = True,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        self.logs.open_existing()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.ingest.run)
+                if self.config.compact_interval > 0:
+                    nursery.start_soon(self._compaction_loop)
+                host, port = self.config.listen
+                listeners = await nursery.start(
+                    partial(
+                        serve_packets,
+                        self.handle,
+                        host,
+                        port,
+                        label="upr-front",
+                        max_frame_size=self.config.max_frame_size,
+                    )
+                )
+                self.port = bound_port(listeners)
+                log.info("UPR front listening on %s:%d", host, self.port)
+                task_status.started(self.port)
+        finally:
+            if close_logs:
+                self.logs.close()
+            else:
+                self.logs.abandon()
+
+    async def _compaction_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.compact_interval)
+            await self.compact()
+
+    async def compact(self) -> int:
+        """One compaction round over every vbucket; bytes reclaimed."""
+        saved = 0
+        for vblog in list(self.logs):
+            saved += await compact_log(vblog, time.time(), self.config.purge_interval)
+        self.stats.upr_log.compactions_total += 1
+        self.logs.refresh_stats()
+        return saved
+
+    # -- connections -----------------------------------------------------------
+
+    async def handle(self, conn: PacketConnection) -> None:
+        authenticated = self.config.users is None
+        while (frame := await conn.receive_frame()) is not None:
+            if frame.magic != Magic.REQUEST:
+                raise ProtocolError(
+                    "unexpected response before OPEN",
+                    opcode=frame.opcode,
+                    field="magic",
+                    value=frame.magic,
+                )
+            if not authenticated and frame.opcode not in _OPEN_WITHOUT_AUTH:
+                await conn.send(error_reply(frame, Status.AUTH_ERROR, "authenticate first"))
+                continue
+            if frame.opcode == Opcode.SASL_LIST_MECHS:
+                await conn.send(_response(frame, value=b"PLAIN"))
+            elif frame.opcode == Opcode.SASL_AUTH:
+                authenticated = await self._sasl(conn, frame) or authenticated
+            elif frame.opcode == Opcode.NOOP:
+                await conn.send(_response(frame))
+            elif frame.opcode == Opcode.VERSION:
+                await conn.send(_response(frame, value=VERSION.encode()))
+            elif frame.opcode == Opcode.STAT:
+                await self._stat(conn, frame)
+            elif frame.opcode in self.dialect.commands:
+                if await self._become_producer(conn, frame):
+                    return
+            else:
+                await conn.send(
+                    error_reply(
+                        frame, Status.UNKNOWN_COMMAND, f"unknown command 0x{frame.opcode:02x}"
+                    )
+                )
+
+    async def _sasl(self, conn: PacketConnection, frame: Frame) -> bool:
+        users = self.config.users or {}
+        parts = frame.value.split(b"\x00")
+        if frame.key != b"PLAIN" or len(parts) != 3:
+            await conn.send(error_reply(frame, Status.AUTH_ERROR, "only SASL PLAIN is supported"))
+            return False
+        user, password = parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        if users.get(user) != password:
+            await conn.send(error_reply(frame, Status.AUTH_ERROR, "authentication failed"))
+            return False
+        await conn.send(_response(frame, value=b"Authenticated"))
+        return True
+
+    async def _stat(self, conn: PacketConnection, frame: Frame) -> None:
+        request = frame.key.decode("utf-8", "replace")
+        try:
+            pairs = collect(self, request)
+        except UnknownStatGroup as exc:
+            await conn.send(error_reply(frame, Status.KEY_NOT_FOUND, str(exc)))
+            return
+        out = [_response(frame, key=k.encode(), value=v.encode()) for k, v in pairs]
+        out.append(_response(frame))
+        await conn.send(b"".join(out))
+
+    async def _become_producer(self, conn: PacketConnection, frame: Frame) -> bool:
+        try:
+            event = upr.decode_frame(frame, self.dialect)
+        except ProtocolError as exc:
+            conn.send_nowait(error_reply(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc)))
+            self.stats.protocol_errors_total[(UPR_FRONT, "malformed")] += 1
+            raise
+        first: upr.UprEvent | None = None
+        if isinstance(event, upr.Open):
+            if not event.flags & upr.OpenFlags.PRODUCER:
+                await conn.send(
+                    error_reply(
+                        frame, Status.NOT_SUPPORTED, "the gateway only serves producer connections"
+                    )
+                )
+                return False
+            name = event.name.decode("utf-8", "replace")
+            flags = event.flags
+        elif (
+            isinstance(event, upr.StreamRequest | upr.GetFailoverLog)
+            and self.dialect is upr.UPR_DRAFT
+        ):
+            name, flags, first = (
+                "upr-draft:" + conn.name.rpartition(" ")[2],
+                upr.OpenFlags(0),
+                event,
+            )
+        else:
+            await conn.send(
+                error_reply(
+                    frame, Status.INVALID_ARGUMENTS, f"{event.NAME} needs an open UPR connection"
+                )
+            )
+            return False
+        stream_stats = StreamStats(
+            direction=UPR_FRONT, connection=name, upstream=self.ingest.address, created=time.time()
+        )
+        with self.stats.stream(stream_stats), self._named(name) as scope:
+            producer = UprConnection(self, conn, name, flags, stream_stats)
+            self.connections[name] = producer
+            try:
+                with scope:
+                    if isinstance(event, upr.Open):
+                        await producer.respond(upr.Response(upr.Command.OPEN, event.opaque, 0))
+                    await producer.run(first)
+            finally:
+                if self.connections.get(name) is producer:
+                    del self.connections[name]
+        return True
+
+    @contextmanager
+    def _named(self, name: str) -> Iterator[trio.CancelScope]:
+        old = self._scopes.get(name)
+        if old is not None:
+            old.cancel()  # the name is reused: the old connection goes
+        scope = self._scopes[name] = trio.CancelScope()
+        try:
+            yield scope
+        finally:
+            if self._scopes.get(name) is scope:
+                del self._scopes[name]
+
+    # -- takeover --------------------------------------------------------------
+
+    async def take_over(self, stream: LogStream) -> upr.StreamEndReason:
+        """Take ``stream``'s vbucket over from the TAP node, through ``stream``."""
+        vb = stream.vbucket
+        self.stats.takeovers_started_total[UPR_FRONT] += 1
+        states: list[VBucketState] = []
+
+        async def on_state(vbucket: int, state: VBucketState) -> None:
+            if vbucket != vb:
+                return
+            states.append(state)
+            await stream.set_state(state)
+
+        ingest = Ingest(
+            self.config,
+            self.logs,
+            self.stats,
+            name=f"{self.config.tap_name}-takeover-{vb}",
+            vbuckets=(vb,),
+            takeover=True,
+            state_hook=on_state,
+        )
+        try:
+            await ingest.session()
+            if VBucketState.ACTIVE not in states:
+                raise UprFrontError("the TAP node closed the takeover before handing it over")
+        except (OSError, trio.BrokenResourceError, GatewayError) as exc:
+            log.warning("vbucket %d: takeover from the TAP node failed: %s", vb, exc)
+            return upr.StreamEndReason.STATE_CHANGED
+        self.taken_over.add(vb)
+        await stream.catch_up()
+        for connection in list(self.connections.values()):
+            other = connection.streams.get(vb)
+            if other is not None and other is not stream and other.live:
+                other.close(upr.StreamEndReason.STATE_CHANGED)
+        self.stats.takeovers_completed_total[UPR_FRONT] += 1
+        return upr.StreamEndReason.OK

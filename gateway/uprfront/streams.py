@@ -1,0 +1,241 @@
+"""One UPR stream served from the durable log.
+
+Theory of operation. After the connection accepted a STREAM_REQ (range
+checks and rollback in ``adapters.upr.rollback``), ``LogStream.run`` reads
+the vbucket's log in bounded batches from the requested start and sends
+them, tagged with the request's opaque:
+
+- each batch is cut into snapshots (``cut_snapshots``): DISK for what came
+  in a TAP backfill, MEMORY for live items, CHECKPOINT on a snapshot that
+  begins a TAP checkpoint; each marker brackets exactly the items under it;
+- between batches, once caught up, the stream sleeps until the log
+  publishes more;
+- it ends with STREAM_END: OK once everything up to the end seqno is sent
+  (items beyond it are never sent), CLOSED after CLOSE_STREAM,
+  STATE_CHANGED when the vbucket is taken over by another stream.
+
+Each message goes through the connection's ``send_counted`` (flow-control
+window, then the socket outbox), so a stream holds at most one batch and a
+slow consumer stalls only its own connection.
+
+Takeover (flag 0x01): markers carry ACK; once caught up the stream asks the
+takeover coordinator to take the vbucket over from the TAP node; the TAP
+node's VBUCKET_SET(pending) and (active) come back here as
+``set_state`` calls, which send SET_VBUCKET_STATE and wait for the
+consumer's reply before the TAP message is acked. After the active state is
+confirmed the stream ends with OK.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from adapters import upr
+from adapters.mcbp.constants import VBucketState
+from adapters.translate.log_records import ItemKind, LogItem
+from adapters.translate.upr_snapshots import cut_snapshots, item_event
+from gateway.uprfront.vblog import VbLog
+
+if TYPE_CHECKING:
+    from gateway.uprfront.producer import UprConnection
+
+BATCH = 256
+MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
+SF = upr.SnapshotFlags
+_KIND_NAMES = {ItemKind.MUTATION: "mutation", ItemKind.DELETION: "deletion",
+               ItemKind.EXPIRATION: "expiration"}  # fmt: skip
+
+
+class StreamState(enum.Enum):
+    BACKFILLING = "backfilling"
+    IN_MEMORY = "in-memory"
+    TAKEOVER_SEND = "takeover-send"
+    TAKEOVER_WAIT = "takeover-wait"
+    DEAD = "dead"
+
+
+class LogStream:
+    def __init__(self, conn: UprConnection, vblog: VbLog, req: upr.StreamRequest) -> None:
+        self.conn = conn
+        self.vblog = vblog
+        self.vbucket = req.vbucket
+        self.opaque = req.opaque
+        self.start_seqno = req.start_seqno
+        self.end_seqno = req.end_seqno
+        if req.flags & (upr.StreamFlags.LATEST | upr.StreamFlags.DISK_ONLY):
+            self.end_seqno = min(self.end_seqno, vblog.high_seqno)
+        self.takeover = bool(req.flags & upr.StreamFlags.TAKEOVER)
+        self.position = req.start_seqno
+        self.state = StreamState.BACKFILLING
+        self.end_reason: upr.StreamEndReason | None = None
+        self.scope = trio.CancelScope()
+        self.items_sent = 0
+        self.markers_sent = 0
+        self._state_reply: trio.Event | None = None
+        self._unacked_markers = 0
+        self._markers_acked = trio.Event()
+        self.progress = conn.stream_stats.vbucket(self.vbucket)
+        self.progress.upstream_high_seqno = vblog.high_seqno
+        self.progress.sent_seqno = self.progress.acked_seqno = req.start_seqno
+
+    # -- life cycle ------------------------------------------------------------
+
+    async def run(self) -> None:
+        reason = upr.StreamEndReason.OK
+        with self.scope:
+            reason = await self._stream()
+        if self.scope.cancelled_caught and self.end_reason is not None:
+            reason = self.end_reason
+        self.end_reason = reason
+        self.state = StreamState.DEAD
+        await self.conn.send_counted(
+            upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
+        )
+        stats = self.conn.front.stats
+        stats.stream_ends_total[("upr_front", reason.name.lower())] += 1
+
+    def close(self, reason: upr.StreamEndReason) -> None:
+        if self.end_reason is None:
+            self.end_reason = reason
+            self.scope.cancel()
+
+    @property
+    def live(self) -> bool:
+        return self.state is not StreamState.DEAD
+
+    async def _stream(self) -> upr.StreamEndReason:
+        if self.conn.draft:
+            await self.conn.send_counted(upr.StreamStart(opaque=self.opaque, vbucket=self.vbucket))
+        vblog = self.vblog
+        while True:
+            if self.position >= self.end_seqno:
+                return upr.StreamEndReason.OK
+            high = vblog.high_seqno
+            self.progress.upstream_high_seqno = high
+            upto = min(high, self.end_seqno)
+            batch = vblog.read(self.position, upto, BATCH) if upto > self.position else []
+            if batch:
+                await self._send_batch(batch)
+            if len(batch) < BATCH:
+                self.position = max(self.position, upto)  # the rest were gaps
+                if self.position >= self.end_seqno:
+                    return upr.StreamEndReason.OK
+                self.state = StreamState.IN_MEMORY
+                self.progress.backfilling = False
+                if self.takeover:
+                    return await self.conn.front.take_over(self)
+                await vblog.wait_beyond(self.position)
+
+    async def _send_batch(self, batch: list[LogItem]) -> None:
+        conn = self.conn
+        settings = conn.settings
+        extra = SF.ACK if self.takeover and not conn.draft else SF(0)
+        stats = conn.stream_stats
+        for snap in cut_snapshots(batch, extra=extra):
+            await self._marker(snap.start, snap.end, snap.flags)
+            for item in snap.items:
+                event = item_event(
+                    item,
+                    self.opaque,
+                    self.vbucket,
+                    expiry_opcode=settings.expiry_opcode,
+                    delete_times=settings.delete_times,
+                )
+                await conn.send_counted(event, item)
+                self.position = item.by_seqno
+                self.items_sent += 1
+                stats.items_sent[_KIND_NAMES[item.kind]] += 1
+            if conn.draft:
+                await conn.send_counted(upr.SnapshotEnd(opaque=self.opaque, vbucket=self.vbucket))
+        self.progress.sent_seqno = self.position
+        stats.last_item_time = time.time()
+
+    async def _marker(self, start: int, end: int, flags: upr.SnapshotFlags) -> None:
+        conn = self.conn
+        if conn.draft:
+            await conn.send_counted(upr.SnapshotStart(opaque=self.opaque, vbucket=self.vbucket))
+        else:
+            if flags & SF.ACK:
+                if not self._unacked_markers:
+                    self._markers_acked = trio.Event()
+                self._unacked_markers += 1
+            await conn.send_counted(
+                upr.SnapshotMarker(start, end, flags, opaque=self.opaque, vbucket=self.vbucket)
+            )
+        self.markers_sent += 1
+        conn.stream_stats.items_sent["marker"] += 1
+
+    # -- takeover --------------------------------------------------------------
+
+    async def catch_up(self) -> None:
+        """Send whatever the log holds beyond the position (takeover, before each state)."""
+        while self.position < min(self.vblog.high_seqno, self.end_seqno):
+            upto = min(self.vblog.high_seqno, self.end_seqno)
+            batch = self.vblog.read(self.position, upto, BATCH)
+            if batch:
+                await self._send_batch(batch)
+            if len(batch) < BATCH:
+                self.position = max(self.position, upto)
+        if self._unacked_markers:
+            await self._markers_acked.wait()
+
+    async def set_state(self, state: VBucketState) -> None:
+        """SET_VBUCKET_STATE to the consumer; returns once it replied."""
+        await self.catch_up()
+        self.state = StreamState.TAKEOVER_WAIT
+        reply = self._state_reply = trio.Event()
+        await self.conn.send_counted(
+            upr.SetVbucketState(state, opaque=self.opaque, vbucket=self.vbucket)
+        )
+        self.conn.stream_stats.items_sent["state"] += 1
+        if not self.conn.draft:
+            await reply.wait()
+        self.state = StreamState.TAKEOVER_SEND
+
+    def on_response(self, event: upr.Response) -> None:
+        if event.command is upr.Command.SET_VBUCKET_STATE:
+            if self._state_reply is not None:
+                self._state_reply.set()
+        elif event.command is upr.Command.SNAPSHOT_MARKER and self._unacked_markers:
+            self._unacked_markers -= 1
+            if not self._unacked_markers:
+                self._markers_acked.set()
+
+    # -- statistics ------------------------------------------------------------
+
+    def items_remaining(self) -> int:
+        if not self.live:
+            return 0
+        return max(0, min(self.vblog.high_seqno, self.end_seqno) - self.position)
+
+    def stats(self, prefix: str) -> list[tuple[str, str]]:
+        values: list[tuple[str, object]] = [
+            ("opaque", self.opaque),
+            ("state", self.state.value),
+            ("start_seqno", self.start_seqno),
+            ("end_seqno", self.end_seqno),
+            ("last_sent_seqno", self.position),
+            ("items_sent", self.items_sent),
+            ("items_remaining", self.items_remaining()),
+            ("markers_sent", self.markers_sent),
+            ("takeover", str(self.takeover).lower()),
+        ]
+        if self.end_reason is not None:
+            values.append(("end_reason", self.end_reason.name.lower()))
+        return [(f"{prefix}stream_{self.vbucket}_{name}", str(value)) for name, value in values]
+
+    def takeover_stats(self) -> dict[str, str]:
+        remaining = self.items_remaining()
+        return {
+            "name": self.conn.name,
+            "status": self.state.value,
+            "estimate": str(remaining),
+            "backfillRemaining": "0",
+            "chk_items": str(remaining),
+            "vb_items": str(self.vblog.translator.live_keys),
+            "on_disk_deletes": "0",
+        }
