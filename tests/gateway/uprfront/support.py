@@ -88,13 +88,17 @@ def store_state(store: Store, vb: int) -> dict[bytes, tuple[int, bytes | None]]:
     }
 
 
-def caught_up(front: UprFront, store: Store) -> bool:
+def caught_up(front: UprFront, store: Store, *, live_only: bool = False) -> bool:
+    """The gateway's index holds the node's versions (``live_only``: of live keys)."""
     for vb in range(VBUCKETS):
         vblog = front.logs.get(vb)
         if vblog is None or vblog.high_seqno != vblog.translator.high_seqno:
             return False
         index = vblog.translator.index
         want = store_state(store, vb)
+        if live_only:
+            index = {k: v for k, v in index.items() if not v.deleted}
+            want = {k: v for k, v in want.items() if v[1] is not None}
         got = {k: v.cas for k, v in index.items()}
         if got != {k: cas for k, (cas, _) in want.items()}:
             return False
