@@ -16,6 +16,7 @@ Debian ``prometheus`` package is not installed (``scripts/test`` installs it).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -186,3 +187,59 @@ async def run_prometheus(
                 if scope.cancelled_caught:
                     process.kill()
                     await process.wait()
+
+
+# -- the Grafana dashboard's queries ----------------------------------------------
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "grafana" / "dashboards" / "tap-upr-gateway.json"
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__interval_ms", "__range_s"}
+
+
+@dataclass(frozen=True)
+class DashboardQuery:
+    where: str
+    """Panel title and refId, or ``variable <name>``."""
+    expr: str
+    label: str | None = None
+    """For a ``label_values(selector, label)`` variable: the label it lists."""
+
+
+def _panels(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for panel in panels:
+        out.append(panel)
+        out.extend(_panels(panel.get("panels", [])))
+    return out
+
+
+def dashboard_queries(path: Path = DASHBOARD) -> list[DashboardQuery]:
+    """Every PromQL expression of the dashboard: panel targets and query variables."""
+    board = json.loads(path.read_text())
+    out: list[DashboardQuery] = []
+    for panel in _panels(board["panels"]):
+        for target in panel.get("targets", []):
+            out.append(DashboardQuery(f"{panel['title']} / {target['refId']}", target["expr"]))
+    for variable in board["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        query = variable["query"]
+        text = query["query"] if isinstance(query, dict) else query
+        inner = text.strip()
+        if inner.startswith("label_values(") and inner.endswith(")"):
+            selector, _, label = inner[len("label_values(") : -1].rpartition(",")
+            out.append(DashboardQuery(f"variable {variable['name']}", selector, label.strip()))
+        else:
+            out.append(DashboardQuery(f"variable {variable['name']}", text))
+    return out
+
+
+def dashboard_variables(path: Path = DASHBOARD) -> set[str]:
+    return {v["name"] for v in json.loads(path.read_text())["templating"]["list"]}
+
+
+def grafana_substitute(expr: str, *, rate_interval: str = "5s", match: str = ".+") -> str:
+    """``expr`` as Grafana would send it with every variable at "All" (regex ``match``)."""
+    for builtin in sorted(GRAFANA_BUILTINS, key=len, reverse=True):
+        expr = expr.replace("${" + builtin + "}", rate_interval)
+        expr = expr.replace("$" + builtin, rate_interval)
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", match, expr)
