@@ -12,9 +12,10 @@ import trio
 
 from gateway.stats import GatewayStats
 from gateway.uprfront.config import UprFrontConfig, UprFrontError
+from gateway.uprfront.move import move_tap_to_upr
 from gateway.uprfront.server import UprFront
 
-__all__ = ["UprFront", "UprFrontConfig", "UprFrontError", "serve_upr_front"]
+__all__ = ["UprFront", "UprFrontConfig", "UprFrontError", "move_tap_to_upr", "serve_upr_front"]
 
 
 async def serve_upr_front(

@@ -187,10 +187,10 @@ class Ingest:
         )
         flags = CONNECT_FLAGS
         if self.takeover:
-            # A one-off connection: no registration, no backfill, resume by checkpoint.
-            flags = (flags | ConnectFlags.TAKEOVER_VBUCKETS) & ~(
-                ConnectFlags.REGISTERED_CLIENT | ConnectFlags.BACKFILL
-            )
+            # A one-off connection, not registered. It resumes after the last
+            # closed checkpoint, or backfills whole when there is none, so it
+            # alone carries every item up to the hand-off.
+            flags = (flags | ConnectFlags.TAKEOVER_VBUCKETS) & ~ConnectFlags.REGISTERED_CLIENT
         return TapConnect(
             self.name.encode(),
             ConnectFlags(flags),
