@@ -87,7 +87,7 @@ class _Relay:
         self.gateway = gateway
         self.destination = destination
         self.dialect = dialect
-        self.waiting: dict[int, trio.MemorySendChannel[upr.UprEvent]] = {}
+        self.waiting: dict[int, trio.MemorySendChannel[upr.UprResponse]] = {}
         self.ended: dict[int, upr.StreamEndReason | int] = {}
         self.states: dict[int, list[upr.VBucketState]] = {}
         self.opaques = itertools.count(0xA000)
@@ -98,7 +98,7 @@ class _Relay:
             event = upr.decode_frame(frame, self.dialect)
             waiter = self.waiting.pop(event.opaque, None) if event.IS_RESPONSE else None
             if waiter is not None:
-                await waiter.send(event)
+                await waiter.send(event)  # type: ignore[arg-type]
                 continue
             if isinstance(event, upr.StreamEnd):
                 self.ended[event.vbucket] = event.reason
@@ -106,8 +106,8 @@ class _Relay:
                 self.states.setdefault(event.vbucket, []).append(event.state)
             await dst.send(raw(frame))
 
-    async def request(self, peer: _Peer, event: upr.UprRequest) -> upr.UprEvent:
-        send, receive = trio.open_memory_channel[upr.UprEvent](1)
+    async def request(self, peer: _Peer, event: upr.UprRequest) -> upr.UprResponse:
+        send, receive = trio.open_memory_channel[upr.UprResponse](1)
         self.waiting[event.opaque] = send
         await peer.send(upr.encode(event, self.dialect))
         return await receive.receive()
@@ -187,9 +187,12 @@ async def _orchestrate(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(relay.pump, gateway, destination)
         nursery.start_soon(relay.pump, destination, gateway)
-        for peer, flags in ((gateway, upr.OpenFlags.PRODUCER), (destination, upr.OpenFlags(0))):
+        for peer, open_flags in (
+            (gateway, upr.OpenFlags.PRODUCER),
+            (destination, upr.OpenFlags(0)),
+        ):
             opened = await relay.request(
-                peer, upr.Open(name.encode(), flags, opaque=next(relay.opaques))
+                peer, upr.Open(name.encode(), open_flags, opaque=next(relay.opaques))
             )
             if opened.status != Status.SUCCESS:
                 raise UprFrontError(f"{peer.name} refused OPEN: status 0x{opened.status:02x}")
