@@ -1,0 +1,248 @@
+"""The reconciliation job on Spark: read two captures, apply the checks, gather a report.
+
+Theory of operation. Both captures are read through the ``tapupr-capture``
+data source (one partition per segment file), tagged ``left``/``right`` and
+unioned. One shuffle puts each vbucket in one partition, sorted by side,
+stream and arrival; ``partition.reconcile_batches`` (``mapInArrow``) then
+applies the pure checks to whole vbuckets and yields mismatch, stats and
+diagnostic rows. Those results are persisted, so the counts, samples, the
+latency histogram and the optional Parquet output cost no second pass over
+the captures. Stage timings from ``progress`` split the wall time between
+the scan (reading and decoding captures, up to the shuffle) and the
+reconciliation.
+
+The same code runs in ``local[*]`` (the default) or on a cluster: with
+``spark-submit`` the master comes from spark-submit unless ``--master`` is
+given (``python -m gateway.verify`` is the entry point).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.verify.latency import SIZE, Histogram
+from gateway.verify.partition import RESULT_DDL, SORT_COLUMNS, reconcile_batches
+from gateway.verify.progress import Progress, ProgressLog
+from gateway.verify.source import NAME, list_segment_files, register
+
+SAMPLES_PER_CHECK = 20
+QUIET_LOG_LEVEL = "ERROR"
+
+
+class InputError(Exception):
+    """A capture path that cannot be verified (missing, empty, damaged)."""
+
+
+@dataclass
+class VerifyConfig:
+    left: str
+    right: str
+    master: str | None = None
+    """``None``: whatever spark-submit set, else ``local[*]``."""
+    report: str | None = None
+    mismatches: str | None = None
+    partitions: int | None = None
+    """Shuffle partitions (default: twice the default parallelism, at least 4)."""
+    left_direction: str | None = None
+    right_direction: str | None = None
+    samples: int = SAMPLES_PER_CHECK
+    driver_memory: str = "4g"
+    progress: bool = True
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class VerifyResult:
+    report: dict[str, Any]
+
+    @property
+    def agree(self) -> bool:
+        return bool(self.report["agree"])
+
+
+def spark_session(
+    master: str | None = None,
+    *,
+    app_name: str = "tap-upr-gateway verify",
+    driver_memory: str = "4g",
+    shuffle_partitions: int | None = None,
+    conf: dict[str, str] | None = None,
+) -> Any:
+    """A SparkSession for the job: UI off, quiet logs, Arrow on, the capture source registered."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master is None and "SPARK_HOME" not in os.environ and not _submitted():
+        master = "local[*]"
+    if master is not None:
+        builder = builder.master(master)
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": driver_memory,
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.python.worker.reuse": "true",
+        **({"spark.sql.shuffle.partitions": str(shuffle_partitions)} if shuffle_partitions else {}),
+        **(conf or {}),
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(QUIET_LOG_LEVEL)
+    register(spark)
+    return spark
+
+
+def _submitted() -> bool:
+    """Running under spark-submit (which passes the master itself)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _segments(path: str, label: str) -> list[str]:
+    try:
+        files = list_segment_files(path)
+    except FileNotFoundError as exc:
+        raise InputError(f"{label}: {exc}") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot list {path}: {exc}") from None
+    if not files:
+        raise InputError(f"{label}: no capture segments (*.tucap) under {path}")
+    return files
+
+
+def _side(spark: Any, path: str, label: str, direction: str | None) -> Any:
+    from pyspark.sql import functions as F
+
+    df = spark.read.format(NAME).load(path).withColumn("side", F.lit(label))
+    if direction:
+        df = df.filter((F.col("kind") >= 100) | (F.col("direction") == direction))
+    return df
+
+
+def results_frame(spark: Any, left: str, right: str, partitions: int, **filters: Any) -> Any:
+    """The result rows (mismatch / stats / diagnostic) of reconciling two capture paths."""
+    data = _side(spark, left, "left", filters.get("left_direction")).unionByName(
+        _side(spark, right, "right", filters.get("right_direction"))
+    )
+    return (
+        data.repartition(partitions, "vbucket")
+        .sortWithinPartitions(*SORT_COLUMNS)
+        .mapInArrow(reconcile_batches, RESULT_DDL)
+    )
+
+
+def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    started = time.monotonic()
+    left_files = _segments(config.left, "LEFT")
+    right_files = _segments(config.right, "RIGHT")
+    if spark is None:
+        spark = spark_session(
+            config.master,
+            driver_memory=config.driver_memory,
+            shuffle_partitions=config.partitions,
+            conf=config.spark_conf,
+        )
+    partitions = config.partitions or max(4, 2 * spark.sparkContext.defaultParallelism)
+    results = results_frame(
+        spark,
+        config.left,
+        config.right,
+        partitions,
+        left_direction=config.left_direction,
+        right_direction=config.right_direction,
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    log = ProgressLog()
+    try:
+        with Progress(spark, log) if config.progress else _NoProgress():
+            job_started = time.monotonic()
+            results.count()
+            computed = time.monotonic()
+            stats = results.filter("row_type = 'stats'").collect()
+            diagnostics = results.filter("row_type = 'diagnostic'").collect()
+            mismatch_rows = results.filter("row_type = 'mismatch'")
+            counts = mismatch_rows.groupBy("check", "side").count().collect()
+            ranked = mismatch_rows.withColumn(
+                "rank", F.row_number().over(Window.partitionBy("check").orderBy("vbucket", "key"))
+            )
+            samples = ranked.filter(F.col("rank") <= config.samples).drop("rank").collect()
+            if config.mismatches:
+                keep = [
+                    c
+                    for c in results.columns
+                    if not c.startswith(
+                        ("lat_", "left_rec", "right_rec", "left_items", "right_items")
+                    )
+                    and c not in ("keys", "row_type")
+                ]
+                mismatch_rows.select(*keep).write.mode("overwrite").parquet(config.mismatches)
+            finished = time.monotonic()
+    finally:
+        results.unpersist()
+    from gateway.verify.report import build_report
+
+    timing = _timing(log, started, job_started, computed, finished)
+    report = build_report(
+        config,
+        stats=[r.asDict() for r in stats],
+        diagnostics=[r.asDict() for r in diagnostics],
+        counts=[r.asDict() for r in counts],
+        samples=[r.asDict() for r in samples],
+        segments={"left": len(left_files), "right": len(right_files)},
+        timing=timing,
+        memory={
+            "python_driver_peak_rss_bytes": log.python_peak_rss(),
+            "jvm_driver_peak_rss_bytes": log.jvm_peak_rss,
+            "jvm_heap_peak_bytes": log.jvm_heap_peak,
+        },
+        master=spark.sparkContext.master,
+        partitions=partitions,
+    )
+    return VerifyResult(report)
+
+
+def _timing(
+    log: ProgressLog, started: float, job_started: float, computed: float, finished: float
+) -> dict[str, float]:
+    """Wall times; the scan/reconcile split comes from the first job's two stages."""
+    stages = sorted(log.stages.values(), key=lambda s: s.stage_id)
+    scan_end = stages[0].finished if stages and stages[0].finished else None
+    read = (scan_end - job_started) if scan_end is not None else None
+    out = {
+        "total_s": finished - started,
+        "compute_s": computed - job_started,
+        "report_s": finished - computed,
+    }
+    if read is not None and len(stages) >= 2:
+        out["read_s"] = read
+        out["reconcile_s"] = computed - scan_end  # type: ignore[operator]
+    return out
+
+
+class _NoProgress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def merge_histograms(stats: list[dict[str, Any]]) -> Histogram:
+    hist = Histogram()
+    for row in stats:
+        if row.get("lat_count"):
+            hist.merge(
+                row["lat_hist"] or [0] * SIZE,
+                row["lat_count"],
+                row["lat_sum"],
+                row["lat_min"],
+                row["lat_max"],
+            )
+    return hist

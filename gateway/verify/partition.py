@@ -1,0 +1,238 @@
+"""What a Spark task runs: the checks over the records of whole vbuckets.
+
+``reconcile_batches`` is given by ``mapInArrow`` the records of both sides
+repartitioned by vbucket and sorted by (vbucket, side, stream, segment,
+idx), so each vbucket arrives whole, each stream in arrival order. It
+gathers one vbucket at a time, applies ``streams.check_stream`` to every
+stream and ``checks.reconcile_key`` to every key, and yields result rows
+(``RESULT_DDL``): one ``mismatch`` row per fault, one ``stats`` row per
+vbucket (counts and the latency histogram), and the data source's
+diagnostic rows passed through as ``diagnostic`` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from gateway.capture.records import CaptureRecord, Kind
+from gateway.verify.checks import FinalState, Mismatch, reconcile_key
+from gateway.verify.latency import Histogram
+from gateway.verify.streams import check_stream
+
+RECORD_COLUMNS = (
+    "kind",
+    "vbucket",
+    "key",
+    "by_seqno",
+    "rev_seqno",
+    "cas",
+    "flags",
+    "expiration",
+    "digest",
+    "checkpoint_id",
+    "snap_start",
+    "snap_end",
+    "marker_flags",
+    "arrival",
+)
+_UNSIGNED = frozenset({"by_seqno", "rev_seqno", "cas", "checkpoint_id", "snap_start", "snap_end"})
+INPUT_COLUMNS = ("side", "protocol", "stream", *RECORD_COLUMNS)
+SORT_COLUMNS = ("vbucket", "side", "stream", "segment", "idx")
+OUTPUT_ROWS = 8192
+
+_STATE_FIELDS = ("kind", "by_seqno", "rev_seqno", "cas", "flags", "expiration", "digest")
+RESULT_ARROW = pa.schema(
+    [
+        ("row_type", pa.string()),
+        ("check", pa.string()),
+        ("vbucket", pa.int32()),
+        ("key", pa.binary()),
+        ("side", pa.string()),
+        ("detail", pa.string()),
+        *[
+            (
+                f"{side}_{name}",
+                pa.string() if name == "kind" else pa.binary() if name == "digest" else pa.int64(),
+            )
+            for side in ("left", "right")
+            for name in _STATE_FIELDS
+        ],
+        ("left_records", pa.int64()),
+        ("right_records", pa.int64()),
+        ("left_items", pa.int64()),
+        ("right_items", pa.int64()),
+        ("keys", pa.int64()),
+        ("lat_count", pa.int64()),
+        ("lat_sum", pa.float64()),
+        ("lat_min", pa.float64()),
+        ("lat_max", pa.float64()),
+        ("lat_hist", pa.list_(pa.int64())),
+    ]
+)
+_SPARK_TYPES = {
+    pa.string(): "string",
+    pa.binary(): "binary",
+    pa.int32(): "int",
+    pa.int64(): "long",
+    pa.float64(): "double",
+    pa.list_(pa.int64()): "array<long>",
+}
+RESULT_DDL = ", ".join(f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in RESULT_ARROW)
+_SIGN = 1 << 63
+_WRAP = 1 << 64
+
+
+def _signed(value: int | None) -> int | None:
+    """A u64 as Spark's long, bit for bit."""
+    return None if value is None else value - _WRAP if value >= _SIGN else value
+
+
+class _Output:
+    def __init__(self) -> None:
+        self.columns: dict[str, list[Any]] = {name: [] for name in RESULT_ARROW.names}
+        self.rows = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        for name, values in self.columns.items():
+            values.append(row.get(name))
+        self.rows += 1
+
+    def take(self) -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pydict(self.columns, schema=RESULT_ARROW)
+        self.columns = {name: [] for name in RESULT_ARROW.names}
+        self.rows = 0
+        return batch
+
+    def mismatch(self, m: Mismatch) -> None:
+        row: dict[str, Any] = {
+            "row_type": "mismatch",
+            "check": str(m.check),
+            "vbucket": m.vbucket,
+            "key": m.key,
+            "side": m.side,
+            "detail": m.detail,
+        }
+        for side, state in (("left", m.left), ("right", m.right)):
+            if state is not None:
+                _put_state(row, side, state)
+        self.add(row)
+
+
+def _put_state(row: dict[str, Any], side: str, state: FinalState) -> None:
+    row[f"{side}_kind"] = Kind(state.kind).label
+    row[f"{side}_by_seqno"] = _signed(state.by_seqno)
+    row[f"{side}_rev_seqno"] = _signed(state.rev_seqno)
+    row[f"{side}_cas"] = _signed(state.cas)
+    row[f"{side}_flags"] = state.flags
+    row[f"{side}_expiration"] = state.expiration
+    row[f"{side}_digest"] = state.digest
+
+
+class _Vbucket:
+    """The records of one vbucket, by stream and by key."""
+
+    def __init__(self, vbucket: int) -> None:
+        self.vbucket = vbucket
+        self.streams: list[tuple[str, str, list[CaptureRecord]]] = []
+        self.keys: dict[
+            bytes, tuple[dict[str, list[CaptureRecord]], dict[str, list[CaptureRecord]]]
+        ] = {}
+        self.records = {"left": 0, "right": 0}
+        self.items = {"left": 0, "right": 0}
+        self._stream: tuple[str, str] | None = None
+        self._current: list[CaptureRecord] = []
+
+    def add(self, side: str, protocol: str, stream: str, r: CaptureRecord) -> None:
+        if self._stream != (side, stream):
+            self._stream = (side, stream)
+            self._current = []
+            self.streams.append((side, protocol, self._current))
+        self._current.append(r)
+        self.records[side] += 1
+        if r.kind < 10:
+            self.items[side] += 1
+            entry = self.keys.get(r.key)
+            if entry is None:
+                entry = self.keys[r.key] = ({}, {})
+            by_stream = entry[0 if side == "left" else 1]
+            records = by_stream.get(stream)
+            if records is None:
+                by_stream[stream] = [r]
+            else:
+                records.append(r)
+
+    def finish(self, out: _Output) -> None:
+        vb = self.vbucket
+        for side, protocol, records in self.streams:
+            for m in check_stream(side, protocol, vb, records):
+                out.mismatch(m)
+        hist = Histogram()
+        for key, (left, right) in self.keys.items():
+            outcome = reconcile_key(vb, key, list(left.values()), list(right.values()))
+            for m in outcome.mismatches:
+                out.mismatch(m)
+            if outcome.latencies:
+                hist.add_all(outcome.latencies)
+        out.add(
+            {
+                "row_type": "stats",
+                "vbucket": vb,
+                "left_records": self.records["left"],
+                "right_records": self.records["right"],
+                "left_items": self.items["left"],
+                "right_items": self.items["right"],
+                "keys": len(self.keys),
+                "lat_count": hist.count,
+                "lat_sum": hist.total,
+                "lat_min": hist.low if hist.count else None,
+                "lat_max": hist.high if hist.count else None,
+                "lat_hist": hist.counts if hist.count else None,
+            }
+        )
+
+
+def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
+    array = batch.column(name)
+    if name in _UNSIGNED:
+        array = array.view(pa.uint64())
+    values: list[Any] = array.to_pylist()
+    return values
+
+
+def reconcile_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body (see the module docstring)."""
+    out = _Output()
+    current: _Vbucket | None = None
+    for batch in batches:
+        sides = _column(batch, "side")
+        protocols = _column(batch, "protocol")
+        streams = _column(batch, "stream")
+        records = map(
+            CaptureRecord._make, zip(*(_column(batch, c) for c in RECORD_COLUMNS), strict=True)
+        )
+        for side, protocol, stream, r in zip(sides, protocols, streams, records, strict=False):
+            if r.kind >= 100:
+                out.add(
+                    {
+                        "row_type": "diagnostic",
+                        "check": "torn" if r.kind == 100 else "damaged",
+                        "side": side,
+                        "detail": (r.key or b"").decode("utf-8", "replace"),
+                        "key": stream.encode() if stream else None,
+                    }
+                )
+                continue
+            if current is None or r.vbucket != current.vbucket:
+                if current is not None:
+                    current.finish(out)
+                current = _Vbucket(r.vbucket)
+            current.add(side, protocol, stream, r)
+            if out.rows >= OUTPUT_ROWS:
+                yield out.take()
+    if current is not None:
+        current.finish(out)
+    if out.rows:
+        yield out.take()
