@@ -2,11 +2,16 @@
 
 Baselines measured in the same run: rendering an empty registry (the fixed
 cost of the exposition code) and a gateway with no streams. For each case:
-the capture on the trio thread (the only part that holds up the streams),
-the render to Prometheus text and to OpenMetrics in the calling thread, the
-body size, and a full HTTP scrape of ``serve_metrics`` over loopback with
-the longest stall a 1 ms ticker on the trio loop saw meanwhile (rendering
-runs in a worker thread, so that stall should stay far below the render).
+
+- client encoder: ``prometheus_client.generate_latest`` over a registry
+  holding the gateway's collector (what a caller of
+  ``register_gateway_metrics`` gets);
+- direct: capture plus ``gateway.metrics.render``, text and OpenMetrics
+  (what ``serve_metrics`` does, in a worker thread);
+- capture on loop: the part of a scrape that runs on the trio thread;
+- HTTP scrape: a full GET of ``serve_metrics`` over loopback (gzip,
+  Prometheus' Accept header), median, with the longest stall a 1 ms ticker
+  on the trio loop saw meanwhile (GIL hand-offs and garbage collection).
 
     python bench/metrics_bench.py [--streams N] [--vbuckets V] [--repeat R]
 """
@@ -22,11 +27,18 @@ from functools import partial
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from gateway.metrics import register_gateway_metrics, serve_metrics
 from gateway.metrics.collector import GatewayCollector
+from gateway.metrics.families import gateway_families
+from gateway.metrics.render import render
 from gateway.stats import ITEM_KINDS, TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
+
+PROMETHEUS_ACCEPT = (
+    b"application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    b"q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+"""What Prometheus 2.x sends: the scrape is rendered as OpenMetrics."""
 
 
 def populate(streams: int, vbuckets: int) -> GatewayStats:
@@ -68,7 +80,10 @@ async def http_scrape(stats: GatewayStats, per_vbucket: bool, repeat: int) -> tu
             partial(serve_metrics, stats, "127.0.0.1", 0, per_vbucket=per_vbucket)
         )
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        request = b"GET /metrics HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: gzip\r\n\r\n"
+        request = (
+            b"GET /metrics HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: gzip\r\n"
+            b"Accept: " + PROMETHEUS_ACCEPT + b"\r\n\r\n"
+        )
         done = trio.Event()
 
         async def ticker() -> None:
@@ -99,26 +114,34 @@ async def http_scrape(stats: GatewayStats, per_vbucket: bool, repeat: int) -> tu
 
 def report(label: str, stats: GatewayStats | None, per_vbucket: bool, repeat: int) -> None:
     registry = CollectorRegistry()
-    if stats is not None:
-        register_gateway_metrics(registry, stats, per_vbucket=per_vbucket)
+    if stats is None:
+        text = generate_latest(registry)
+        client = best(lambda: generate_latest(registry), repeat)
+        print(f"{label:<44} {0:>7} series  client encoder {client * 1000:>7.2f} ms", flush=True)
+        return
+    register_gateway_metrics(registry, stats, per_vbucket=per_vbucket)
+    collector = GatewayCollector(stats, per_vbucket=per_vbucket)
     text = generate_latest(registry)
-    render = best(lambda: generate_latest(registry), repeat)
-    render_om = best(lambda: openmetrics_latest(registry), repeat)
     series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
-    line = (
-        f"{label:<44} {series:>8} series  {len(text) / 1024:>8.0f} KiB "
-        f"({len(gzip.compress(text, 1)) / 1024:>6.0f} gz)  text {render * 1000:>8.2f} ms  "
-        f"openmetrics {render_om * 1000:>8.2f} ms"
+    client = best(lambda: generate_latest(registry), repeat)
+
+    def direct(openmetrics: bool) -> bytes:
+        view = collector.capture()
+        return render(gateway_families(view, per_vbucket=per_vbucket), openmetrics=openmetrics)
+
+    direct_text = best(lambda: direct(False), repeat)
+    direct_om = best(lambda: direct(True), repeat)
+    capture = best(collector.capture, repeat)
+    scrape, stall = trio.run(http_scrape, stats, per_vbucket, repeat)
+    print(
+        f"{label:<44} {series:>7} series {len(text) / 1024:>6.0f} KiB"
+        f" ({len(gzip.compress(text, 1)) / 1024:>4.0f} gz)"
+        f"  client encoder {client * 1000:>7.2f} ms"
+        f"  direct text {direct_text * 1000:>7.2f} ms  openmetrics {direct_om * 1000:>7.2f} ms"
+        f"  capture on loop {capture * 1e6:>4.0f} us"
+        f"  HTTP scrape {scrape * 1000:>7.2f} ms  loop stall max {stall * 1000:>5.1f} ms",
+        flush=True,
     )
-    if stats is not None:
-        collector = GatewayCollector(stats, per_vbucket=per_vbucket)
-        capture = best(collector.capture, repeat)
-        scrape, stall = trio.run(http_scrape, stats, per_vbucket, repeat)
-        line += (
-            f"  capture {capture * 1e6:>7.0f} us  HTTP scrape {scrape * 1000:>8.2f} ms"
-            f"  loop stall max {stall * 1000:>6.2f} ms"
-        )
-    print(line, flush=True)
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from gateway.metrics.collector import Clock, GatewayCollector, register_gateway_metrics
+from gateway.metrics.families import gateway_families
 from gateway.metrics.http import (
     MAX_HEAD_BYTES,
     HttpError,
@@ -34,6 +35,7 @@ from gateway.metrics.http import (
     parse_request_head,
     response,
 )
+from gateway.metrics.render import OPENMETRICS_CONTENT_PREFIX, render
 from gateway.metrics.view import StatsView
 from gateway.stats import GatewayStats
 
@@ -177,8 +179,12 @@ class MetricsServer:
 
     def _render(self, view: StatsView, accept: str, use_gzip: bool) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
-        with self.collector.pinned(view):
-            body = encoder(self.registry)
+        openmetrics = content_type.startswith(OPENMETRICS_CONTENT_PREFIX)
+        # The gateway's families directly; the registry's other collectors as usual.
+        ours = gateway_families(view, per_vbucket=self.collector.per_vbucket)
+        with self.collector.pinned(view, skip=True):
+            rest = encoder(self.registry)
+        body = render(ours, openmetrics=openmetrics) + rest
         if use_gzip:
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
         return body, content_type
