@@ -13,7 +13,12 @@ cost of the exposition code) and a gateway with no streams. For each case:
   Prometheus' Accept header), median, with the longest stall a 1 ms ticker
   on the trio loop saw meanwhile (GIL hand-offs and garbage collection).
 
-    python bench/metrics_bench.py [--streams N] [--vbuckets V] [--repeat R]
+Then the cost to the streams of being scraped: the UPR front's ingest-and-serve
+throughput (``upr_front_bench``: N items from a reference TAP node to 10
+consumers) with no metrics endpoint, and with ``serve_metrics`` on its stats
+scraped every 100 ms (150x a common 15 s interval), alternating runs.
+
+    python bench/metrics_bench.py [--streams N] [--vbuckets V] [--repeat R] [--front-items N]
 """
 
 from __future__ import annotations
@@ -144,11 +149,79 @@ def report(label: str, stats: GatewayStats | None, per_vbucket: bool, repeat: in
     )
 
 
+async def scraper(port: int, every: float, count: list[int]) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    request = (
+        b"GET /metrics HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: gzip\r\n"
+        b"Accept: " + PROMETHEUS_ACCEPT + b"\r\n\r\n"
+    )
+    while True:
+        await trio.sleep(every)
+        await stream.send_all(request)
+        buffer = b""
+        while b"\r\n\r\n" not in buffer:
+            buffer += await stream.receive_some(1 << 20)
+        head, _, body = buffer.partition(b"\r\n\r\n")
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        while len(body) < length:
+            body += await stream.receive_some(1 << 20)
+        count[0] += 1
+
+
+async def upr_front_run(
+    items: int, consumers: int, scrape_every: float | None
+) -> tuple[float, int]:
+    """(items per second through the UPR front, scrapes done meanwhile)."""
+    import tempfile
+    from pathlib import Path
+
+    from upr_front_bench import VBUCKETS, consume, start_front, start_node
+
+    from gateway.node.store import Store
+
+    store = Store(VBUCKETS, max_items=items * 2)
+    written = store.populate_sample(items, value_size=100, now=time.time())
+    scrapes = [0]
+    with tempfile.TemporaryDirectory() as tmp:
+        async with trio.open_nursery() as nursery:
+            node_port = await start_node(nursery, store)
+            started = time.perf_counter()
+            front = await start_front(nursery, node_port, Path(tmp))
+            if scrape_every is not None:
+                port = await nursery.start(partial(serve_metrics, front.stats, "127.0.0.1", 0))
+                nursery.start_soon(scraper, port, scrape_every, scrapes)
+            async with trio.open_nursery() as readers:
+                for i in range(consumers):
+                    readers.start_soon(consume, front.port, b"bench-%d" % i, written)
+            elapsed = time.perf_counter() - started
+            nursery.cancel_scope.cancel()
+    return written / elapsed, scrapes[0]
+
+
+def front_overhead(items: int, rounds: int = 3) -> None:
+    off: list[float] = []
+    on: list[float] = []
+    scrapes = 0
+    for _ in range(rounds):
+        off.append(trio.run(upr_front_run, items, 10, None)[0])
+        rate, done = trio.run(upr_front_run, items, 10, 0.1)
+        on.append(rate)
+        scrapes += done
+    print(
+        f"\nUPR front, {items} items to 10 consumers (best of {rounds}):"
+        f"  metrics off {max(off):>9,.0f} items/s"
+        f"  scraped every 100 ms {max(on):>9,.0f} items/s ({scrapes} scrapes)"
+        f"  ratio on/off {max(on) / max(off):.3f}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--vbuckets", type=int, default=32, help="per stream, per-stream case")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--front-items", type=int, default=50_000, help="0: skip the front run")
     args = parser.parse_args()
     print(f"best of {args.repeat}; scrape: median over HTTP/1.1 keep-alive, gzip\n")
     report("baseline: empty registry", None, False, args.repeat)
@@ -158,6 +231,8 @@ def main() -> None:
         populate(args.streams, args.vbuckets), False, args.repeat,
     )  # fmt: skip
     report("100 streams x 64 vbuckets, per-vbucket on", populate(100, 64), True, args.repeat)
+    if args.front_items:
+        front_overhead(args.front_items)
 
 
 if __name__ == "__main__":
