@@ -79,7 +79,14 @@ def spark_session(
         master = "local[*]"
     if master is not None:
         builder = builder.master(master)
+    local = master is not None and master.startswith("local")
     settings = {
+        # Local mode stays on loopback: nothing listens on other interfaces.
+        **(
+            {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+            if local
+            else {}
+        ),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": driver_memory,
@@ -89,6 +96,8 @@ def spark_session(
         **({"spark.sql.shuffle.partitions": str(shuffle_partitions)} if shuffle_partitions else {}),
         **(conf or {}),
     }
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

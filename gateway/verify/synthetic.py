@@ -100,6 +100,7 @@ def write_capture(
     connection: str = "synthetic",
     max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES,
     chunk: int = 65536,
+    block_records: int = 2048,
 ) -> int:
     """Write ``records`` as one connection's received segments; how many were written."""
     writer = SegmentWriter(
@@ -108,6 +109,7 @@ def write_capture(
         connection=connection,
         direction="received",
         max_segment_bytes=max_segment_bytes,
+        block_records=block_records,
     )
     pending: list[CaptureRecord] = []
     for r in records:
