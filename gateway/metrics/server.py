@@ -87,6 +87,7 @@ class MetricsServer:
                 busy = HttpError(503, f"more than {MAX_CONNECTIONS} connections open")
                 with trio.move_on_after(WRITE_TIMEOUT):
                     await stream.send_all(error_response(busy))
+                await _linger(stream)
                 return
             self.open_connections += 1
             try:
