@@ -160,6 +160,8 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
             conf=config.spark_conf,
         )
     partitions = config.partitions or max(4, 2 * spark.sparkContext.defaultParallelism)
+    # The report's own aggregations are small: no 200-way shuffles for them.
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     results = results_frame(
         spark,
         config.left,
