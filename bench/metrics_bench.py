@@ -198,20 +198,23 @@ async def upr_front_run(
     return written / elapsed, scrapes[0]
 
 
-def front_overhead(items: int, rounds: int = 3) -> None:
+def front_overhead(items: int, rounds: int = 4) -> None:
     off: list[float] = []
     on: list[float] = []
     scrapes = 0
-    for _ in range(rounds):
+    for _ in range(rounds):  # alternate, so drift on a shared machine hits both alike
         off.append(trio.run(upr_front_run, items, 10, None)[0])
         rate, done = trio.run(upr_front_run, items, 10, 0.1)
         on.append(rate)
         scrapes += done
+    med_off, med_on = statistics.median(off), statistics.median(on)
     print(
-        f"\nUPR front, {items} items to 10 consumers (best of {rounds}):"
-        f"  metrics off {max(off):>9,.0f} items/s"
-        f"  scraped every 100 ms {max(on):>9,.0f} items/s ({scrapes} scrapes)"
-        f"  ratio on/off {max(on) / max(off):.3f}",
+        f"\nUPR front, {items} items to 10 consumers, median of {rounds} alternating runs:\n"
+        f"  metrics off           {med_off:>9,.0f} items/s"
+        f"  (runs {min(off):,.0f} .. {max(off):,.0f})\n"
+        f"  scraped every 100 ms  {med_on:>9,.0f} items/s"
+        f"  (runs {min(on):,.0f} .. {max(on):,.0f}; {scrapes} scrapes)\n"
+        f"  ratio on/off {med_on / med_off:.3f}",
         flush=True,
     )
 
