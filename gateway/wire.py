@@ -93,8 +93,7 @@ class PacketConnection:
     async def send(self, data: bytes) -> None:
         """Queue ``data``; waits while the outbox is over its limit."""
         while self._outbox_bytes >= self.max_outbox_bytes and not self._closing:
-            self._has_room = trio.Event()
-            await self._has_room.wait()
+            await self._room_event().wait()
         self.send_nowait(data)
 
     def send_nowait(self, data: bytes) -> None:
@@ -108,8 +107,14 @@ class PacketConnection:
     async def drain(self) -> None:
         """Wait until everything queued so far has been handed to the socket."""
         while self._outbox_bytes and not self._writer_done.is_set():
+            await self._room_event().wait()
+
+    def _room_event(self) -> trio.Event:
+        """The event the next write sets; shared by every waiter (one fresh per write),
+        so a second waiter never strands the first on an event nobody will set."""
+        if self._has_room.is_set():
             self._has_room = trio.Event()
-            await self._has_room.wait()
+        return self._has_room
 
     @property
     def writer_done(self) -> trio.Event:

@@ -78,3 +78,23 @@ def test_parse_hostport() -> None:
             assert bad in str(exc)
         else:
             raise AssertionError(bad)
+
+
+async def test_every_sender_blocked_on_a_full_outbox_wakes_when_it_drains() -> None:
+    # Several tasks waiting for room must all be woken, not just the last to wait.
+    left, right = trio.testing.lockstep_stream_pair()
+    conn = PacketConnection(left, max_outbox_bytes=100)
+    chunk = b"x" * 150
+    delivered = bytearray()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run_writer)
+            conn.send_nowait(chunk)  # fills the outbox: every send below must wait
+            async with trio.open_nursery() as senders:
+                for _ in range(5):
+                    senders.start_soon(conn.send, chunk)
+                await trio.testing.wait_all_tasks_blocked()
+                while len(delivered) < 6 * len(chunk):
+                    delivered += await right.receive_some(1000)
+            conn.finish()
+    assert bytes(delivered) == chunk * 6
