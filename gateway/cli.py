@@ -240,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from gateway.serve_cli import add_move_parser, add_serve_parser
+
+    add_serve_parser(commands)
+    add_move_parser(commands)
     _add_decode(commands)
     _add_node(commands)
     _add_load(commands)

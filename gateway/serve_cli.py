@@ -1,0 +1,269 @@
+"""Command line of ``serve`` (both fronts) and ``move`` (vbucket moves through the gateway)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from functools import partial
+from pathlib import Path
+
+from gateway.serve import (
+    DEFAULT_METRICS_LISTEN,
+    DEFAULT_TAP_LISTEN,
+    DEFAULT_UPR_LISTEN,
+    ServeOptions,
+)
+
+DIALECTS = ("dcp", "upr-draft")
+
+log = logging.getLogger("gateway.serve")
+
+
+def _address(text: str) -> tuple[str, int]:
+    from gateway.wire import parse_hostport
+
+    try:
+        return parse_hostport(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _vbuckets(text: str) -> list[int]:
+    try:
+        out = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers such as 1,2,3") from None
+    if not out or any(vb < 0 or vb > 0xFFFF for vb in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: vbuckets are numbers from 0 to 65535")
+    return out
+
+
+def _show(address: tuple[str, int]) -> str:
+    return "{}:{}".format(*address)
+
+
+def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="run the gateway: TAP clients from a UPR node, UPR consumers from a TAP node",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Run the gateway. The TAP front (--tap-listen) serves old TAP clients from the\n"
+            "UPR streams of --upr-upstream; the UPR front (--upr-listen) serves UPR consumers\n"
+            "from the TAP stream of --tap-upstream, through a durable log in --state-dir.\n"
+            "Each front runs when its upstream is given. With no upstream at all, an embedded\n"
+            "reference node with sample data and live writes is started and both fronts\n"
+            "read from it. Prometheus metrics are served on --metrics-listen."
+        ),
+        epilog=(
+            "examples:\n"
+            "  tap-upr-gateway serve                                  # embedded upstream\n"
+            "  tap-upr-gateway serve --upr-upstream node3:11210       # TAP front only\n"
+            "  tap-upr-gateway serve --tap-upstream node1:11210 --state-dir /var/lib/gw"
+        ),
+    )
+    parser.add_argument(
+        "--tap-listen",
+        type=_address,
+        default=DEFAULT_TAP_LISTEN,
+        metavar="HOST:PORT",
+        help=f"where TAP clients connect (default {_show(DEFAULT_TAP_LISTEN)})",
+    )
+    parser.add_argument(
+        "--upr-upstream", type=_address, metavar="HOST:PORT", help="the UPR (3.0) node to read"
+    )
+    parser.add_argument(
+        "--upr-listen",
+        type=_address,
+        default=DEFAULT_UPR_LISTEN,
+        metavar="HOST:PORT",
+        help=f"where UPR consumers connect (default {_show(DEFAULT_UPR_LISTEN)})",
+    )
+    parser.add_argument(
+        "--tap-upstream", type=_address, metavar="HOST:PORT", help="the TAP (2.x) node to read"
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="durable state: the UPR front's log, TAP registered clients (default: a temp dir)",
+    )
+    parser.add_argument(
+        "--fsync",
+        choices=("always", "batch", "never"),
+        default="batch",
+        help="when the UPR front's log is fsynced before TAP acks (default batch)",
+    )
+    parser.add_argument(
+        "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect (default dcp, i.e. 3.0)"
+    )
+    parser.add_argument("--upstream-user", help="SASL PLAIN user for the upstream nodes")
+    parser.add_argument("--upstream-password", default="", help="SASL PLAIN password")
+    parser.add_argument(
+        "--users", metavar="FILE", help="require SASL PLAIN from clients; user:password lines"
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        type=_address,
+        default=DEFAULT_METRICS_LISTEN,
+        metavar="HOST:PORT",
+        help=f"Prometheus /metrics (default {_show(DEFAULT_METRICS_LISTEN)})",
+    )
+    parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    parser.add_argument(
+        "--per-vbucket-metrics",
+        action="store_true",
+        help="add a vbucket label to per-stream series (many series with 1024 vbuckets)",
+    )
+    embedded = parser.add_argument_group("embedded upstream (when no upstream is given)")
+    embedded.add_argument("--vbuckets", type=int, default=64, help="vbuckets (default 64)")
+    embedded.add_argument(
+        "--sample-items", type=int, default=10_000, help="sample items (default 10000)"
+    )
+    embedded.add_argument(
+        "--writes-per-second",
+        type=float,
+        default=20.0,
+        help="live writes to the embedded node (default 20; 0 for none)",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
+    parser.set_defaults(handler=run_serve_command)
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    import trio
+
+    from gateway import logs
+    from gateway.serve import run_serve
+
+    logs.configure(args.verbose - args.quiet)
+    try:
+        users = logs.read_users(args.users) if args.users else None
+    except (OSError, ValueError) as exc:
+        print(f"serve: cannot read users file: {exc}", file=sys.stderr)
+        return 2
+    options = ServeOptions(
+        tap_listen=args.tap_listen,
+        upr_upstream=args.upr_upstream,
+        upr_listen=args.upr_listen,
+        tap_upstream=args.tap_upstream,
+        metrics_listen=None if args.no_metrics else args.metrics_listen,
+        per_vbucket_metrics=args.per_vbucket_metrics,
+        state_dir=args.state_dir,
+        dialect=args.dialect,
+        upstream_user=args.upstream_user,
+        upstream_password=args.upstream_password if args.upstream_user else None,
+        users=users,
+        fsync=args.fsync,
+        embedded_vbuckets=args.vbuckets,
+        embedded_sample_items=args.sample_items,
+        embedded_writes_per_second=args.writes_per_second,
+    )
+    try:
+        trio.run(run_serve, options)
+    except OSError as exc:
+        print(f"serve: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "move",
+        help="move vbuckets between a UPR node and a TAP node through the gateway",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Move vbuckets during a rolling upgrade.\n"
+            "  --from-upr A --to-tap B: stream from a 3.0 node into a 2.x node's TAP receiver,\n"
+            "    ending with an acknowledged CLOSE_TAP_STREAM (as the 2.x mover did);\n"
+            "  --from-tap A --to-upr B: stream from a 2.x node into a 3.0 node, which opens a\n"
+            "    consumer connection and requests the streams itself (ADD_STREAM).\n"
+            "With --takeover the source ends dead and the destination active."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-upr", type=_address, metavar="HOST:PORT", help="UPR source node")
+    source.add_argument("--from-tap", type=_address, metavar="HOST:PORT", help="TAP source node")
+    parser.add_argument("--to-tap", type=_address, metavar="HOST:PORT", help="TAP destination")
+    parser.add_argument("--to-upr", type=_address, metavar="HOST:PORT", help="UPR destination")
+    parser.add_argument(
+        "--vbuckets", type=_vbuckets, required=True, help="comma-separated vbuckets, e.g. 1,2"
+    )
+    parser.add_argument("--takeover", action="store_true", help="hand the vbuckets over")
+    parser.add_argument("--state-dir", type=Path, help="log directory (--from-tap only)")
+    parser.add_argument(
+        "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect (default dcp)"
+    )
+    parser.add_argument("--upstream-user", help="SASL PLAIN user for the source")
+    parser.add_argument("--upstream-password", default="", help="SASL PLAIN password")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
+    parser.set_defaults(handler=run_move_command)
+
+
+def run_move_command(args: argparse.Namespace) -> int:
+    import trio
+
+    from adapters import upr
+    from adapters.errors import GatewayError
+    from gateway import logs
+
+    logs.configure(args.verbose - args.quiet)
+    if args.from_upr and not args.to_tap:
+        print("move: --from-upr needs --to-tap", file=sys.stderr)
+        return 2
+    if args.from_tap and not args.to_upr:
+        print("move: --from-tap needs --to-upr", file=sys.stderr)
+        return 2
+    user = args.upstream_user
+    password = args.upstream_password if user else None
+    try:
+        if args.from_upr:
+            from gateway.tapfront.move import move_upr_to_tap
+            from gateway.tapfront.session import SessionConfig
+
+            config = SessionConfig(
+                upstream=args.from_upr,
+                dialect=upr.get_dialect(args.dialect),
+                user=user,
+                password=password,
+                reconnect_attempts=5,
+            )
+            trio.run(
+                partial(
+                    move_upr_to_tap,
+                    args.from_upr,
+                    args.to_tap,
+                    args.vbuckets,
+                    takeover=args.takeover,
+                    config=config,
+                )
+            )
+        else:
+            import tempfile
+
+            from gateway.uprfront import move_tap_to_upr
+
+            state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="tap-upr-move-"))
+            trio.run(
+                partial(
+                    move_tap_to_upr,
+                    args.from_tap,
+                    args.to_upr,
+                    args.vbuckets,
+                    takeover=args.takeover,
+                    state_dir=state_dir,
+                    upstream_user=user,
+                    upstream_password=password,
+                )
+            )
+    except (GatewayError, OSError) as exc:
+        print(f"move: {exc}", file=sys.stderr)
+        return 1
+    direction = "UPR -> TAP" if args.from_upr else "TAP -> UPR"
+    print(
+        f"moved vbuckets {','.join(map(str, args.vbuckets))} ({direction})"
+        + (" with takeover" if args.takeover else "")
+    )
+    return 0
