@@ -374,8 +374,10 @@ class Store(StoreCore):
             for vb, seqno, key in self._expiry.due(now):
                 v = vbuckets[vb]
                 item = v.items.get(key)
-                if item is None or item.by_seqno != seqno or item.kind is not _MUTATION:
-                    continue  # changed since it was queued
+                if item is None or item.by_seqno != seqno or not item.expired_at(now):
+                    # Changed since it was queued; a rollback can even hand its
+                    # seqno to a newer version without a TTL.
+                    continue
                 if v.state is VBucketState.ACTIVE:
                     expired.append(self._tombstone(v, item, ItemKind.EXPIRATION, now))
                     if len(expired) >= limit:
