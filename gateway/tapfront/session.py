@@ -70,6 +70,14 @@ from gateway.wire import PacketConnection
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
+_BACKFILL_CODES = (OpaqueCode.INITIAL_VBUCKET_STREAM, OpaqueCode.CLOSE_BACKFILL)
+_KINDS: dict[type, str] = {
+    TapMutation: "mutation",
+    TapDelete: "deletion",
+    TapCheckpointStart: "marker",
+    TapCheckpointEnd: "marker",
+    TapVbucketSet: "state",
+}
 _ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
 _RESPONSES = (
     upr.StreamRequestOk,
@@ -104,6 +112,8 @@ class Settlement:
     generation: int = 0
     credit: int = 0
     replies: list[bytes] = field(default_factory=list)
+    touched: dict[int, VbStream] = field(default_factory=dict)
+    """Streams that sent messages in it; their positions are taken when it closes."""
     positions: dict[int, VbResume] = field(default_factory=dict)
     arrival: float = 0.0
     """Wall-clock arrival of the oldest upstream item in it (0: none)."""
@@ -115,6 +125,12 @@ class Settlement:
         self.positions.update(other.positions)
         if other.arrival and not self.arrival:
             self.arrival = other.arrival
+
+    def close(self, generation: int) -> None:
+        self.generation = generation
+        for vbucket, stream in self.touched.items():
+            self.positions[vbucket] = stream.position()
+        self.touched.clear()
 
     @property
     def empty(self) -> bool:
@@ -381,27 +397,19 @@ class TapSession:
         self._batch.append(encode(stamped))
         self._count(message)
         if vb is not None:
-            self._settling.positions[vb.vbucket] = vb.position()
-        if isinstance(message, TapVbucketSet):
-            self.gateway_stats.takeovers_started_total["tap_front"] += (
-                message.state == upr.VBucketState.PENDING
-            )
+            self._settling.touched[vb.vbucket] = vb
+        if type(message) is TapVbucketSet and message.state == upr.VBucketState.PENDING:
+            self.gateway_stats.takeovers_started_total["tap_front"] += 1
 
     def _count(self, message: TapStreamMessage) -> None:
-        sent = self.stats.items_sent
-        if isinstance(message, TapMutation):
-            sent["mutation"] += 1
-        elif isinstance(message, TapDelete):
-            sent["deletion"] += 1
-        elif isinstance(message, TapCheckpointStart | TapCheckpointEnd):
-            sent["marker"] += 1
-        elif isinstance(message, TapVbucketSet):
-            sent["state"] += 1
+        kind = _KINDS.get(type(message))
+        if kind is not None:
+            self.stats.items_sent[kind] += 1
 
     def _end_settlement(self) -> None:
         """Attach what was gathered to the last message stamped (or settle it now)."""
         settlement, self._settling = self._settling, Settlement(self.generation)
-        settlement.generation = self.generation
+        settlement.close(self.generation)
         if settlement.empty:
             return
         last = self.producer.last_stamped
