@@ -16,18 +16,29 @@ cost of the exposition code) and a gateway with no streams. For each case:
 Then the cost to the streams of being scraped: the UPR front's ingest-and-serve
 throughput (``upr_front_bench``: N items from a reference TAP node to 10
 consumers) with no metrics endpoint, and with ``serve_metrics`` on its stats
-scraped every 100 ms (150x a common 15 s interval), alternating runs.
+scraped every 100 ms (150x a common 15 s interval), alternating runs. And the
+same for the TAP front, with the node and the gateway in processes of their own
+as ``tap_front_bench`` runs them: a TAP dump of N 100-byte items through
+``serve --upr-upstream --no-metrics``, beside a second gateway over the same
+node with ``--metrics-listen`` scraped every 100 ms meanwhile, alternating
+runs.
 
-    python bench/metrics_bench.py [--streams N] [--vbuckets V] [--repeat R] [--front-items N]
+    python bench/metrics_bench.py [--streams N] [--vbuckets V] [--repeat R]
+        [--front-items N] [--tap-front-items N]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import re
 import statistics
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from functools import partial
 
 import trio
@@ -219,12 +230,93 @@ def front_overhead(items: int, rounds: int = 4) -> None:
     )
 
 
+@contextmanager
+def gateway_process(node_port: int, metrics: bool) -> Iterator[tuple[int, int | None]]:
+    """``serve --upr-upstream`` in a process of its own: (TAP port, metrics port or None)."""
+    command = [
+        sys.executable, "-m", "gateway", "serve", "--upr-upstream", f"127.0.0.1:{node_port}",
+        "--tap-listen", "127.0.0.1:0",
+        *(["--metrics-listen", "127.0.0.1:0"] if metrics else ["--no-metrics"]),
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        tap_port: int | None = None
+        metrics_port: int | None = None
+        for line in proc.stderr:
+            if found := re.search(r"TAP front listening on 127\.0\.0\.1:(\d+)", line):
+                tap_port = int(found.group(1))
+            if found := re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", line):
+                metrics_port = int(found.group(1))
+            if tap_port is not None and (metrics_port is not None or not metrics):
+                break
+        else:
+            raise SystemExit(f"the gateway did not start (exit {proc.wait()})")
+        # Keep reading its log so a full pipe never stalls it.
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        yield tap_port, metrics_port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def tap_front_run(
+    tap_port: int, name: bytes, metrics_port: int | None, items: int
+) -> tuple[float, int]:
+    """(items per second of one TAP dump, scrapes done meanwhile)."""
+    from tap_front_bench import tap_dump
+
+    scrapes = [0]
+    async with trio.open_nursery() as nursery:
+        if metrics_port is not None:
+            nursery.start_soon(scraper, metrics_port, 0.1, scrapes)
+        count, _, elapsed = await tap_dump(tap_port, name)
+        nursery.cancel_scope.cancel()
+    if count != items:
+        raise SystemExit(f"the dump delivered {count} of {items} items")
+    return count / elapsed, scrapes[0]
+
+
+def tap_front_overhead(items: int, rounds: int = 5, vbuckets: int = 64) -> None:
+    from tap_front_bench import node_command, process
+
+    off: list[float] = []
+    on: list[float] = []
+    scrapes = 0
+    with ExitStack() as stack:
+        _, node_port = stack.enter_context(
+            process(node_command(items, 100, vbuckets), r"listening on 127\.0\.0\.1:(\d+)")
+        )
+        plain, _ = stack.enter_context(gateway_process(node_port, metrics=False))
+        scraped, metrics_port = stack.enter_context(gateway_process(node_port, metrics=True))
+        trio.run(tap_front_run, plain, b"warm-up", None, items)  # the node's first read
+        for n in range(rounds):  # alternate, so drift on a shared machine hits both alike
+            off.append(trio.run(tap_front_run, plain, b"off-%d" % n, None, items)[0])
+            rate, done = trio.run(tap_front_run, scraped, b"on-%d" % n, metrics_port, items)
+            on.append(rate)
+            scrapes += done
+    med_off, med_on = statistics.median(off), statistics.median(on)
+    print(
+        f"\nTAP front, dump of {items:,} items of 100 bytes ({vbuckets} vbuckets), node and "
+        f"gateways in their own processes, median of {rounds} alternating runs:\n"
+        f"  --no-metrics          {med_off:>9,.0f} items/s"
+        f"  (runs {min(off):,.0f} .. {max(off):,.0f})\n"
+        f"  scraped every 100 ms  {med_on:>9,.0f} items/s"
+        f"  (runs {min(on):,.0f} .. {max(on):,.0f}; {scrapes} scrapes)\n"
+        f"  ratio on/off {med_on / med_off:.3f}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--vbuckets", type=int, default=32, help="per stream, per-stream case")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--front-items", type=int, default=50_000, help="0: skip the front run")
+    parser.add_argument(
+        "--tap-front-items", type=int, default=200_000, help="0: skip the TAP front run"
+    )
     args = parser.parse_args()
     print(f"best of {args.repeat}; scrape: median over HTTP/1.1 keep-alive, gzip\n")
     report("baseline: empty registry", None, False, args.repeat)
@@ -236,6 +328,8 @@ def main() -> None:
     report("100 streams x 64 vbuckets, per-vbucket on", populate(100, 64), True, args.repeat)
     if args.front_items:
         front_overhead(args.front_items)
+    if args.tap_front_items:
+        tap_front_overhead(args.tap_front_items)
 
 
 if __name__ == "__main__":
