@@ -20,8 +20,8 @@ scraped every 100 ms (150x a common 15 s interval), alternating runs. And the
 same for the TAP front, with the node and the gateway in processes of their own
 as ``tap_front_bench`` runs them: a TAP dump of N 100-byte items through
 ``serve --upr-upstream --no-metrics``, beside a second gateway over the same
-node with ``--metrics-listen`` scraped every 100 ms meanwhile, alternating
-runs.
+node with ``--metrics-listen``, not scraped and scraped every 100 ms by a
+process of its own (as Prometheus would), alternating runs.
 
     python bench/metrics_bench.py [--streams N] [--vbuckets V] [--repeat R]
         [--front-items N] [--tap-front-items N]
@@ -260,18 +260,49 @@ def gateway_process(node_port: int, metrics: bool) -> Iterator[tuple[int, int | 
         proc.wait(timeout=30)
 
 
-async def tap_front_run(
-    tap_port: int, name: bytes, metrics_port: int | None, items: int
+async def scrape_forever(port: int, every: float) -> None:
+    """A scraper for a child process: one ``.`` on stdout per scrape, until terminated."""
+    count = [0]
+    print("ready", flush=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(scraper, port, every, count)
+        shown = 0
+        while True:
+            await trio.sleep(every)
+            print("." * (count[0] - shown), end="", flush=True)
+            shown = count[0]
+
+
+@contextmanager
+def scraper_process(port: int, every: float) -> Iterator[list[int]]:
+    """Scrape ``port`` from a process of its own, as Prometheus would; yields [scrapes done]."""
+    code = (
+        "import sys, trio; sys.path.insert(0, 'bench'); import metrics_bench as m;"
+        f"trio.run(m.scrape_forever, {port}, {every})"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    done = [0]
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # ready
+        yield done
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        done[0] = out.count(".")
+
+
+def tap_front_run(
+    tap_port: int, name: bytes, items: int, scrape_port: int | None
 ) -> tuple[float, int]:
     """(items per second of one TAP dump, scrapes done meanwhile)."""
     from tap_front_bench import tap_dump
 
-    scrapes = [0]
-    async with trio.open_nursery() as nursery:
-        if metrics_port is not None:
-            nursery.start_soon(scraper, metrics_port, 0.1, scrapes)
-        count, _, elapsed = await tap_dump(tap_port, name)
-        nursery.cancel_scope.cancel()
+    with ExitStack() as stack:
+        scrapes = [0]
+        if scrape_port is not None:
+            scrapes = stack.enter_context(scraper_process(scrape_port, 0.1))
+        count, _, elapsed = trio.run(tap_dump, tap_port, name)
     if count != items:
         raise SystemExit(f"the dump delivered {count} of {items} items")
     return count / elapsed, scrapes[0]
@@ -280,30 +311,40 @@ async def tap_front_run(
 def tap_front_overhead(items: int, rounds: int = 5, vbuckets: int = 64) -> None:
     from tap_front_bench import node_command, process
 
-    off: list[float] = []
-    on: list[float] = []
+    rates: dict[str, list[float]] = {"off": [], "idle": [], "scraped": []}
     scrapes = 0
     with ExitStack() as stack:
         _, node_port = stack.enter_context(
             process(node_command(items, 100, vbuckets), r"listening on 127\.0\.0\.1:(\d+)")
         )
         plain, _ = stack.enter_context(gateway_process(node_port, metrics=False))
-        scraped, metrics_port = stack.enter_context(gateway_process(node_port, metrics=True))
-        trio.run(tap_front_run, plain, b"warm-up", None, items)  # the node's first read
-        for n in range(rounds):  # alternate, so drift on a shared machine hits both alike
-            off.append(trio.run(tap_front_run, plain, b"off-%d" % n, None, items)[0])
-            rate, done = trio.run(tap_front_run, scraped, b"on-%d" % n, metrics_port, items)
-            on.append(rate)
+        with_metrics, metrics_port = stack.enter_context(gateway_process(node_port, metrics=True))
+        tap_front_run(plain, b"warm-up", items, None)  # the node's first read of its items
+        for n in range(rounds):  # alternate, so drift on a shared machine hits all alike
+            rates["off"].append(tap_front_run(plain, b"off-%d" % n, items, None)[0])
+            rates["idle"].append(tap_front_run(with_metrics, b"idle-%d" % n, items, None)[0])
+            rate, done = tap_front_run(with_metrics, b"on-%d" % n, items, metrics_port)
+            rates["scraped"].append(rate)
             scrapes += done
-    med_off, med_on = statistics.median(off), statistics.median(on)
+    med = {mode: statistics.median(runs) for mode, runs in rates.items()}
+    labels = {
+        "off": "--no-metrics",
+        "idle": "metrics on, not scraped",
+        "scraped": "scraped every 100 ms",
+    }
     print(
-        f"\nTAP front, dump of {items:,} items of 100 bytes ({vbuckets} vbuckets), node and "
-        f"gateways in their own processes, median of {rounds} alternating runs:\n"
-        f"  --no-metrics          {med_off:>9,.0f} items/s"
-        f"  (runs {min(off):,.0f} .. {max(off):,.0f})\n"
-        f"  scraped every 100 ms  {med_on:>9,.0f} items/s"
-        f"  (runs {min(on):,.0f} .. {max(on):,.0f}; {scrapes} scrapes)\n"
-        f"  ratio on/off {med_on / med_off:.3f}",
+        f"\nTAP front, dump of {items:,} items of 100 bytes ({vbuckets} vbuckets); node, "
+        f"gateways and scraper in processes of their own; median of {rounds} alternating runs:"
+    )
+    for mode, runs in rates.items():
+        extra = f"; {scrapes} scrapes" if mode == "scraped" else ""
+        print(
+            f"  {labels[mode]:<24} {med[mode]:>9,.0f} items/s"
+            f"  (runs {min(runs):,.0f} .. {max(runs):,.0f}{extra})"
+        )
+    print(
+        f"  ratio scraped/off {med['scraped'] / med['off']:.3f}"
+        f"  (not scraped/off {med['idle'] / med['off']:.3f})",
         flush=True,
     )
 

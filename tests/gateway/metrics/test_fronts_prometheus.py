@@ -17,9 +17,9 @@ reconnect, a protocol error (UPR front). Then:
   connection, in seqnos and in seconds, rises; once it acks again both fall
   back to 0.
 
-What the TAP front does not report yet is listed in ``TAP_FRONT_GAPS`` and
-pinned by the strict xfail test at the bottom, which starts passing (and so
-fails) when the front reports it.
+What the TAP front does not report yet (``TAP_FRONT_GAPS``, ``BLOCKED_GAP``) is
+checked by the two tests at the bottom: they report xfail while the figure
+stays still and pass once the front moves it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from tests.support.tap_client import (
     until,
     wants_ack,
 )
-from tests.support.tapfront import Replica
+from tests.support.tapfront import Replica, start_front
 from tests.support.upr_client import MAX_SEQNO, UprClient
 
 F = ConnectFlags
@@ -87,6 +87,10 @@ TAP_FRONT_GAPS = {
     ),
 }
 """Metric name -> why the TAP front has no series of it in this run."""
+BLOCKED_GAP = (
+    "the TAP front never adds to StreamStats.blocked_seconds while its upstream "
+    "flow-control window (or its TAP ack window) is full: gateway/tapfront/session.py"
+)
 
 
 def nonempty(result: Result) -> bool:
@@ -367,25 +371,56 @@ async def test_prometheus_sees_the_real_fronts(
 @pytest.mark.xfail(
     strict=True, raises=AssertionError, reason=TAP_FRONT_GAPS["tapupr_protocol_errors_total"]
 )
-async def test_tap_front_counts_bad_input_from_a_tap_peer(nursery: trio.Nursery) -> None:
-    store = Store(VBUCKETS)
-    write_keys(store, b"sample", 40)
-    _, node_port = await start_node(nursery, store)
-    options = ServeOptions(
-        tap_listen=ANY_PORT, upr_upstream=("127.0.0.1", node_port), metrics_listen=ANY_PORT
-    )
-    running: Running = await nursery.start(run_serve, options)
-    assert running.tap_port and running.metrics_port
-    with trio.fail_after(10):
-        client = await TapClient.open(
-            running.tap_port, connect_event(b"bad", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+async def test_tap_front_counts_bad_input_from_a_tap_peer() -> None:
+    async with trio.open_nursery() as nursery:
+        store = Store(VBUCKETS)
+        write_keys(store, b"sample", 40)
+        _, node_port = await start_node(nursery, store)
+        options = ServeOptions(
+            tap_listen=ANY_PORT, upr_upstream=("127.0.0.1", node_port), metrics_listen=ANY_PORT
         )
-        await client.next_event()
-        # An ack naming a sequence number the front never sent: the front closes.
-        await client.send(encode(TapResponse(TapOpcode.MUTATION, 0x7FFF_FFFF, 0)))
-        while await client.next_event() is not None:
-            pass
-        await client.aclose()
-        status, body = await http_get(running.metrics_port, "/metrics")
-    assert status == 200
-    assert b'tapupr_protocol_errors_total{direction="tap_front"' in body
+        running: Running = await nursery.start(run_serve, options)
+        assert running.tap_port and running.metrics_port
+        with trio.fail_after(10):
+            client = await TapClient.open(
+                running.tap_port,
+                connect_event(b"bad", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0),
+            )
+            await client.next_event()
+            # An ack naming a sequence number the front never sent: the front closes.
+            await client.send(encode(TapResponse(TapOpcode.MUTATION, 0x7FFF_FFFF, 0)))
+            while await client.next_event() is not None:
+                pass
+            await client.aclose()
+            status, body = await http_get(running.metrics_port, "/metrics")
+        assert status == 200
+        nursery.cancel_scope.cancel()
+    if b'tapupr_protocol_errors_total{direction="tap_front"' not in body:
+        pytest.xfail(TAP_FRONT_GAPS["tapupr_protocol_errors_total"])
+
+
+async def test_tap_front_counts_time_blocked_on_a_full_window() -> None:
+    async with trio.open_nursery() as nursery:
+        store = Store(VBUCKETS)
+        write_keys(store, b"slow", 4000)
+        _, node_port = await start_node(nursery, store)
+        front, port = await start_front(
+            nursery, node_port, buffer_size=32 * 1024, max_unacked=300, ack_interval=100
+        )
+        with trio.fail_after(10):
+            client = await TapClient.open(
+                port, connect_event(b"slow", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+            )
+            # Read without acking until the front has stopped sending for a while (0.3 s).
+            while True:
+                with trio.move_on_after(0.3) as idle:
+                    await client.next_event()
+                if idle.cancelled_caught:
+                    break
+            stream = front.sessions["slow"][0].stats
+            # The upstream's flow-control window is full: nothing moves until the client acks.
+            assert stream.acks_pending > 0 and stream.unacked_bytes >= stream.buffer_size
+            await client.aclose()
+        nursery.cancel_scope.cancel()
+    if stream.blocked_seconds == 0:
+        pytest.xfail(BLOCKED_GAP)
