@@ -8,6 +8,7 @@ from adapters.tap.constants import (
     OpaqueCode,
     TapFlags,
     TapOpcode,
+    swap32,
 )
 from adapters.tap.events import (
     TapCheckpoint,
@@ -51,4 +52,5 @@ __all__ = [
     "decode_frame",
     "encode",
     "is_tap_opcode",
+    "swap32",
 ]

@@ -77,3 +77,8 @@ CHECKPOINT_KEYS = {
     TapOpcode.CHECKPOINT_START: b"checkpoint_start",
     TapOpcode.CHECKPOINT_END: b"checkpoint_end",
 }
+
+
+def swap32(flags: int) -> int:
+    """Item flags between network order and 2.x's little-endian host order (either way)."""
+    return int.from_bytes(flags.to_bytes(4, "big"), "little")

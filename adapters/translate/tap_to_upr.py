@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 from adapters.errors import ProtocolError
 from adapters.mcbp.constants import VBucketState
-from adapters.tap.constants import OpaqueCode, TapFlags
+from adapters.tap.constants import OpaqueCode, TapFlags, swap32
 from adapters.tap.events import (
     TapCheckpointEnd,
     TapCheckpointStart,
@@ -63,10 +63,6 @@ class KeyVersion(NamedTuple):
     rev_seqno: int
     expiration: int
     deleted: bool
-
-
-def swap32(value: int) -> int:
-    return int.from_bytes(value.to_bytes(4, "big"), "little")
 
 
 class TapToUpr:

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from adapters.errors import ProtocolError
-from adapters.tap.constants import NO_TAP_FLAGS, OpaqueCode, TapFlags
+from adapters.tap.constants import NO_TAP_FLAGS, OpaqueCode, TapFlags, swap32
 from adapters.tap.events import (
     TapCheckpointEnd,
     TapCheckpointStart,
@@ -65,10 +65,6 @@ class OpenSnapshot:
     end: int
     checkpoint_id: int | None
     """None for the backfill (initial vbucket stream), else the TAP checkpoint id."""
-
-
-def swap32(value: int) -> int:
-    return int.from_bytes(value.to_bytes(4, "big"), "little")
 
 
 class UprToTap:

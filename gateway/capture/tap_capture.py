@@ -25,7 +25,6 @@ import trio
 from adapters.errors import ProtocolError
 from adapters.tap import (
     ConnectFlags,
-    OpaqueCode,
     TapCheckpointEnd,
     TapCheckpointStart,
     TapConnect,
@@ -42,6 +41,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from gateway.capture.mapping import TapRecording
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.records import Kind
 from gateway.capture.session import (
@@ -72,10 +72,6 @@ OPCODES = {
     TapVbucketSet: TapOpcode.VBUCKET_SET,
 }
 FLUSH_SECONDS = 2.0
-
-
-def swap32(flags: int) -> int:
-    return int.from_bytes(flags.to_bytes(4, "big"), "little")
 
 
 async def capture_tap(
@@ -122,7 +118,7 @@ async def capture_tap(
 async def _consume(
     conn: PacketConnection, recorder: CaptureRecorder, result: CaptureResult, until: bool
 ) -> None:
-    checkpoint: dict[int, int | None] = {}
+    recording = TapRecording(recorder)
     pending = set(result.vbuckets)
     if until and not pending:
         result.stopped = "caught-up"
@@ -153,57 +149,13 @@ async def _consume(
                     f"(status 0x{event.status:02x}): {text}"
                 )
             continue
-        if isinstance(event, TapMutation):
-            flags = event.flags
-            if not event.tap_flags & TapFlags.NETWORK_BYTE_ORDER:
-                flags = swap32(flags)
-            value = None if event.tap_flags & TapFlags.NO_VALUE else event.value
-            recorder.record_item(
-                event.vbucket,
-                event.key,
-                Kind.MUTATION,
-                by_seqno=None,
-                rev_seqno=event.rev_seqno,
-                cas=event.cas,
-                flags=flags,
-                expiration=event.expiration,
-                value=value,
-                checkpoint_id=checkpoint.get(event.vbucket),
-                arrival=now,
-            )
-            result.count(Kind.MUTATION)
-        elif isinstance(event, TapDelete):
-            recorder.record_item(
-                event.vbucket,
-                event.key,
-                Kind.DELETE,
-                by_seqno=None,
-                rev_seqno=event.rev_seqno,
-                cas=event.cas,
-                checkpoint_id=checkpoint.get(event.vbucket),
-                arrival=now,
-            )
-            result.count(Kind.DELETE)
-        elif isinstance(event, TapCheckpointStart | TapCheckpointEnd):
-            start = isinstance(event, TapCheckpointStart)
-            kind = Kind.CHECKPOINT_START if start else Kind.CHECKPOINT_END
-            checkpoint[event.vbucket] = event.checkpoint_id if start else None
-            recorder.record_marker(
-                event.vbucket, kind, checkpoint_id=event.checkpoint_id, arrival=now
-            )
+        kind = recording.record(event, now)
+        if kind is not None:
             result.count(kind)
-        elif isinstance(event, TapOpaque) and event.opaque_code in (
-            OpaqueCode.INITIAL_VBUCKET_STREAM,
-            OpaqueCode.CLOSE_BACKFILL,
-        ):
-            begins = event.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM
-            kind = Kind.BACKFILL_START if begins else Kind.BACKFILL_END
-            recorder.record_marker(event.vbucket, kind, arrival=now)
-            result.count(kind)
-            if not begins:
+            if kind is Kind.BACKFILL_END and isinstance(event, TapOpaque):
                 pending.discard(event.vbucket)
                 result.caught_up.add(event.vbucket)
-        elif isinstance(event, TapFlush):
+        if isinstance(event, TapFlush):
             log.warning("%s: the server flushed vbucket %d", conn.name, event.vbucket)
         if not isinstance(event, TapConnect | TapNoopResponse) and event.tap_flags & TapFlags.ACK:
             conn.send_nowait(encode(TapResponse(OPCODES[type(event)], event.opaque)))

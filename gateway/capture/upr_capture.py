@@ -31,6 +31,7 @@ from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp.constants import Status, status_name
 from adapters.upr.flow_control import ConsumerAcker, is_counted
+from gateway.capture.mapping import UprRecording
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.records import Kind
 from gateway.capture.session import (
@@ -151,11 +152,12 @@ class _Streams:
         self.dialect = dialect
         self.until = options.until_caught_up
         self.draft = upr.Command.SNAPSHOT_MARKER not in dialect.opcodes
-        self.delete_kind = Kind.DELETION if expiry_opcode else Kind.DELETE
+        self.recording = UprRecording(
+            recorder, delete_kind=Kind.DELETION if expiry_opcode else Kind.DELETE
+        )
         self.acker = (
             None if self.draft else ConsumerAcker(options.buffer_size, now=trio.current_time())
         )
-        self.snapshot: dict[int, tuple[int, int] | None] = {}
         self.open: set[int] = set()
         """Vbuckets whose stream has not ended."""
 
@@ -219,50 +221,14 @@ class _Streams:
         return getattr(event, "vbucket", 0)
 
     def on_event(self, event: upr.UprEvent, arrival: float) -> None:
-        record, result = self.recorder, self.result
-        if isinstance(event, upr.Mutation | upr.Deletion | upr.Expiration):
-            vb = self.vbucket_of(event)
-            if isinstance(event, upr.Mutation):
-                kind, value = Kind.MUTATION, event.value
-            else:
-                kind = Kind.EXPIRATION if isinstance(event, upr.Expiration) else self.delete_kind
-                value = None
-            record.record_item(
-                vb,
-                event.key,
-                kind,
-                by_seqno=event.by_seqno,
-                rev_seqno=event.rev_seqno,
-                cas=event.cas,
-                flags=getattr(event, "flags", 0),
-                expiration=getattr(event, "expiration", 0),
-                value=value,
-                snapshot=self.snapshot.get(vb),
-                arrival=arrival,
-            )
+        result = self.result
+        vb = self.vbucket_of(event)
+        kind = self.recording.record(event, vb, arrival)
+        if kind is not None:
             result.count(kind)
-        elif isinstance(event, upr.SnapshotMarker):
-            vb = self.vbucket_of(event)
-            snap = (event.start_seqno, event.end_seqno)
-            self.snapshot[vb] = snap
-            record.record_marker(
-                vb, Kind.SNAPSHOT, snapshot=snap, flags=int(event.flags), arrival=arrival
-            )
-            result.count(Kind.SNAPSHOT)
-            if event.flags & upr.SnapshotFlags.ACK:
-                self.send(upr.Response(upr.Command.SNAPSHOT_MARKER, event.opaque, _OK))
-        elif isinstance(event, upr.SnapshotStart | upr.SnapshotEnd):
-            vb = self.vbucket_of(event)
-            kind = (
-                Kind.SNAPSHOT_START if isinstance(event, upr.SnapshotStart) else Kind.SNAPSHOT_END
-            )
-            self.snapshot[vb] = None
-            record.record_marker(vb, kind, arrival=arrival)
-            result.count(kind)
+        if isinstance(event, upr.SnapshotMarker) and event.flags & upr.SnapshotFlags.ACK:
+            self.send(upr.Response(upr.Command.SNAPSHOT_MARKER, event.opaque, _OK))
         elif isinstance(event, upr.StreamEnd):
-            vb = self.vbucket_of(event)
-            record.record_marker(vb, Kind.STREAM_END, flags=int(event.reason), arrival=arrival)
-            result.count(Kind.STREAM_END)
             self.open.discard(vb)
             if event.reason == upr.StreamEndReason.OK and self.until:
                 result.caught_up.add(vb)

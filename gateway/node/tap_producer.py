@@ -65,6 +65,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from adapters.tap.constants import swap32
 from adapters.tap.producer import ProducerState, TapProducer
 from gateway.node.items import Item, VBucketState
 from gateway.node.tap_plan import Phase, StreamPlan, VbCursor, plan_stream
@@ -117,10 +118,6 @@ def error_reply(opcode: int, opaque: int, exc: ProtocolError) -> bytes:
     return encode_frame(
         Magic.RESPONSE, opcode, vbucket_or_status=status, opaque=opaque, value=str(exc).encode()
     )
-
-
-def swap32(flags: int) -> int:
-    return int.from_bytes(flags.to_bytes(4, "big"), "little")
 
 
 class TapStream:

@@ -56,8 +56,9 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from adapters.tap.constants import swap32
 from gateway.node.items import StoreError, VBucketState
-from gateway.node.tap_producer import error_reply, refuse, swap32
+from gateway.node.tap_producer import error_reply, refuse
 from gateway.wire import PacketConnection
 
 log = logging.getLogger(__name__)
