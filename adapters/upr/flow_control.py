@@ -81,8 +81,7 @@ class ProducerWindow:
         """BUFFER_ACKNOWLEDGEMENT from the consumer."""
         if size > self.unacked_bytes:
             raise ProtocolError(
-                f"consumer acknowledged {size} bytes but only {self.unacked_bytes} are "
-                "outstanding",
+                f"consumer acknowledged {size} bytes but only {self.unacked_bytes} are outstanding",
                 opcode=BUFFER_ACK_OPCODE,
                 field="buffer_bytes",
                 value=size,
