@@ -49,6 +49,8 @@ class ServeOptions:
     upstream_password: str | None = None
     users: dict[str, str] | None = None
     fsync: str = "batch"
+    capture_dir: Path | None = None
+    """Record what every front connection receives and sends (``gateway.capture``)."""
     # The embedded upstream (only without --upr-upstream/--tap-upstream).
     embedded_vbuckets: int = 64
     embedded_sample_items: int = 10_000
@@ -141,6 +143,7 @@ async def _run_tap_front(
             upstream_user=options.upstream_user,
             upstream_password=options.upstream_password,
             users=options.users,
+            capture_dir=options.capture_dir,
         ),
         stats,
     )

@@ -111,6 +111,12 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     parser.add_argument(
+        "--capture-dir",
+        type=Path,
+        metavar="DIR",
+        help="record every item each front connection receives and sends (for `verify`)",
+    )
+    parser.add_argument(
         "--per-vbucket-metrics",
         action="store_true",
         help="add a vbucket label to per-stream series (many series with 1024 vbuckets)",
@@ -156,6 +162,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         upstream_password=args.upstream_password if args.upstream_user else None,
         users=users,
         fsync=args.fsync,
+        capture_dir=args.capture_dir,
         embedded_vbuckets=args.vbuckets,
         embedded_sample_items=args.sample_items,
         embedded_writes_per_second=args.writes_per_second,

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 VERSION = "tap-upr-gateway 0.1.0 (TAP front)"
 REFUSAL_FLUSH_SECONDS = 2.0
 UPSTREAM_QUERY_TIMEOUT = 10.0
+UPSTREAM_STAT_GROUPS = frozenset({"vbucket", "vbucket-seqno"})
 _OPEN_OPCODES = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
 )
@@ -63,6 +64,7 @@ class TapFrontConfig:
     noop_interval: float = 20.0
     save_interval: float = 1.0
     reconnect_attempts: int | None = None
+    capture_dir: Path | None = None
 
     def session_config(self) -> SessionConfig:
         return SessionConfig(
@@ -76,6 +78,7 @@ class TapFrontConfig:
             backoff=self.backoff,
             noop_interval=self.noop_interval,
             reconnect_attempts=self.reconnect_attempts,
+            capture_dir=self.capture_dir,
         )
 
 
@@ -162,6 +165,7 @@ class TapFront:
         authenticated = self.config.users is None
         while (frame := await conn.receive_frame()) is not None:
             if frame.magic != Magic.REQUEST:
+                self.stats.protocol_errors_total["tap_front", "malformed"] += 1
                 raise ProtocolError(
                     "a response before any stream",
                     opcode=frame.opcode,
@@ -201,7 +205,7 @@ class TapFront:
         elif opcode == Opcode.SASL_LIST_MECHS:
             await conn.send(reply(frame, value=b"PLAIN"))
         elif opcode == Opcode.STAT:
-            pairs = self.stat_pairs(frame.key.decode("utf-8", "replace"))
+            pairs = await self.stat_pairs(frame.key.decode("utf-8", "replace"))
             if pairs is None:
                 await conn.send(reply(frame, Status.KEY_NOT_FOUND, value=b"unknown stat group"))
                 return
@@ -221,17 +225,33 @@ class TapFront:
                 reply(frame, Status.UNKNOWN_COMMAND, value=b"unknown command 0x%02x" % opcode)
             )
 
-    def stat_pairs(self, group: str) -> list[tuple[str, str]] | None:
+    async def stat_pairs(self, group: str) -> list[tuple[str, str]] | None:
+        """``STAT tap`` from the gateway's own figures; the vbucket groups, which TAP
+        tools read to pick their vbuckets, from the upstream node as it answers them."""
         from gateway.metrics.stat_groups import tap_stat_pairs
 
         if group in ("", "tap"):
             return tap_stat_pairs(self.stats)
-        return None
+        if group.split(" ")[0] not in UPSTREAM_STAT_GROUPS:
+            return None
+        config = self.config
+        try:
+            with trio.fail_after(UPSTREAM_QUERY_TIMEOUT):
+                async with await McbpClient.connect(*config.upr_upstream) as client:
+                    if config.upstream_user is not None:
+                        await client.sasl_plain(
+                            config.upstream_user, config.upstream_password or ""
+                        )
+                    return list((await client.stats(group)).items())
+        except (OSError, GatewayError, trio.TooSlowError) as exc:
+            log.warning("STAT %s: the upstream did not answer: %r", group, exc)
+            return None
 
     async def _stream(self, conn: PacketConnection, frame: Frame) -> None:
         try:
             connect = tap.decode_frame(frame)
         except ProtocolError as exc:
+            self.stats.protocol_errors_total["tap_front", "malformed_connect"] += 1
             await refuse(
                 conn,
                 frame,
@@ -266,6 +286,7 @@ class TapFront:
                 now=time.time(),
             )
         except ProtocolError as exc:
+            self.stats.protocol_errors_total["tap_front", "refused_connect"] += 1
             await refuse(conn, frame, exc)
             raise
         if plan.registered:

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
@@ -60,6 +62,9 @@ from adapters.tap import (
 )
 from adapters.tap.producer import ProducerState, TapProducer
 from adapters.upr.flow_control import is_counted
+from gateway.capture.mapping import TapRecording, UprRecording
+from gateway.capture.recorder import open_recorder
+from gateway.capture.records import Kind
 from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.plan import ConnectionPlan
 from gateway.tapfront.registry import Registry, VbResume
@@ -103,6 +108,8 @@ class SessionConfig:
     reconnect_max: float = 5.0
     reconnect_attempts: int | None = None
     """Consecutive failed reconnects before giving up (None: never give up)."""
+    capture_dir: Path | None = None
+    """Record what each connection receives and sends there (see ``gateway.capture``)."""
 
 
 @dataclass
@@ -191,13 +198,17 @@ class TapSession:
         self._wake = trio.Event()
         self.last_send = trio.current_time()
         self.done = False
+        self.captured_in: UprRecording | None = None
+        self.captured_out: TapRecording | None = None
+        self._blocked_since: float | None = None
 
     # -- running -------------------------------------------------------------
 
     async def run(self) -> None:
         with self.gateway_stats.stream(self.stats):
             try:
-                async with trio.open_nursery() as nursery:
+                async with AsyncExitStack() as captures, trio.open_nursery() as nursery:
+                    await self._open_captures(captures)
                     nursery.start_soon(self._read_peer, nursery.cancel_scope)
                     nursery.start_soon(self._timers)
                     await self._pump()
@@ -213,6 +224,21 @@ class TapSession:
                 if self.upstream is not None:
                     await self.upstream.aclose()
                 self.registry.save()
+
+    async def _open_captures(self, stack: AsyncExitStack) -> None:
+        """With a capture directory: record what arrives from upstream and what is sent."""
+        directory = self.config.capture_dir
+        if directory is None:
+            return
+        inbound = await stack.enter_async_context(
+            open_recorder(directory, side="upr", connection=self.name, direction="received")
+        )
+        outbound = await stack.enter_async_context(
+            open_recorder(directory, side="tap", connection=self.name, direction="sent")
+        )
+        # Without the expiry opcode a 3.0 producer sends every delete as DELETION.
+        self.captured_in = UprRecording(inbound, delete_kind=Kind.DELETE)
+        self.captured_out = TapRecording(outbound)
 
     async def _pump(self) -> None:
         for message in self._opening_messages():
@@ -320,6 +346,8 @@ class TapSession:
             self._settling.credit += frame.size
         if not self._settling.arrival and isinstance(event, _ITEMS):
             self._settling.arrival = time.time()
+        if self.captured_in is not None:
+            self.captured_in.record(event, vb.vbucket, time.time())
         for message in vb.translate(event):
             await self._emit(message, vb)
         reply = vb.reply_due(event)
@@ -387,14 +415,19 @@ class TapSession:
             )
         ):
             return  # a dump sends the items alone, as 2.x did
-        while not self.producer.can_send:
-            await self._flush()
-            self._wake = trio.Event()
-            await self._wake.wait()
+        if not self.producer.can_send:
+            waited_from = trio.current_time()
+            while not self.producer.can_send:
+                await self._flush()
+                self._wake = trio.Event()
+                await self._wake.wait()
+            self.stats.blocked_seconds += trio.current_time() - waited_from
         if vb is not None and isinstance(message, TapCheckpointEnd):
             self.registry.checkpoint_closed(vb.vbucket, message.checkpoint_id, vb.position())
         stamped = self.producer.stamp(message)
         self._batch.append(encode(stamped))
+        if self.captured_out is not None:
+            self.captured_out.record(message, time.time())
         self._count(message)
         if vb is not None:
             self._settling.touched[vb.vbucket] = vb
@@ -460,6 +493,15 @@ class TapSession:
         stats.retransmits_total = self.producer.retransmits_total
         upstream = self.upstream
         stats.unacked_bytes = upstream.unacked_bytes if upstream is not None else 0
+        # The upstream stops once its window is full: count that time as blocked.
+        full = upstream is not None and 0 < upstream.buffer_size <= upstream.unacked_bytes
+        if full != (self._blocked_since is not None):
+            now = trio.current_time()
+            if full:
+                self._blocked_since = now
+            else:
+                stats.blocked_seconds += now - (self._blocked_since or now)
+                self._blocked_since = None
         oldest = min((s.arrival for s in self._pending.values() if s.arrival), default=0.0)
         stats.oldest_unacked_time = oldest or None
 
@@ -474,17 +516,22 @@ class TapSession:
     async def _read_peer(self, scope: trio.CancelScope) -> None:
         conn = self.conn
         while (frame := await conn.receive_frame()) is not None:
-            event = decode_frame(frame)
-            if isinstance(event, TapResponse):
-                await self._on_ack(event)
-            elif isinstance(event, TapNoop):
-                await conn.send(encode(TapNoopResponse(event.opaque)))
-            elif not isinstance(event, TapNoopResponse):
-                raise ProtocolError(
-                    f"{event.NAME} is not allowed from the TAP peer of a stream",
-                    opcode=frame.opcode,
-                    status=Status.NOT_SUPPORTED,
-                )
+            try:
+                event = decode_frame(frame)
+                if isinstance(event, TapResponse):
+                    await self._on_ack(event)
+                elif isinstance(event, TapNoop):
+                    await conn.send(encode(TapNoopResponse(event.opaque)))
+                elif not isinstance(event, TapNoopResponse):
+                    raise ProtocolError(
+                        f"{event.NAME} is not allowed from the TAP peer of a stream",
+                        opcode=frame.opcode,
+                        status=Status.NOT_SUPPORTED,
+                    )
+            except ProtocolError as exc:
+                kind = "refused_ack" if exc.field in ("status", "opaque") else "malformed"
+                self.gateway_stats.protocol_errors_total["tap_front", kind] += 1
+                raise
         log.info("%s: TAP peer closed the connection", self.name)
         scope.cancel()
 
