@@ -19,6 +19,7 @@ timestamp; durations come from the caller's monotonic clock.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,7 +103,9 @@ class StreamStats:
     buffer_size: int = 0
     unacked_bytes: int = 0
     blocked_seconds: float = 0.0
-    """Total time spent with a full window (monotonic seconds)."""
+    """Total time spent with a full window, up to ``blocked_since`` (seconds)."""
+    blocked_since: float | None = None
+    """``time.monotonic()`` when the current full-window stall began (None: not blocked)."""
     # TAP acks.
     acks_pending: int = 0
     ack_window: int = 0
@@ -137,6 +140,12 @@ class StreamStats:
     @property
     def backfilling(self) -> bool:
         return any(p.backfilling for p in self.vbuckets.values())
+
+    def blocked_total(self) -> float:
+        """Time spent blocked, the stall under way included."""
+        since = self.blocked_since
+        ongoing = 0.0 if since is None else max(0.0, time.monotonic() - since)
+        return self.blocked_seconds + ongoing
 
     def oldest_unacked_age(self, now: float) -> float:
         return 0.0 if self.oldest_unacked_time is None else max(0.0, now - self.oldest_unacked_time)

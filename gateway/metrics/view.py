@@ -192,7 +192,7 @@ def stream_figures(stream: StreamStats, now: float, *, per_vbucket: bool) -> Str
         backfilling_vbuckets=backfilling,
         buffer_size=stream.buffer_size,
         unacked_bytes=stream.unacked_bytes,
-        blocked_seconds=stream.blocked_seconds,
+        blocked_seconds=stream.blocked_total(),
         acks_pending=stream.acks_pending,
         ack_window=stream.ack_window,
         nacks_total=stream.nacks_total,

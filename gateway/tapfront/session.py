@@ -200,7 +200,6 @@ class TapSession:
         self.done = False
         self.captured_in: UprRecording | None = None
         self.captured_out: TapRecording | None = None
-        self._blocked_since: float | None = None
 
     # -- running -------------------------------------------------------------
 
@@ -416,12 +415,12 @@ class TapSession:
         ):
             return  # a dump sends the items alone, as 2.x did
         if not self.producer.can_send:
-            waited_from = trio.current_time()
+            waited_from = time.monotonic()
             while not self.producer.can_send:
                 await self._flush()
                 self._wake = trio.Event()
                 await self._wake.wait()
-            self.stats.blocked_seconds += trio.current_time() - waited_from
+            self.stats.blocked_seconds += time.monotonic() - waited_from
         if vb is not None and isinstance(message, TapCheckpointEnd):
             self.registry.checkpoint_closed(vb.vbucket, message.checkpoint_id, vb.position())
         stamped = self.producer.stamp(message)
@@ -495,13 +494,11 @@ class TapSession:
         stats.unacked_bytes = upstream.unacked_bytes if upstream is not None else 0
         # The upstream stops once its window is full: count that time as blocked.
         full = upstream is not None and 0 < upstream.buffer_size <= upstream.unacked_bytes
-        if full != (self._blocked_since is not None):
-            now = trio.current_time()
-            if full:
-                self._blocked_since = now
-            else:
-                stats.blocked_seconds += now - (self._blocked_since or now)
-                self._blocked_since = None
+        if full and stats.blocked_since is None:
+            stats.blocked_since = time.monotonic()
+        elif not full and stats.blocked_since is not None:
+            stats.blocked_seconds = stats.blocked_total()
+            stats.blocked_since = None
         oldest = min((s.arrival for s in self._pending.values() if s.arrival), default=0.0)
         stats.oldest_unacked_time = oldest or None
 
