@@ -7,7 +7,8 @@ from pathlib import Path
 
 import trio
 
-from adapters.tap import ConnectFlags, OpaqueCode, TapEvent, TapMutation
+from adapters.mcbp import Status
+from adapters.tap import ConnectFlags, OpaqueCode, TapEvent, TapMutation, TapNoop
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
 from gateway.wire import bound_port
@@ -165,3 +166,37 @@ async def test_failover_below_the_client_rolls_the_vbucket_back_to_a_backfill(
         assert front.stats.rollbacks_total["tap_front"] == 1
         assert replica.items == node_state(store, range(VBUCKETS))
         await second.aclose()
+
+
+async def test_a_busy_nack_makes_the_front_resend_from_the_first_unacked(
+    nursery: trio.Nursery,
+) -> None:
+    store = Store(VBUCKETS)
+    write_keys(store, b"nack", 200)
+    _, node_port = await start_node(nursery, store)
+    front, port = await start_front(nursery, node_port, ack_interval=50, backoff=0.05)
+    with trio.fail_after(20):
+        client = await TapClient.open(
+            port, connect_event(b"busy", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+        )
+        first = await client.collect(wants_ack, auto_ack=False)  # up to the first ack request
+        await client.ack(first[-1], status=Status.BUSY, text=b"replica queue full")
+        again = await client.collect(wants_ack, auto_ack=False)
+        # The resend starts with the first message that was never acked.
+        assert again[: len(first)] == first
+        replica = Replica()
+        replica.apply(again)
+        await client.ack(again[-1])
+        await catch_up(client, replica, store)
+        assert replica.mutations == 200
+        assert front.stats.active("tap_front")[0].nacks_total == 1
+        assert front.stats.active("tap_front")[0].retransmits_total >= len(first)
+
+
+async def test_an_idle_stream_gets_noops(nursery: trio.Nursery) -> None:
+    _, node_port = await start_node(nursery, vbuckets=VBUCKETS)
+    _, port = await start_front(nursery, node_port, noop_interval=0.1)
+    with trio.fail_after(10):
+        client = await TapClient.open(port, connect_event(b"idle", F(0)))
+        event = await client.next_event()
+        assert isinstance(event, TapNoop)
