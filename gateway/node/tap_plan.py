@@ -33,13 +33,10 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from adapters.errors import ProtocolError
-from adapters.mcbp import Status
-from adapters.tap import ConnectFlags, TapConnect, TapOpcode
+from adapters.tap import ConnectFlags, TapConnect
+from adapters.tap.connect import ConnectView, connect_refusal, listed_vbuckets
 from gateway.node.items import VBucketState
 from gateway.node.tap_registry import Registration, VbPosition
-
-KNOWN_FLAGS = ConnectFlags(0x1FF)
 
 
 class Phase(Enum):
@@ -64,51 +61,21 @@ class VbCursor:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamPlan:
+class StreamPlan(ConnectView):
     name: str
     flags: ConnectFlags
     cursors: tuple[VbCursor, ...]
-
-    def has(self, flag: ConnectFlags) -> bool:
-        return bool(self.flags & flag)
-
-    @property
-    def support_ack(self) -> bool:
-        return self.has(ConnectFlags.SUPPORT_ACK)
-
-    @property
-    def dump(self) -> bool:
-        return self.has(ConnectFlags.DUMP)
-
-    @property
-    def takeover(self) -> bool:
-        return self.has(ConnectFlags.TAKEOVER_VBUCKETS)
-
-    @property
-    def registered(self) -> bool:
-        return self.has(ConnectFlags.REGISTERED_CLIENT)
-
-
-def refusal(reason: str, *, field: str, value: object) -> ProtocolError:
-    return ProtocolError(
-        reason, opcode=TapOpcode.CONNECT, field=field, value=value, status=Status.NOT_SUPPORTED
-    )
 
 
 def stream_vbuckets(connect: TapConnect, store: Any) -> tuple[int, ...]:
     """The listed vbuckets (in order, once each), or every ACTIVE one."""
     flags = connect.connect_flags
-    unknown = int(flags) & ~int(KNOWN_FLAGS)
-    if unknown:
-        raise refusal("unsupported TAP connect flags", field="flags", value=unknown)
-    listed = bool(flags & ConnectFlags.LIST_VBUCKETS)
-    if flags & ConnectFlags.TAKEOVER_VBUCKETS and not listed:
-        raise refusal("TAKEOVER_VBUCKETS needs LIST_VBUCKETS", field="flags", value=int(flags))
+    listed = listed_vbuckets(flags)
     if not listed:
         return tuple(vb for vb in range(store.n_vbuckets) if store.state(vb) is VBucketState.ACTIVE)
     for vb in connect.vbuckets:
         if vb >= store.n_vbuckets:
-            raise refusal("no such vbucket", field="vbuckets", value=vb)
+            raise connect_refusal("no such vbucket", field="vbuckets", value=vb)
     return tuple(dict.fromkeys(connect.vbuckets))
 
 
@@ -123,7 +90,7 @@ def plan_stream(
     vbuckets = stream_vbuckets(connect, store)
     for vb, _ in connect.checkpoints:
         if vb >= store.n_vbuckets:
-            raise refusal("no such vbucket", field="checkpoints", value=vb)
+            raise connect_refusal("no such vbucket", field="checkpoints", value=vb)
     checkpoints = dict(connect.checkpoints)
     cursors = tuple(
         _cursor(vb, connect, store, registration, checkpoints.get(vb), now) for vb in vbuckets

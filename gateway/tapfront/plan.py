@@ -24,12 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adapters.errors import ProtocolError
-from adapters.mcbp import Status
-from adapters.tap import ConnectFlags, TapConnect, TapOpcode
+from adapters.tap import ConnectFlags, TapConnect
+from adapters.tap.connect import ConnectView, connect_refusal, listed_vbuckets
 from gateway.tapfront.registry import VbResume
 
-KNOWN_FLAGS = ConnectFlags(0x1FF)
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 
 
@@ -76,35 +74,10 @@ class VbStart:
 
 
 @dataclass(frozen=True, slots=True)
-class ConnectionPlan:
+class ConnectionPlan(ConnectView):
     name: str
     flags: ConnectFlags
     starts: tuple[VbStart, ...]
-
-    def has(self, flag: ConnectFlags) -> bool:
-        return bool(self.flags & flag)
-
-    @property
-    def support_ack(self) -> bool:
-        return self.has(ConnectFlags.SUPPORT_ACK)
-
-    @property
-    def dump(self) -> bool:
-        return self.has(ConnectFlags.DUMP)
-
-    @property
-    def takeover(self) -> bool:
-        return self.has(ConnectFlags.TAKEOVER_VBUCKETS)
-
-    @property
-    def registered(self) -> bool:
-        return self.has(ConnectFlags.REGISTERED_CLIENT)
-
-
-def refusal(reason: str, *, field: str, value: object) -> ProtocolError:
-    return ProtocolError(
-        reason, opcode=TapOpcode.CONNECT, field=field, value=value, status=Status.NOT_SUPPORTED
-    )
 
 
 def plan_connection(
@@ -122,26 +95,21 @@ def plan_connection(
     checkpoint ended, for clients that resume with the CHECKPOINT flag.
     """
     flags = connect.connect_flags
-    unknown = int(flags) & ~int(KNOWN_FLAGS)
-    if unknown:
-        raise refusal("unsupported TAP connect flags", field="flags", value=unknown)
-    listed = bool(flags & ConnectFlags.LIST_VBUCKETS)
-    if flags & ConnectFlags.TAKEOVER_VBUCKETS and not listed:
-        raise refusal("TAKEOVER_VBUCKETS needs LIST_VBUCKETS", field="flags", value=int(flags))
+    listed = listed_vbuckets(flags)
     if flags & ConnectFlags.TAKEOVER_VBUCKETS and flags & ConnectFlags.DUMP:
-        raise refusal(
+        raise connect_refusal(
             "TAKEOVER_VBUCKETS and DUMP exclude each other", field="flags", value=int(flags)
         )
     if listed:
         for vb in connect.vbuckets:
             if vb not in upstream:
-                raise refusal("no such vbucket upstream", field="vbuckets", value=vb)
+                raise connect_refusal("no such vbucket upstream", field="vbuckets", value=vb)
         vbuckets = tuple(dict.fromkeys(connect.vbuckets))
     else:
         vbuckets = tuple(vb for vb, state in sorted(upstream.items()) if state.active)
     for vb, _ in connect.checkpoints:
         if vb not in upstream:
-            raise refusal("no such vbucket upstream", field="checkpoints", value=vb)
+            raise connect_refusal("no such vbucket upstream", field="checkpoints", value=vb)
     checkpoints = dict(connect.checkpoints)
     registered = registered or {}
     starts = []
