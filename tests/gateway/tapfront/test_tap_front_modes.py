@@ -116,3 +116,20 @@ async def test_malformed_connect_is_refused_and_other_clients_carry_on(
         store.set(0, b"after", b"v", now=time.time())
         await catch_up(good, replica, store)
         await good.aclose()
+
+
+async def test_an_upstream_speaking_the_transport_draft(nursery: trio.Nursery) -> None:
+    store = filled_store()
+    _, node_port = await start_node(nursery, store, dialect="upr-draft")
+    _, port = await start_front(nursery, node_port, dialect="upr-draft")
+    replica = Replica()
+    with trio.fail_after(20):
+        client = await TapClient.open(
+            port, connect_event(b"draft", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+        )
+        events = await catch_up(client, replica, store)
+        store.set(3, b"live", b"after", now=time.time())
+        events += await catch_up(client, replica, store)
+        await client.aclose()
+    check_brackets(events)
+    assert sorted(replica.resets) == list(range(VBUCKETS))
