@@ -417,9 +417,11 @@ class TapSession:
         if not self.producer.can_send:
             waited_from = time.monotonic()
             while not self.producer.can_send:
-                await self._flush()
+                # A fresh event before the flush awaits: an ack arriving meanwhile sets it.
                 self._wake = trio.Event()
-                await self._wake.wait()
+                await self._flush()
+                if not self.producer.can_send:
+                    await self._wake.wait()
             self.stats.blocked_seconds += time.monotonic() - waited_from
         if vb is not None and isinstance(message, TapCheckpointEnd):
             self.registry.checkpoint_closed(vb.vbucket, message.checkpoint_id, vb.position())
