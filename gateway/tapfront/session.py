@@ -217,6 +217,9 @@ class TapSession:
                             await self._emit(message, None)
                         await self._flush()
                         await self._settle_all()
+                    # Everything reaches the socket before the close, however slow the
+                    # peer reads (a dump without acks has nothing else to wait on).
+                    await self.conn.drain()
                     self.done = True
                     nursery.cancel_scope.cancel()
             finally:
