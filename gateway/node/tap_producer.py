@@ -167,6 +167,7 @@ class TapStream:
             nursery.start_soon(self._read_responses, nursery.cancel_scope)
             nursery.start_soon(self._watch_changes)
             await self._produce()
+            await self.conn.drain()  # a slow reader still gets the whole dump
             nursery.cancel_scope.cancel()
 
     async def _produce(self) -> None:
