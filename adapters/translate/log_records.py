@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class ItemKind(IntEnum):
@@ -35,8 +35,14 @@ class MarkKind(IntEnum):
     """value: the vbucket state the TAP node announced (VBUCKET_SET)."""
 
 
-@dataclass(frozen=True, slots=True)
-class LogItem:
+class LogItem(NamedTuple):
+    """One logged version of a key (immutable).
+
+    A named tuple rather than a frozen dataclass: the ingest builds one per
+    TAP item and every stream one per item it reads back, and a tuple is
+    built five times faster.
+    """
+
     by_seqno: int
     kind: ItemKind
     key: bytes
@@ -79,52 +85,29 @@ _MARKS = {kind.value: kind for kind in MarkKind}
 
 def to_row(record: LogRecord) -> list[object]:
     """A plain list for msgpack (bytes stay bytes)."""
+    if type(record) is LogItem:
+        (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, arr, dt) = record
+        return [_ITEM, seqno, kind.value, key, value, rev, cas, flags, exp, lock, dtype, cp,
+                bf | cs << 1, arr, dt]  # fmt: skip
     if isinstance(record, LogMark):
         return [_MARK, record.kind.value, record.value]
-    r = record
-    return [
-        _ITEM,
-        r.by_seqno,
-        r.kind.value,
-        r.key,
-        r.value,
-        r.rev_seqno,
-        r.cas,
-        r.flags,
-        r.expiration,
-        r.lock_time,
-        r.datatype,
-        r.checkpoint_id,
-        int(r.backfill) | int(r.checkpoint_start) << 1,
-        r.arrival,
-        r.delete_time,
-    ]
+    raise TypeError(f"not a log record: {record!r:.80}")
 
 
 def from_row(row: list[Any]) -> LogRecord:
-    """The record of ``to_row``; ``ValueError`` for anything else."""
+    """The record of ``to_row``; ``ValueError`` for anything else.
+
+    Rows come crc-checked from the log's own writer, so fields are taken as
+    msgpack gave them (ints, bytes, a float); only the shape and the kind
+    are checked.
+    """
     try:
+        if row[0] == _ITEM and len(row) == 15:
+            (_, seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bits, arr, dt) = row
+            return LogItem(seqno, _KINDS[kind], key, value, rev, cas, flags, exp, lock, dtype,
+                           cp, bits & 1 == 1, bits & 2 == 2, arr, dt)  # fmt: skip
         if row[0] == _MARK:
             return LogMark(_MARKS[row[1]], int(row[2]))
-        if row[0] != _ITEM or len(row) != 15:
-            raise ValueError(f"not a log record: {row!r:.80}")
-        (_, seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bits, arr, dt) = row
-        return LogItem(
-            int(seqno),
-            _KINDS[kind],
-            bytes(key),
-            bytes(value),
-            int(rev),
-            int(cas),
-            int(flags),
-            int(exp),
-            int(lock),
-            int(dtype),
-            int(cp),
-            bool(int(bits) & 1),
-            bool(int(bits) & 2),
-            float(arr),
-            int(dt),
-        )
+        raise ValueError(f"not a log record: {row!r:.80}")
     except (KeyError, IndexError, TypeError) as exc:
         raise ValueError(f"not a log record: {row!r:.80}") from exc

@@ -55,6 +55,8 @@ from adapters.tap.events import (
 from adapters.translate.log_records import ItemKind, LogItem, LogMark, LogRecord, MarkKind
 
 DEFAULT_EXPIRY_TOLERANCE = 1.0
+_NETWORK_BYTE_ORDER = int(TapFlags.NETWORK_BYTE_ORDER)
+_MUTATION = ItemKind.MUTATION
 
 
 class KeyVersion(NamedTuple):
@@ -105,7 +107,7 @@ class TapToUpr:
                 field="vbucket",
                 value=message.vbucket,
             )
-        if isinstance(message, TapMutation):
+        if type(message) is TapMutation:  # the common case first
             return self._mutation(message, now)
         if isinstance(message, TapDelete):
             return self._delete(message, now)
@@ -165,11 +167,13 @@ class TapToUpr:
         if old is not None and not old.deleted and old.cas == m.cas and old.rev_seqno == rev:
             self.duplicates += 1
             return []
-        flags = m.flags if m.tap_flags & TapFlags.NETWORK_BYTE_ORDER else swap32(m.flags)
+        # int(): IntFlag's own ``&`` costs ten times a plain int's (per item).
+        flags = m.flags if int(m.tap_flags) & _NETWORK_BYTE_ORDER else swap32(m.flags)
         checkpoint, backfill, first = self._origin()
+        self.high_seqno += 1
         item = LogItem(
-            self._next(),
-            ItemKind.MUTATION,
+            self.high_seqno,
+            _MUTATION,
             m.key,
             m.value,
             rev,

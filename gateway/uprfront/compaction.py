@@ -106,6 +106,7 @@ async def compact_log(vblog: VbLog, now: float, purge_interval: float) -> int:
     assert all(a is b for a, b in zip(vblog.segments, sealed, strict=False))
     vblog.segments[: len(sealed)] = [result]
     vblog.compacted_path = result.path
+    vblog.disk_bytes -= before - result.size
     for key, seqno in purged:
         vblog.translator.forget(key, seqno)
     return before - result.size

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 
 import trio
 
@@ -42,7 +43,9 @@ from adapters.mcbp.constants import VBucketState
 from adapters.tap import (
     ConnectFlags,
     TapConnect,
+    TapDelete,
     TapFlags,
+    TapMutation,
     TapNoop,
     TapNoopResponse,
     TapOpaque,
@@ -53,6 +56,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from gateway.capture.mapping import TapRecording
 from gateway.client import McbpClient
 from gateway.stats import GatewayStats
 from gateway.uprfront.config import UprFrontConfig
@@ -80,6 +84,8 @@ _OPCODES: dict[str, TapOpcode] = {
     "CHECKPOINT_END": TapOpcode.CHECKPOINT_END,
 }
 
+_ACK = int(TapFlags.ACK)
+
 StateHook = Callable[[int, VBucketState], Awaitable[None]]
 """Called with a VBUCKET_SET before it is acked (takeover hand-off)."""
 
@@ -103,6 +109,7 @@ class Ingest:
         vbuckets: tuple[int, ...] | None = None,
         takeover: bool = False,
         state_hook: StateHook | None = None,
+        recording: TapRecording | None = None,
     ) -> None:
         self.config = config
         self.logs = logs
@@ -111,6 +118,8 @@ class Ingest:
         self.vbuckets = vbuckets if vbuckets is not None else config.vbuckets
         self.takeover = takeover
         self.state_hook = state_hook
+        self.recording = recording
+        """Records every message received from the upstream (``capture_dir``)."""
         self.address = f"{config.tap_upstream[0]}:{config.tap_upstream[1]}"
         self.connected = trio.Event()
         self.connections = 0
@@ -221,8 +230,25 @@ class Ingest:
         acks: list[bytes] = []
         touched: dict[int, VbLog] = {}
         always = self.config.fsync == "always"
+        logs = self.logs.logs
+        recording = self.recording
         for frame in frames:
             event = decode_frame(frame)
+            if recording is not None:
+                recording.record(event, now)
+            kind = type(event)
+            if kind is TapMutation or kind is TapDelete:  # the common case first
+                vbucket = event.vbucket  # type: ignore[union-attr]
+                vblog = logs.get(vbucket) or self.logs.ensure(vbucket)
+                vblog.ingest(event, now)  # type: ignore[arg-type]
+                touched[vbucket] = vblog
+                self.messages += 1
+                if always:
+                    await self._commit(touched)
+                    touched = {}
+                if int(event.tap_flags) & _ACK:  # type: ignore[union-attr]
+                    acks.append(ack_of(event))  # type: ignore[arg-type]
+                continue
             if isinstance(event, TapNoop):
                 replies.append(encode(TapNoopResponse(event.opaque)))
                 continue
@@ -244,29 +270,45 @@ class Ingest:
                     await stream.send_all(b"".join(replies + acks))
                     replies, acks = [], []
                 await self.state_hook(event.vbucket, event.state)
-            if not (isinstance(event, TapOpaque) and event.vbucket not in self.logs.logs):
+            if not (isinstance(event, TapOpaque) and event.vbucket not in logs):
                 vblog = self.logs.ensure(event.vbucket)
                 vblog.ingest(event, now)
                 touched[event.vbucket] = vblog
                 if always:
                     await self._commit(touched)
                     touched = {}
-            if event.tap_flags & TapFlags.ACK:
+            if int(event.tap_flags) & _ACK:
                 acks.append(ack_of(event))
         await self._commit(touched)
         self.batches += 1
         return replies + acks
 
     async def _commit(self, touched: dict[int, VbLog]) -> None:
-        if not touched:
-            return
-        logs = list(touched.values())
-        for vblog in logs:
-            vblog.write()
-        if self.config.fsync != "never":
-            await trio.to_thread.run_sync(_sync_all, logs)
-        for vblog in logs:
+        if touched:
+            written = await commit(touched, sync=self.config.fsync != "never")
+            self.stats.upr_log.bytes_on_disk += written
+
+
+async def commit(logs: dict[int, VbLog], *, sync: bool) -> int:
+    """Write, fsync (``sync``, in a worker thread) and publish ``logs``; bytes written.
+
+    Each log's lock is held from its write to its publish, taken in vbucket
+    order (two committers never wait on each other crosswise): a takeover
+    connection writing the same vbucket as the ingest cannot publish records
+    the other wrote but has not yet synced.
+    """
+    ordered = [logs[vb] for vb in sorted(logs)]
+    async with AsyncExitStack() as held:
+        for vblog in ordered:
+            await held.enter_async_context(vblog.lock)
+        written = 0
+        for vblog in ordered:
+            written += vblog.write()
+        if sync:
+            await trio.to_thread.run_sync(_sync_all, ordered)
+        for vblog in ordered:
             vblog.publish()
+    return written
 
 
 def _sync_all(logs: list[VbLog]) -> None:

@@ -41,8 +41,10 @@ from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Status, encode_frame
 from adapters.translate.log_records import LogItem
-from adapters.upr.flow_control import ProducerWindow, is_counted
+from adapters.upr.flow_control import ProducerWindow
 from adapters.upr.rollback import answer_stream_request
+from gateway.capture.mapping import UprRecording
+from gateway.capture.records import Kind
 from gateway.stats import StreamStats
 from gateway.uprfront.streams import LogStream
 from gateway.wire import PacketConnection
@@ -60,6 +62,12 @@ _TRUE_FALSE = {b"true": True, b"false": False}
 class Settings:
     delete_times: bool = False
     expiry_opcode: bool = False
+
+
+def delete_kind(expiry_opcode: bool) -> Kind:
+    """How a capture records a DELETION: ``DELETE`` (deletion or expiration, not
+    told apart) unless the consumer gets expirations as EXPIRATION."""
+    return Kind.DELETION if expiry_opcode else Kind.DELETE
 
 
 def error_reply(frame: Frame, status: int, text: str) -> bytes:
@@ -99,7 +107,8 @@ class UprConnection:
         self._nursery: trio.Nursery | None = None
         # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
         self._in_flight: deque[tuple[int, int, int, float]] = deque()
-        self._blocked_at: float | None = None
+        self.recording: UprRecording | None = None
+        """Records what this connection sends (``capture_dir``); set by the front."""
 
     # -- running ---------------------------------------------------------------
 
@@ -152,31 +161,57 @@ class UprConnection:
         command = getattr(event, "COMMAND", upr.Command.OPEN)
         await self.respond(upr.Response(command, event.opaque, status, text.encode()))
 
-    async def send_counted(self, event: upr.UprRequest, item: LogItem | None = None) -> None:
-        """Send a stream message, first waiting for room in the flow-control window."""
-        data = upr.encode(event, self.dialect)
+    async def send_counted(self, event: upr.UprRequest) -> None:
+        """Send one stream message (not an item), within the flow-control window."""
+        if self.recording is not None:
+            self.recording.record(event, event.vbucket, time.time())
+        await self.send_messages([upr.encode(event, self.dialect)], None, event.vbucket)
+
+    async def send_messages(
+        self, messages: list[bytes], items: list[LogItem | None] | None, vbucket: int
+    ) -> None:
+        """Send stream messages in order, joined into as few writes as the window allows.
+
+        ``items[i]`` is the logged item ``messages[i]`` carries (None for a
+        marker): with flow control on, its arrival is kept until the
+        consumer's acks cover the message, for the latency figure.
+        """
         window = self.window
-        counted = window.enabled and is_counted(event.NAME, False)
         stats = self.stream_stats
-        if counted:
-            while not window.can_send:
-                if self._blocked_at is None:
-                    self._blocked_at = trio.current_time()
-                if self._room.is_set():
-                    self._room = trio.Event()
-                await self._room.wait()
-            if self._blocked_at is not None:
-                stats.blocked_seconds += trio.current_time() - self._blocked_at
-                self._blocked_at = None
-        await self.conn.send(data)
-        stats.bytes_sent += len(data)
-        if counted:
-            window.sent(len(data))
+        if not window.enabled:
+            data = b"".join(messages) if len(messages) > 1 else messages[0]
+            await self.conn.send(data)
+            stats.bytes_sent += len(data)
+            return
+        start, count = 0, len(messages)
+        in_flight = self._in_flight
+        while start < count:
+            await self._wait_for_room()
+            end = start
+            # Whole messages while there is room: the last one may overshoot
+            # the buffer, as a producer stops only once it is full.
+            while end < count and window.can_send:
+                window.sent(len(messages[end]))
+                item = items[end] if items is not None else None
+                if item is not None:
+                    in_flight.append((window.total_sent, vbucket, item.by_seqno, item.arrival))
+                end += 1
+            data = b"".join(messages[start:end])
+            await self.conn.send(data)
+            stats.bytes_sent += len(data)
             stats.unacked_bytes = window.unacked_bytes
-            if item is not None:
-                self._in_flight.append(
-                    (window.total_sent, event.vbucket, item.by_seqno, item.arrival)
-                )
+            start = end
+
+    async def _wait_for_room(self) -> None:
+        window = self.window
+        if window.can_send:
+            return
+        blocked_at = trio.current_time()
+        while not window.can_send:
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+        self.stream_stats.blocked_seconds += trio.current_time() - blocked_at
 
     # -- requests --------------------------------------------------------------
 
@@ -268,6 +303,8 @@ class UprConnection:
                 self._noop_changed.set()
             else:
                 self.settings.expiry_opcode = flag
+                if self.recording is not None:
+                    self.recording.delete_kind = delete_kind(flag)
         elif key == b"set_noop_interval":
             try:
                 interval = float(value)

@@ -14,9 +14,11 @@ them, tagged with the request's opaque:
   (items beyond it are never sent), CLOSED after CLOSE_STREAM,
   STATE_CHANGED when the vbucket is taken over by another stream.
 
-Each message goes through the connection's ``send_counted`` (flow-control
-window, then the socket outbox), so a stream holds at most one batch and a
-slow consumer stalls only its own connection.
+A batch is encoded at once (``ItemEncoder``: item to wire bytes in one
+struct pack) and handed to the connection's ``send_messages``, which joins
+it into as few writes as the flow-control window allows; so a stream holds
+at most one batch and a slow consumer stalls only its own connection.
+Without flow control the sent seqno is also the acknowledged one.
 
 Takeover (flag 0x01): markers carry ACK; once caught up the stream asks the
 takeover coordinator to take the vbucket over from the TAP node; the TAP
@@ -35,15 +37,19 @@ from typing import TYPE_CHECKING
 import trio
 
 from adapters import upr
+from adapters.mcbp import FrameReader
 from adapters.mcbp.constants import VBucketState
 from adapters.translate.log_records import ItemKind, LogItem
-from adapters.translate.upr_snapshots import cut_snapshots, item_event
+from adapters.translate.upr_snapshots import ItemEncoder, cut_snapshots
 from gateway.uprfront.vblog import VbLog
 
 if TYPE_CHECKING:
     from gateway.uprfront.producer import UprConnection
 
-BATCH = 256
+BATCH = 1024
+BATCH_BYTES = 1024 * 1024
+"""A stream reads at most this many items, and about this many bytes of keys
+and values, per batch (what one stream holds in memory)."""
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 SF = upr.SnapshotFlags
 _KIND_NAMES = {ItemKind.MUTATION: "mutation", ItemKind.DELETION: "deletion",
@@ -78,6 +84,8 @@ class LogStream:
         self._state_reply: trio.Event | None = None
         self._unacked_markers = 0
         self._markers_acked = trio.Event()
+        self._encoder_key: tuple[bool, bool] | None = None
+        self._item_encoder: ItemEncoder | None = None
         self.progress = conn.stream_stats.vbucket(self.vbucket)
         self.progress.upstream_high_seqno = vblog.high_seqno
         self.progress.sent_seqno = self.progress.acked_seqno = req.start_seqno
@@ -117,10 +125,10 @@ class LogStream:
             high = vblog.high_seqno
             self.progress.upstream_high_seqno = high
             upto = min(high, self.end_seqno)
-            batch = vblog.read(self.position, upto, BATCH) if upto > self.position else []
+            batch = vblog.read(self.position, upto, BATCH, BATCH_BYTES)
             if batch:
                 await self._send_batch(batch)
-            if len(batch) < BATCH:
+            if not batch or batch[-1].by_seqno >= upto:
                 self.position = max(self.position, upto)  # the rest were gaps
                 if self.position >= self.end_seqno:
                     return upr.StreamEndReason.OK
@@ -130,44 +138,85 @@ class LogStream:
                     return await self.conn.front.take_over(self)
                 await vblog.wait_beyond(self.position)
 
-    async def _send_batch(self, batch: list[LogItem]) -> None:
-        conn = self.conn
-        settings = conn.settings
-        extra = SF.ACK if self.takeover and not conn.draft else SF(0)
-        stats = conn.stream_stats
-        for snap in cut_snapshots(batch, extra=extra):
-            await self._marker(snap.start, snap.end, snap.flags)
-            for item in snap.items:
-                event = item_event(
-                    item,
-                    self.opaque,
-                    self.vbucket,
-                    expiry_opcode=settings.expiry_opcode,
-                    delete_times=settings.delete_times,
-                )
-                await conn.send_counted(event, item)
-                self.position = item.by_seqno
-                self.items_sent += 1
-                stats.items_sent[_KIND_NAMES[item.kind]] += 1
-            if conn.draft:
-                await conn.send_counted(upr.SnapshotEnd(opaque=self.opaque, vbucket=self.vbucket))
-        self.progress.sent_seqno = self.position
-        stats.last_item_time = time.time()
-
-    async def _marker(self, start: int, end: int, flags: upr.SnapshotFlags) -> None:
-        conn = self.conn
-        if conn.draft:
-            await conn.send_counted(upr.SnapshotStart(opaque=self.opaque, vbucket=self.vbucket))
-        else:
-            if flags & SF.ACK:
-                if not self._unacked_markers:
-                    self._markers_acked = trio.Event()
-                self._unacked_markers += 1
-            await conn.send_counted(
-                upr.SnapshotMarker(start, end, flags, opaque=self.opaque, vbucket=self.vbucket)
+    def _encoder(self) -> ItemEncoder:
+        settings = self.conn.settings
+        key = (settings.expiry_opcode, settings.delete_times)
+        if self._encoder_key != key:  # CONTROL may change them mid-stream
+            self._encoder_key = key
+            self._item_encoder = ItemEncoder(
+                self.conn.dialect,
+                self.opaque,
+                self.vbucket,
+                expiry_opcode=key[0],
+                delete_times=key[1],
             )
-        self.markers_sent += 1
-        conn.stream_stats.items_sent["marker"] += 1
+        assert self._item_encoder is not None
+        return self._item_encoder
+
+    async def _send_batch(self, batch: list[LogItem]) -> None:
+        """Markers and items of one batch, encoded at once and sent joined."""
+        conn = self.conn
+        draft = conn.draft
+        encode = self._encoder().encode
+        extra = SF.ACK if self.takeover and not draft else SF(0)
+        messages: list[bytes] = []
+        items: list[LogItem | None] = []
+        kinds = [0, 0, 0]
+        markers = 0
+        for snap in cut_snapshots(batch, extra=extra):
+            messages.append(self._marker(snap.start, snap.end, snap.flags))
+            items.append(None)
+            markers += 1
+            for item in snap.items:
+                messages.append(encode(item))
+                items.append(item)
+                kinds[item.kind] += 1
+            if draft:
+                messages.append(self._encode(upr.SnapshotEnd(opaque=self.opaque,
+                                                             vbucket=self.vbucket)))  # fmt: skip
+                items.append(None)
+        if conn.recording is not None:
+            self._record(messages, items)
+        await conn.send_messages(messages, items, self.vbucket)
+        self.position = batch[-1].by_seqno
+        self.items_sent += len(batch)
+        self.markers_sent += markers
+        counts = conn.stream_stats.items_sent
+        counts["marker"] += markers
+        for kind, count in zip(ItemKind, kinds, strict=True):
+            if count:
+                counts[_KIND_NAMES[kind]] += count
+        progress = self.progress
+        progress.sent_seqno = self.position
+        if not conn.window.enabled:
+            # Without flow control nothing is acknowledged: sent is as far as it goes.
+            progress.acked_seqno = self.position
+        conn.stream_stats.last_item_time = time.time()
+
+    def _encode(self, event: upr.UprRequest) -> bytes:
+        return upr.encode(event, self.conn.dialect)
+
+    def _marker(self, start: int, end: int, flags: upr.SnapshotFlags) -> bytes:
+        if self.conn.draft:
+            return self._encode(upr.SnapshotStart(opaque=self.opaque, vbucket=self.vbucket))
+        if flags & SF.ACK:
+            if not self._unacked_markers:
+                self._markers_acked = trio.Event()
+            self._unacked_markers += 1
+        return self._encode(
+            upr.SnapshotMarker(start, end, flags, opaque=self.opaque, vbucket=self.vbucket)
+        )
+
+    def _record(self, messages: list[bytes], items: list[LogItem | None]) -> None:
+        """Capture what this batch sends (only with ``capture_dir``: decodes each message)."""
+        recording = self.conn.recording
+        assert recording is not None
+        now = time.time()
+        reader = FrameReader()
+        for data in messages:
+            reader.receive_data(data)
+        for frame in reader.frames():
+            recording.record(upr.decode_frame(frame, self.conn.dialect), self.vbucket, now)
 
     # -- takeover --------------------------------------------------------------
 
@@ -175,10 +224,10 @@ class LogStream:
         """Send whatever the log holds beyond the position (takeover, before each state)."""
         while self.position < min(self.vblog.high_seqno, self.end_seqno):
             upto = min(self.vblog.high_seqno, self.end_seqno)
-            batch = self.vblog.read(self.position, upto, BATCH)
+            batch = self.vblog.read(self.position, upto, BATCH, BATCH_BYTES)
             if batch:
                 await self._send_batch(batch)
-            if len(batch) < BATCH:
+            if not batch or batch[-1].by_seqno >= upto:
                 self.position = max(self.position, upto)
         if self._unacked_markers:
             await self._markers_acked.wait()

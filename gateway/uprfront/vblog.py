@@ -74,6 +74,10 @@ class Segment:
     count: int = 0
 
 
+def _first(pair: tuple[int, int]) -> int:
+    return pair[0]
+
+
 def segment_name(first: int) -> str:
     return f"{first:020d}.seg"
 
@@ -109,8 +113,18 @@ class VbLog:
         self._buffer = bytearray()
         self._unsynced = False
         self._pending: list[tuple[int, int]] = []
-        """(seqno, offset-in-buffer) of buffered items, for the sparse index."""
+        """(seqno, offset-in-buffer) of buffered items due in the sparse index."""
+        self._pending_items = 0
+        self._buffer_high = 0
+        """Seqno of the last item in the buffer (0: none)."""
         self._written_size = 0
+        self._written_high = 0
+        """Seqno of the last item handed to the file: what ``publish`` may expose."""
+        self.disk_bytes = 0
+        """Bytes of every segment file, kept as the log grows (no stat calls)."""
+        self.lock = trio.Lock()
+        """Held from ``write`` to ``publish``: whoever writes this vbucket (the
+        ingest, a takeover connection) publishes only what it synced itself."""
         self._changed = trio.Event()
         self.items_total = 0
         self.compacted_path: Path | None = None
@@ -146,9 +160,10 @@ class VbLog:
                 None if meta is None else meta["clean"],
                 t.high_seqno,
             )
-        self.high_seqno = t.high_seqno
+        self.high_seqno = self._written_high = t.high_seqno
         self._reserve(self.high_seqno, force=True, clean=False)
         self._open_active()
+        self.disk_bytes = sum(s.size for s in self.segments)
 
     def _read_meta(self) -> dict[str, Any] | None:
         try:
@@ -200,7 +215,8 @@ class VbLog:
 
     def _open_active(self) -> None:
         if not self.segments or self.segments[-1].size >= self.segment_bytes:
-            first = self.translator.high_seqno + 1
+            # Not the translator's high seqno: buffered items may be ahead of the file.
+            first = self._written_high + 1
             path = self.dir / segment_name(first)
             path.touch()
             fsync_dir(self.dir)
@@ -230,33 +246,48 @@ class VbLog:
     def ingest(self, message: TapStreamMessage, now: float) -> list[LogRecord]:
         """Translate and buffer one TAP message; nothing is visible before ``publish``."""
         records = self.translator.feed(message, now)
+        buffer = self._buffer
         for record in records:
-            row = frame(to_row(record))
-            if isinstance(record, LogItem):
-                self._pending.append((record.by_seqno, len(self._buffer)))
+            if type(record) is LogItem:
+                # Only every SPARSE_EVERY-th item of a segment is indexed.
+                if (self.segments[-1].count + self._pending_items) % SPARSE_EVERY == 0:
+                    self._pending.append((record.by_seqno, len(buffer)))
+                self._pending_items += 1
+                self._buffer_high = record.by_seqno
                 self.items_total += 1
-            self._buffer += row
+            buffer += frame(to_row(record))
         return records
 
     @property
     def dirty(self) -> bool:
         return bool(self._buffer) or self._unsynced
 
-    def write(self) -> None:
-        """Hand buffered records to the file (the OS); rolls the segment when full."""
+    def write(self) -> int:
+        """Hand buffered records to the file (the OS); how many bytes.
+
+        Call with ``lock`` held until ``publish``.
+        """
         if not self._buffer:
-            return
+            return 0
         assert self._file is not None
         segment = self.segments[-1]
         base = self._written_size
+        size = len(self._buffer)
         self._file.write(self._buffer)
         self._file.flush()
         for seqno, offset in self._pending:
-            self._index_item(segment, seqno, base + offset)
-        self._written_size += len(self._buffer)
+            segment.sparse.append((seqno, base + offset))
+        if self._pending_items:
+            segment.count += self._pending_items
+            segment.last = self._buffer_high
+            self._written_high = self._buffer_high
+        self._written_size += size
+        self.disk_bytes += size
         self._buffer.clear()
         self._pending.clear()
+        self._pending_items = 0
         self._unsynced = True
+        return size
 
     def sync(self) -> None:
         """fsync the active segment (may run in a worker thread)."""
@@ -264,11 +295,15 @@ class VbLog:
             os.fsync(self._file.fileno())
 
     def publish(self) -> None:
-        """Make what was written readable, and wake waiting streams."""
+        """Make what was written (and synced) readable, and wake waiting streams.
+
+        Only what ``write`` handed to the file: items still in the buffer
+        (fed since) have seqnos but are not on disk yet.
+        """
         self._unsynced = False
         segment = self.segments[-1]
         segment.size = self._written_size
-        high = self.translator.high_seqno
+        high = self._written_high
         if high > self.reserved:
             self._reserve(high)
         if high != self.high_seqno:
@@ -307,29 +342,38 @@ class VbLog:
 
     # -- reading ---------------------------------------------------------------
 
-    def read(self, after: int, upto: int, limit: int) -> list[LogItem]:
-        """Published items with ``after < by_seqno <= upto``, at most ``limit``."""
+    def read(
+        self, after: int, upto: int, limit: int, max_bytes: int | None = None
+    ) -> list[LogItem]:
+        """Published items with ``after < by_seqno <= upto``, at most ``limit``.
+
+        ``max_bytes``: stop after the item that brings the keys and values
+        read to this many bytes (at least one item is always returned).
+        """
         upto = min(upto, self.high_seqno)
         out: list[LogItem] = []
         if after >= upto:
             return out
+        budget = [max_bytes if max_bytes is not None else -1]
         for _attempt in range(3):
             try:
-                self._read_into(out, after, upto, limit)
+                self._read_into(out, after, upto, limit, budget)
                 return out
             except FileNotFoundError:
                 # A compaction replaced the segment meanwhile: look again.
                 after = out[-1].by_seqno if out else after
         raise RuntimeError(f"vbucket {self.vbucket}: log segments keep vanishing")
 
-    def _read_into(self, out: list[LogItem], after: int, upto: int, limit: int) -> None:
+    def _read_into(
+        self, out: list[LogItem], after: int, upto: int, limit: int, budget: list[int]
+    ) -> None:
+        left = budget[0]
         for segment in list(self.segments):
             if segment.last <= after or not segment.size:
                 continue
             if segment.first > upto:
                 return
-            keys = [s for s, _ in segment.sparse]
-            index = bisect.bisect_right(keys, after) - 1
+            index = bisect.bisect_right(segment.sparse, after, key=_first) - 1
             offset = segment.sparse[index][1] if index >= 0 else 0
             with open(segment.path, "rb") as f:
                 want = READ_CHUNK
@@ -347,11 +391,16 @@ class VbLog:
                         if seqno > upto:
                             return
                         item = from_row(row)
-                        assert isinstance(item, LogItem)
+                        assert type(item) is LogItem
                         out.append(item)
                         after = seqno
                         if len(out) >= limit:
                             return
+                        if left >= 0:
+                            left -= len(item.key) + len(item.value)
+                            budget[0] = left
+                            if left <= 0:
+                                return
                     if end == offset:
                         if want >= segment.size - offset:
                             break  # nothing whole left (cannot happen once published)
@@ -363,4 +412,5 @@ class VbLog:
     # -- figures ---------------------------------------------------------------
 
     def bytes_on_disk(self) -> int:
-        return sum(s.path.stat().st_size for s in self.segments if s.path.exists())
+        """Bytes of the segment files (a running total: no file system calls)."""
+        return self.disk_bytes
