@@ -69,7 +69,9 @@ HERE = os.path.abspath(__file__)
 def process(command: list[str], pattern: str) -> Iterator[int]:
     """Run ``command``; yield the port its log line matching ``pattern`` names.
 
-    Stopped with SIGINT (a profiled gateway writes its stats on the way out).
+    Stopped with SIGTERM, which the children of this bench turn into
+    KeyboardInterrupt (a profiled gateway writes its stats on the way out;
+    SIGINT may be ignored in a child of a background job).
     """
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
@@ -82,7 +84,7 @@ def process(command: list[str], pattern: str) -> Iterator[int]:
         else:
             raise SystemExit(f"{' '.join(command[:4])} did not start")
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.terminate()
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -140,6 +142,7 @@ async def run_relay(target: int) -> None:
 
 
 def child(args: argparse.Namespace) -> None:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if args.role == "gateway":
             if args.profile:

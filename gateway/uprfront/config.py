@@ -47,3 +47,7 @@ class UprFrontConfig:
     max_outbox_bytes: int = 4 * 1024 * 1024
     seed: int | None = None
     """Seed of vbucket uuids (tests); None: random."""
+    capture_dir: Path | None = None
+    """Record, as capture segments, what the ingest receives from the TAP upstream
+    (side tap, received) and what each consumer connection is sent (side upr,
+    sent). None: no captures."""

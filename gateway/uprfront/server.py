@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 
 import trio
@@ -31,12 +31,14 @@ from adapters import upr
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from adapters.mcbp.constants import VBucketState
+from gateway.capture.mapping import TapRecording, UprRecording
+from gateway.capture.recorder import CaptureRecorder, Direction, Side
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
 from gateway.uprfront.compaction import compact_log
 from gateway.uprfront.config import UprFrontConfig, UprFrontError
 from gateway.uprfront.ingest import Ingest
 from gateway.uprfront.logset import LogOptions, LogSet
-from gateway.uprfront.producer import UprConnection, error_reply
+from gateway.uprfront.producer import UprConnection, delete_kind, error_reply
 from gateway.uprfront.stat_groups import UnknownStatGroup, collect
 from gateway.uprfront.streams import LogStream
 from gateway.wire import PacketConnection, bound_port, serve_packets
@@ -91,6 +93,10 @@ class UprFront:
         self.logs.open_existing()
         try:
             async with trio.open_nursery() as nursery:
+                if self.config.capture_dir is not None:
+                    recorder = self._recorder("tap", self.ingest.name, "received")
+                    await nursery.start(recorder.run)
+                    self.ingest.recording = TapRecording(recorder)
                 nursery.start_soon(self.ingest.run)
                 if self.config.compact_interval > 0:
                     nursery.start_soon(self._compaction_loop)
@@ -229,13 +235,54 @@ class UprFront:
             self.connections[name] = producer
             try:
                 with scope:
-                    if isinstance(event, upr.Open):
-                        await producer.respond(upr.Response(upr.Command.OPEN, event.opaque, 0))
-                    await producer.run(first)
+                    async with self._capture(producer):
+                        if isinstance(event, upr.Open):
+                            await producer.respond(upr.Response(upr.Command.OPEN, event.opaque, 0))
+                        await producer.run(first)
             finally:
                 if self.connections.get(name) is producer:
                     del self.connections[name]
         return True
+
+    # -- captures ---------------------------------------------------------------
+
+    def _recorder(self, side: Side, connection: str, direction: Direction) -> CaptureRecorder:
+        assert self.config.capture_dir is not None
+        return CaptureRecorder(
+            self.config.capture_dir, side=side, connection=connection, direction=direction
+        )
+
+    @asynccontextmanager
+    async def _capture(self, producer: UprConnection) -> AsyncIterator[None]:
+        """Record what ``producer`` sends while inside (``capture_dir`` set)."""
+        if self.config.capture_dir is None:
+            yield
+            return
+        recorder = self._recorder("upr", producer.name, "sent")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            producer.recording = UprRecording(
+                recorder, delete_kind=delete_kind(producer.settings.expiry_opcode)
+            )
+            try:
+                yield
+            finally:
+                producer.recording = None
+                await recorder.close()
+
+    @asynccontextmanager
+    async def _capture_takeover(self, ingest: Ingest) -> AsyncIterator[None]:
+        if self.config.capture_dir is None:
+            yield
+            return
+        recorder = self._recorder("tap", ingest.name, "received")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            ingest.recording = TapRecording(recorder)
+            try:
+                yield
+            finally:
+                await recorder.close()
 
     @contextmanager
     def _named(self, name: str) -> Iterator[trio.CancelScope]:
@@ -273,7 +320,8 @@ class UprFront:
             state_hook=on_state,
         )
         try:
-            await ingest.session()
+            async with self._capture_takeover(ingest):
+                await ingest.session()
             if VBucketState.ACTIVE not in states:
                 raise UprFrontError("the TAP node closed the takeover before handing it over")
         except (OSError, trio.BrokenResourceError, GatewayError) as exc:

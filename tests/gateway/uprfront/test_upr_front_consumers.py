@@ -225,3 +225,29 @@ async def test_draft_dialect_consumers(nursery: trio.Nursery, tmp_path: Path) ->
     )
     assert final_state(log) == store_state(store, 2)
     await client.aclose()
+
+
+async def test_without_flow_control_acked_follows_sent_and_log_size_follows_the_disk(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    store = filled_store()
+    _, node_port = await start_node(nursery, store)
+    front, port, _ = await start_front(nursery, tmp_path, node_port)
+    with trio.fail_after(10):
+        await until(lambda: caught_up(front, store))
+    on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*.seg"))
+    assert front.stats.upr_log.bytes_on_disk == on_disk > 0
+    client = await open_producer(port, b"no-window")
+    high = front.logs.logs[0].high_seqno
+    await client.stream_request(0, 0, high, opaque=1)
+    log = await client.read_stream(1)
+    assert log.items[-1].by_seqno == high
+    progress = front.connections["no-window"].stream_stats.vbuckets[0]
+    assert progress.sent_seqno == progress.acked_seqno == high
+    # The log grows with live writes, and so does its size in the stats.
+    store.set(0, b"grown", b"x" * 5000, now=time.time())
+    with trio.fail_after(10):
+        await until(lambda: caught_up(front, store))
+    grown = sum(p.stat().st_size for p in tmp_path.rglob("*.seg"))
+    assert front.stats.upr_log.bytes_on_disk == grown > on_disk + 5000
+    await client.aclose()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
+import trio
 
 from adapters.tap import (
     OpaqueCode,
@@ -15,6 +18,7 @@ from adapters.tap import (
 )
 from adapters.translate.log_records import LogItem
 from gateway.uprfront.compaction import compact_log
+from gateway.uprfront.ingest import commit
 from gateway.uprfront.vblog import VbLog
 
 NOW = 1_700_000_000.0
@@ -118,3 +122,60 @@ def test_reopen_after_crash_with_fsync_never_starts_a_new_history(tmp_path: Path
     assert again.failover.entries[1][0] == uuid
     assert again.high_seqno >= 100_000 > high  # past every seqno reserved before the crash
     again.close()
+
+
+class SlowDisk(VbLog):
+    """A log on a disk whose fsync takes a while; it checks every publish against it."""
+
+    def __init__(self, root: Path, vbucket: int) -> None:
+        super().__init__(root, vbucket)
+        self.synced_size = 0
+        self.unsynced_publishes: list[tuple[int, int]] = []
+
+    def sync(self) -> None:
+        covered = self._written_size  # what this fsync is sure to cover
+        time.sleep(0.02)
+        super().sync()
+        self.synced_size = max(self.synced_size, covered)
+
+    def publish(self) -> None:
+        super().publish()
+        if self.segments[-1].size > self.synced_size:
+            self.unsynced_publishes.append((self.segments[-1].size, self.synced_size))
+
+
+async def test_two_writers_of_one_vbucket_publish_only_what_is_synced(tmp_path: Path) -> None:
+    """The ingest and a takeover connection commit the same vbucket at once."""
+    vblog = SlowDisk(tmp_path, 0)
+    vblog.open()
+    vblog.ingest(TapOpaque(OpaqueCode.INITIAL_VBUCKET_STREAM), NOW)
+
+    async def writer(name: bytes, count: int) -> None:
+        for i in range(count):
+            message = TapMutation(name + b"%d" % i, b"v", cas=i + 1, rev_seqno=1,
+                                  tap_flags=TapFlags.NETWORK_BYTE_ORDER)  # fmt: skip
+            vblog.ingest(message, NOW)
+            await commit({0: vblog}, sync=True)
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer, b"ingest-", 5)
+        nursery.start_soon(writer, b"takeover-", 5)
+    assert vblog.unsynced_publishes == []
+    assert vblog.high_seqno == 10
+    assert len(vblog.read(0, 100, 100)) == 10
+
+
+def test_publish_exposes_only_written_items(tmp_path: Path) -> None:
+    vblog = VbLog(tmp_path, 0)
+    vblog.open()
+    fill(vblog, 1, keys=3)
+    vblog.ingest(TapMutation(b"later", b"v", cas=99, rev_seqno=1), NOW)  # buffered only
+    vblog.publish()
+    assert vblog.high_seqno == 3 and vblog.translator.high_seqno == 4
+    assert [i.key for i in vblog.read(0, 100, 100)] == [b"k0", b"k1", b"k2"]
+    assert vblog.bytes_on_disk() == sum(p.stat().st_size for p in tmp_path.rglob("*.seg"))
+    vblog.write()
+    vblog.publish()
+    assert vblog.high_seqno == 4
+    assert vblog.bytes_on_disk() == sum(p.stat().st_size for p in tmp_path.rglob("*.seg"))
