@@ -169,6 +169,7 @@ async def _run_upr_front(
         upstream_password=options.upstream_password,
         users=options.users,
         fsync=options.fsync,
+        capture_dir=options.capture_dir,
     )
 
     async def serve(task_status: trio.TaskStatus[int]) -> None:

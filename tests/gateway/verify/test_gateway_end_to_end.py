@@ -3,6 +3,7 @@ of one loaded node, captured side by side and verified equal on Spark."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,17 @@ async def test_tap_front_and_upr_front_views_agree(
     assert report["keys"] == sum(
         len({i.key for i in store.items_since(vb, 0)}) for vb in range(VBUCKETS)
     )
-    # The TAP front recorded what it received (UPR) and sent (TAP) for the capture client.
-    recorded = sorted(p.name for p in (tmp_path / "gateway-captures").iterdir())
-    assert any("received" in name for name in recorded) and any("sent" in name for name in recorded)
+    # Both fronts recorded, per connection, what they received and what they sent; the
+    # UPR front's consumer-side record is the same view the UPR capture client saw.
+    recorded = tmp_path / "gateway-captures"
+    names = sorted(p.name for p in recorded.iterdir())
+    assert any("received" in n for n in names) and any("sent" in n for n in names), names
+    consumer_view = tmp_path / "upr-front-sent"
+    consumer_view.mkdir()
+    for segment in recorded.iterdir():
+        if segment.name.startswith("capture-upr") and ".sent." in segment.name:
+            shutil.copy(segment, consumer_view)
+    assert any(consumer_view.iterdir()), names
+    config = VerifyConfig(str(tmp_path / "upr"), str(consumer_view), partitions=4, progress=False)
+    report = (await trio.to_thread.run_sync(run_verify, config, spark)).report
+    assert report["agree"], report["mismatches"]["samples"][:5]
