@@ -87,7 +87,8 @@ def to_row(record: LogRecord) -> list[object]:
     """A plain list for msgpack (bytes stay bytes)."""
     if type(record) is LogItem:
         (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, arr, dt) = record
-        return [_ITEM, seqno, kind.value, key, value, rev, cas, flags, exp, lock, dtype, cp,
+        # int(): an enum's ``.value`` is a slow descriptor (once per logged item).
+        return [_ITEM, seqno, int(kind), key, value, rev, cas, flags, exp, lock, dtype, cp,
                 bf | cs << 1, arr, dt]  # fmt: skip
     if isinstance(record, LogMark):
         return [_MARK, record.kind.value, record.value]

@@ -107,6 +107,7 @@ async def compact_log(vblog: VbLog, now: float, purge_interval: float) -> int:
     vblog.segments[: len(sealed)] = [result]
     vblog.compacted_path = result.path
     vblog.disk_bytes -= before - result.size
+    vblog.drop_tail_upto(max(s.last for s in sealed))
     for key, seqno in purged:
         vblog.translator.forget(key, seqno)
     return before - result.size

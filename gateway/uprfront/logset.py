@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.stats import GatewayStats
-from gateway.uprfront.vblog import DEFAULT_SEGMENT_BYTES, VbLog
+from gateway.uprfront.vblog import DEFAULT_SEGMENT_BYTES, DEFAULT_TAIL_BYTES, VbLog
 
 _VB_DIR = re.compile(r"vb-(\d{4})$")
 
@@ -24,6 +24,7 @@ class LogOptions:
     fsync: str = "batch"
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
     expiry_tolerance: float = 1.0
+    tail_bytes: int = DEFAULT_TAIL_BYTES
 
 
 class LogSet:
@@ -54,6 +55,7 @@ class LogSet:
                 segment_bytes=o.segment_bytes,
                 expiry_tolerance=o.expiry_tolerance,
                 rng=self.rng,
+                tail_bytes=o.tail_bytes,
             )
             vblog.open()
             self.logs[vbucket] = vblog

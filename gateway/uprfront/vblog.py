@@ -59,6 +59,7 @@ SPARSE_EVERY = 64
 RESERVE_STEP = 100_000
 READ_CHUNK = 256 * 1024
 FSYNC_POLICIES = ("always", "batch", "never")
+DEFAULT_TAIL_BYTES = 256 * 1024
 
 
 @dataclass
@@ -78,6 +79,10 @@ def _first(pair: tuple[int, int]) -> int:
     return pair[0]
 
 
+def _seqno(item: LogItem) -> int:
+    return item.by_seqno
+
+
 def segment_name(first: int) -> str:
     return f"{first:020d}.seg"
 
@@ -92,6 +97,7 @@ class VbLog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         expiry_tolerance: float = 1.0,
         rng: random.Random | None = None,
+        tail_bytes: int = DEFAULT_TAIL_BYTES,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
@@ -122,6 +128,15 @@ class VbLog:
         """Seqno of the last item handed to the file: what ``publish`` may expose."""
         self.disk_bytes = 0
         """Bytes of every segment file, kept as the log grows (no stat calls)."""
+        self.tail_bytes = tail_bytes
+        self._tail: list[LogItem] = []
+        """The latest published items, in seqno order: streams that keep up read
+        them from here, not from disk (about ``tail_bytes`` of keys and values)."""
+        self._tail_size = 0
+        self._tail_floor = 0
+        """Every published item above this seqno is in the tail."""
+        self._unwritten: list[LogItem] = []
+        self._unpublished: list[LogItem] = []
         self.lock = trio.Lock()
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
@@ -160,7 +175,7 @@ class VbLog:
                 None if meta is None else meta["clean"],
                 t.high_seqno,
             )
-        self.high_seqno = self._written_high = t.high_seqno
+        self.high_seqno = self._written_high = self._tail_floor = t.high_seqno
         self._reserve(self.high_seqno, force=True, clean=False)
         self._open_active()
         self.disk_bytes = sum(s.size for s in self.segments)
@@ -254,6 +269,7 @@ class VbLog:
                     self._pending.append((record.by_seqno, len(buffer)))
                 self._pending_items += 1
                 self._buffer_high = record.by_seqno
+                self._unwritten.append(record)
                 self.items_total += 1
             buffer += frame(to_row(record))
         return records
@@ -286,6 +302,8 @@ class VbLog:
         self._buffer.clear()
         self._pending.clear()
         self._pending_items = 0
+        self._unpublished += self._unwritten
+        self._unwritten.clear()
         self._unsynced = True
         return size
 
@@ -303,6 +321,9 @@ class VbLog:
         self._unsynced = False
         segment = self.segments[-1]
         segment.size = self._written_size
+        if self._unpublished:
+            self._to_tail(self._unpublished)
+            self._unpublished = []
         high = self._written_high
         if high > self.reserved:
             self._reserve(high)
@@ -313,6 +334,27 @@ class VbLog:
             assert self._file is not None
             self._file.close()
             self._open_active()
+
+    def _to_tail(self, items: list[LogItem]) -> None:
+        tail = self._tail
+        tail += items
+        self._tail_size += sum(len(i.key) + len(i.value) for i in items)
+        if self._tail_size > self.tail_bytes and len(tail) > 1:
+            # Drop the older half at once: amortised O(1) per item.
+            cut = len(tail) // 2
+            self._tail_floor = tail[cut - 1].by_seqno
+            self._tail_size -= sum(len(i.key) + len(i.value) for i in tail[:cut])
+            del tail[:cut]
+
+    def drop_tail_upto(self, seqno: int) -> None:
+        """Forget cached items up to ``seqno`` (compaction rewrote that part of the log:
+        reads of it go to the compacted segments)."""
+        tail = self._tail
+        cut = bisect.bisect_right(tail, seqno, key=_seqno)
+        if cut:
+            self._tail_size -= sum(len(i.key) + len(i.value) for i in tail[:cut])
+            del tail[:cut]
+        self._tail_floor = max(self._tail_floor, seqno)
 
     def _wake(self) -> None:
         self._changed.set()
@@ -354,6 +396,8 @@ class VbLog:
         out: list[LogItem] = []
         if after >= upto:
             return out
+        if after >= self._tail_floor and self._tail:
+            return self._read_tail(after, upto, limit, max_bytes)
         budget = [max_bytes if max_bytes is not None else -1]
         for _attempt in range(3):
             try:
@@ -363,6 +407,19 @@ class VbLog:
                 # A compaction replaced the segment meanwhile: look again.
                 after = out[-1].by_seqno if out else after
         raise RuntimeError(f"vbucket {self.vbucket}: log segments keep vanishing")
+
+    def _read_tail(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
+        tail = self._tail
+        start = bisect.bisect_right(tail, after, key=_seqno)
+        stop = bisect.bisect_right(tail, upto, key=_seqno, lo=start)
+        out = tail[start : min(stop, start + limit)]
+        if max_bytes is not None:
+            left = max_bytes
+            for n, item in enumerate(out):
+                left -= len(item.key) + len(item.value)
+                if left <= 0:
+                    return out[: n + 1]
+        return out
 
     def _read_into(
         self, out: list[LogItem], after: int, upto: int, limit: int, budget: list[int]

@@ -179,3 +179,21 @@ def test_publish_exposes_only_written_items(tmp_path: Path) -> None:
     vblog.publish()
     assert vblog.high_seqno == 4
     assert vblog.bytes_on_disk() == sum(p.stat().st_size for p in tmp_path.rglob("*.seg"))
+
+
+def test_reads_from_the_in_memory_tail_equal_reads_from_disk(tmp_path: Path) -> None:
+    vblog = VbLog(tmp_path, 0, tail_bytes=300, segment_bytes=2000)
+    vblog.open()
+    fill(vblog, 6, keys=7)
+    assert vblog._tail and vblog._tail_floor > 0  # part cached, part evicted
+    vblog.close()
+    disk = VbLog(tmp_path, 0)
+    disk.open()  # a fresh log holds nothing in memory: every read goes to disk
+    assert not disk._tail
+    high = vblog.high_seqno
+    for after in range(high + 1):
+        for limit, max_bytes in ((1000, None), (3, None), (1000, 25)):
+            got = vblog.read(after, high, limit, max_bytes)
+            assert got == disk.read(after, high, limit, max_bytes), (after, limit, max_bytes)
+            assert got == disk.read(after, high, 1000)[: len(got)]
+    disk.close()
