@@ -11,7 +11,9 @@ figures are the gateway's own, not the node's or the readers'.
    same with 10 consumers (items/s counts every consumer's items). Baseline
    in the same run, process for process: a source of the same number of
    pre-encoded UPR mutation frames of the same size (the node's place), a
-   plain trio byte relay (the gateway's place), and the same readers.
+   plain trio byte relay (the gateway's place), and the same readers. Also
+   the node's own TAP backfill rate to a plain reader: the gateway cannot
+   ingest faster than its upstream sends.
 2. Log size on disk per million items, before and after compaction, for a
    workload where every key is written twice (node and gateway in this
    process: a size, not a speed).
@@ -45,6 +47,7 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from node_stream_bench import tap_dump
 from tap_front_bench import STAMP, relay, timed_writes
 
 from adapters import upr
@@ -228,6 +231,14 @@ async def timed_sinks(port: int, sinks: int, n: int) -> float:
     return time.perf_counter() - started
 
 
+def node_tap_rate(n: int, value_size: int) -> float:
+    """Items/s of the node's own TAP backfill to a client that only reads: the ceiling
+    of the gateway's ingest (which also acks and logs)."""
+    with node_process(n, value_size) as node_port:
+        count, _, elapsed = trio.run(tap_dump, node_port)
+    return count / elapsed
+
+
 def throughput(n: int, value_size: int, consumers: int, profile: str | None) -> tuple[float, float]:
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -325,6 +336,11 @@ def main(args: argparse.Namespace) -> None:
           "processes of their own over loopback")  # fmt: skip
     profile = args.profile
     for value_size, items in ((100, n), (4096, max(1000, n // 10) if not args.million else n)):
+        print(
+            f"  {items:>8} x {value_size:>4} B: the node's own TAP backfill "
+            f"{node_tap_rate(items, value_size):>9,.0f} items/s (the ingest's ceiling)",
+            flush=True,
+        )
         for consumers in (1, 10):
             gateway, relay_rate = throughput(items, value_size, consumers, profile)
             profile = None

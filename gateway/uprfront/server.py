@@ -10,6 +10,12 @@ producer flag (or, in the draft dialect, a first STREAM_REQ or
 GET_FAILOVER_LOG) turns it into a ``UprConnection`` for the rest of its
 life. Reopening a name closes the older connection of that name.
 
+Captures (``capture_dir``): one recorder for what the ingest receives from
+the TAP node (side tap, received, named after the TAP client name) and one
+per consumer connection for what it is sent (side upr, sent, named after
+the OPEN name), each a ``CaptureRecorder`` that drops and counts rather than
+block a stream when the disk falls behind.
+
 Takeover: a takeover stream that has caught up calls ``take_over``, which
 opens a TAP takeover connection for its vbucket and turns the node's
 VBUCKET_SET messages into the stream's SET_VBUCKET_STATE, acking each only

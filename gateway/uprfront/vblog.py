@@ -22,8 +22,16 @@ still there: the next seqno then jumps past the last *reserved* seqno (the
 meta file always reserves ahead of what was published, so seqnos are never
 reused) and a new failover entry starts there.
 
+Writers: the ingest and a takeover connection may both write one vbucket;
+``lock`` is held from ``write`` to ``publish`` (see ``ingest.commit``), and
+``publish`` exposes only what was handed to the file, never items fed
+since, so nothing is readable before it is synced.
+
 Memory: the index (key -> latest version), the sparse offsets, one write
-buffer; items themselves stay on disk.
+buffer, and a tail of the latest published items (about ``tail_bytes`` of
+keys and values) from which streams that keep up are served without
+reading the disk; everything else stays on disk. ``disk_bytes`` is a
+running total of the segment files.
 """
 
 from __future__ import annotations
