@@ -75,7 +75,9 @@ class UprFront:
         self.dialect = upr.get_dialect(config.dialect)
         self.logs = LogSet(
             config.state_dir,
-            LogOptions(config.fsync, config.segment_bytes, config.expiry_tolerance),
+            LogOptions(
+                config.fsync, config.segment_bytes, config.expiry_tolerance, config.tail_bytes
+            ),
             self.stats,
             seed=config.seed,
         )
