@@ -128,3 +128,28 @@ class McbpClient:
         """Authenticate with SASL PLAIN (authzid empty)."""
         token = b"\x00" + user.encode() + b"\x00" + password.encode()
         await self.request(Opcode.SASL_AUTH, key=b"PLAIN", value=token)
+
+
+class DestinationRefused(GatewayError):
+    """A vbucket move's destination cannot take the vbucket."""
+
+
+async def prepare_move_destination(client: McbpClient, vbuckets: list[int]) -> None:
+    """Make each vbucket a replica on a move's destination, as the orchestrator does before
+    it streams into it; an ACTIVE one is refused, never demoted (it holds live data)."""
+    import struct
+
+    from adapters.mcbp.constants import VBucketState
+
+    states = await client.stats("vbucket")
+    for vb in vbuckets:
+        state = states.get(f"vb_{vb}")
+        if state is None:
+            raise DestinationRefused(f"vbucket {vb} does not exist on the destination")
+        if state == "active":
+            raise DestinationRefused(
+                f"vbucket {vb} is active on the destination; refusing to overwrite it"
+            )
+        await client.request(
+            Opcode.SET_VBUCKET, vbucket=vb, extras=struct.pack(">I", VBucketState.REPLICA)
+        )

@@ -15,15 +15,12 @@ everything before it has been applied on the destination.
 from __future__ import annotations
 
 import logging
-import struct
 
 import trio
 
 from adapters.errors import GatewayError
-from adapters.mcbp import Opcode
-from adapters.mcbp.constants import VBucketState
 from adapters.tap import ConnectFlags, OpaqueCode, TapOpaque
-from gateway.client import McbpClient
+from gateway.client import DestinationRefused, McbpClient, prepare_move_destination
 from gateway.stats import GatewayStats
 from gateway.tapfront.plan import ConnectionPlan, VbStart
 from gateway.tapfront.registry import Registry
@@ -57,10 +54,10 @@ async def move_upr_to_tap(
         if state is None or not state.active:
             raise MoveFailed(f"vbucket {vb} is not active on the source {source[0]}:{source[1]}")
     async with await McbpClient.connect(*destination, name="move destination") as client:
-        for vb in vbuckets:
-            await client.request(
-                Opcode.SET_VBUCKET, vbucket=vb, extras=struct.pack(">I", VBucketState.REPLICA)
-            )
+        try:
+            await prepare_move_destination(client, vbuckets)
+        except DestinationRefused as exc:
+            raise MoveFailed(str(exc)) from None
     flags = ConnectFlags.BACKFILL | ConnectFlags.SUPPORT_ACK | ConnectFlags.LIST_VBUCKETS
     if takeover:
         flags |= ConnectFlags.TAKEOVER_VBUCKETS

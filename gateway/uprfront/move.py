@@ -34,7 +34,7 @@ from adapters import upr
 from adapters.errors import GatewayError
 from adapters.mcbp import Frame, FrameReader, Status
 from adapters.mcbp.frames import HEADER
-from gateway.client import McbpClient
+from gateway.client import DestinationRefused, McbpClient, prepare_move_destination
 from gateway.stats import GatewayStats
 from gateway.uprfront.config import UprFrontConfig, UprFrontError
 from gateway.uprfront.server import UprFront
@@ -138,6 +138,15 @@ async def move_tap_to_upr(
     """Move ``vbuckets`` from the TAP node ``from_tap`` into the UPR node ``to_upr``."""
     if not vbuckets:
         raise UprFrontError("no vbuckets to move")
+    try:
+        async with await McbpClient.connect(*to_upr, name="move destination") as client:
+            await prepare_move_destination(client, vbuckets)
+    except DestinationRefused as exc:
+        raise UprFrontError(str(exc)) from None
+    except OSError as exc:
+        raise UprFrontError(
+            f"cannot reach the destination {to_upr[0]}:{to_upr[1]}: {exc}"
+        ) from None
     config = UprFrontConfig(
         ("127.0.0.1", 0),
         from_tap,

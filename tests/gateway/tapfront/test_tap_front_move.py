@@ -19,7 +19,7 @@ VBUCKETS = 4
 @pytest.mark.parametrize("takeover", [True, False])
 async def test_move_into_a_tap_node(nursery: trio.Nursery, takeover: bool) -> None:
     source = filled_store()
-    destination = Store(VBUCKETS)
+    destination = Store(VBUCKETS, initial_state=VBucketState.DEAD)  # left by an earlier move
     _, source_port = await start_node(nursery, source)
     _, destination_port = await start_node(nursery, destination)
     with trio.fail_after(20):
@@ -32,6 +32,7 @@ async def test_move_into_a_tap_node(nursery: trio.Nursery, takeover: bool) -> No
         )
     assert node_state(destination, (1, 2)) == node_state(source, (1, 2))
     assert not node_state(destination, (0, 3))
+    assert [destination.state(vb) for vb in (0, 3)] == [VBucketState.DEAD] * 2
     if takeover:
         assert [source.state(vb) for vb in (1, 2)] == [VBucketState.DEAD] * 2
         assert [destination.state(vb) for vb in (1, 2)] == [VBucketState.ACTIVE] * 2
@@ -52,3 +53,17 @@ async def test_moving_a_vbucket_the_source_does_not_own_fails_clearly(
         await move_upr_to_tap(
             ("127.0.0.1", source_port), ("127.0.0.1", destination_port), [3], takeover=True
         )
+
+
+async def test_an_active_destination_vbucket_is_never_overwritten(nursery: trio.Nursery) -> None:
+    source = filled_store()
+    destination = filled_store()
+    _, source_port = await start_node(nursery, source)
+    _, destination_port = await start_node(nursery, destination)
+    before = node_state(destination, (2,))
+    with trio.fail_after(10), pytest.raises(MoveFailed, match="vbucket 2 is active on the dest"):
+        await move_upr_to_tap(
+            ("127.0.0.1", source_port), ("127.0.0.1", destination_port), [2], takeover=True
+        )
+    assert destination.state(2) is VBucketState.ACTIVE and node_state(destination, (2,)) == before
+    assert source.state(2) is VBucketState.ACTIVE
