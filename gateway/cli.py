@@ -154,8 +154,11 @@ def _run_node(args: argparse.Namespace) -> int:
     )
     try:
         trio.run(run_node, options)
-    except OSError as exc:
-        print(f"node: cannot serve {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        failure = logs.os_error_in(exc)
+        if failure is None:
+            raise
+        print(f"node: cannot serve {host}:{port}: {failure.strerror or failure}", file=sys.stderr)
         return 1
     return 0
 

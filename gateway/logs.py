@@ -27,3 +27,16 @@ def read_users(path: str) -> dict[str, str]:
                 raise ValueError(f"{path}:{number}: expected user:password")
             users[user] = password
     return users
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The ``OSError`` (a port in use, an unreachable address) inside ``exc`` or its
+    exception groups, so a command can report it in one line instead of a traceback."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = os_error_in(inner)
+            if found is not None:
+                return found
+    return None

@@ -169,8 +169,11 @@ def run_serve_command(args: argparse.Namespace) -> int:
     )
     try:
         trio.run(run_serve, options)
-    except OSError as exc:
-        print(f"serve: {exc.strerror or exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        failure = logs.os_error_in(exc)
+        if failure is None:
+            raise
+        print(f"serve: {failure.strerror or failure}", file=sys.stderr)
         return 1
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -81,3 +82,22 @@ def test_move_needs_a_matching_destination() -> None:
         text=True,
     )
     assert done.returncode == 2 and "--from-upr needs --to-tap" in done.stderr
+
+
+def test_a_port_in_use_is_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                sys.executable, "-m", "gateway", "serve", "--tap-listen", f"127.0.0.1:{port}",
+                "--upr-listen", "127.0.0.1:0", "--no-metrics", "--state-dir", str(tmp_path),
+                "--sample-items", "10",
+            ],  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert "Address already in use" in done.stderr and "Traceback" not in done.stderr
