@@ -89,12 +89,13 @@ def test_a_port_in_use_is_one_clear_line_not_a_traceback(tmp_path: Path) -> None
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        command = [
+            sys.executable, "-m", "gateway", "serve", "--tap-listen", f"127.0.0.1:{port}",
+            "--upr-listen", "127.0.0.1:0", "--no-metrics", "--state-dir", str(tmp_path),
+            "--sample-items", "10",
+        ]  # fmt: skip
         done = subprocess.run(
-            [
-                sys.executable, "-m", "gateway", "serve", "--tap-listen", f"127.0.0.1:{port}",
-                "--upr-listen", "127.0.0.1:0", "--no-metrics", "--state-dir", str(tmp_path),
-                "--sample-items", "10",
-            ],  # fmt: skip
+            command,
             capture_output=True,
             text=True,
             timeout=60,
