@@ -27,18 +27,17 @@ connection closes (``ProtocolError`` propagates to ``gateway.wire``).
 
 from __future__ import annotations
 
-import itertools
 import logging
 from typing import Any
 
 import trio
 
 from adapters import upr
-from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status
-from adapters.upr.flow_control import ProducerWindow, is_counted
+from adapters.mcbp import Status
+from adapters.upr.flow_control import is_counted
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, StreamState, check_request
+from gateway.upr_producer_base import UprProducerBase
 from gateway.wire import PacketConnection
 
 __all__ = ["ProducerConnection", "UprHub", "serve_upr_producer"]
@@ -46,7 +45,6 @@ __all__ = ["ProducerConnection", "UprHub", "serve_upr_producer"]
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
-_TRUE_FALSE = {b"true": True, b"false": False}
 ITEM_NAMES = frozenset({"MUTATION", "DELETION", "EXPIRATION"})
 
 
@@ -70,80 +68,23 @@ async def serve_upr_producer(
         await producer.run(first)
 
 
-class ProducerConnection:
+class ProducerConnection(UprProducerBase):
     kind = "producer"
 
     def __init__(self, node: Any, conn: PacketConnection, name: str, flags: upr.OpenFlags) -> None:
+        super().__init__(conn, name, node.dialect, node.config.upr_noop_interval)
         self.node = node
-        self.conn = conn
-        self.name = name
-        self.dialect: upr.Dialect = node.dialect
-        self.window = ProducerWindow()
-        self._room = trio.Event()
         self.settings = StreamSettings(
             delete_times=bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES),
             draft=upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes,
         )
         self.streams: dict[int, ProducerStream] = {}
         """By vbucket; an ended stream stays (for its stats) until replaced."""
-        self.noop_enabled = False
-        self.noop_interval: float = node.config.upr_noop_interval
-        self._noop_changed = trio.Event()
-        self._noop_outstanding: int | None = None
-        self._opaques = itertools.count(1)
         self.items_sent = 0
         self.messages_sent = 0
         self.bytes_sent = 0
-        self._nursery: trio.Nursery | None = None
 
-    # -- running ---------------------------------------------------------------
-
-    async def run(self, first: upr.UprEvent | None) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._noop_loop)
-            if first is not None:
-                await self.handle(first)
-            while (frame := await self.conn.receive_frame()) is not None:
-                await self.handle(await self._decode(frame))
-            # The consumer went away: nobody is left to stream to.
-            nursery.cancel_scope.cancel()
-
-    async def _decode(self, frame: Frame) -> upr.UprEvent:
-        try:
-            return upr.decode_frame(frame, self.dialect)
-        except ProtocolError as exc:
-            if frame.magic == Magic.REQUEST:
-                status = exc.status or Status.INVALID_ARGUMENTS
-                await self.conn.send(_error(frame, status, str(exc)))
-            raise
-
-    async def handle(self, event: upr.UprEvent) -> None:
-        if event.IS_RESPONSE:
-            self._on_response(event)  # type: ignore[arg-type]
-        elif isinstance(event, upr.StreamRequest):
-            await self._stream_request(event)
-        elif isinstance(event, upr.Control):
-            await self._control(event)
-        elif isinstance(event, upr.BufferAcknowledgement):
-            await self._buffer_ack(event)
-        elif isinstance(event, upr.CloseStream):
-            await self._close_stream(event)
-        elif isinstance(event, upr.GetFailoverLog):
-            await self._failover_log(event)
-        elif isinstance(event, upr.Noop):
-            await self.respond(upr.Response(upr.Command.NOOP, event.opaque, _OK))
-        else:
-            await self._refuse(event, Status.NOT_SUPPORTED, f"{event.NAME} is not for a producer")
-
-    # -- sending -----------------------------------------------------------------
-
-    async def respond(self, event: upr.UprEvent) -> None:
-        await self.conn.send(upr.encode(event, self.dialect))
-
-    async def _refuse(self, event: upr.UprEvent, status: int, text: str) -> None:
-        command = getattr(event, "COMMAND", upr.Command.OPEN)
-        await self.respond(upr.Response(command, event.opaque, status, text.encode()))
+    # -- sending ---------------------------------------------------------------
 
     async def send_counted(self, event: upr.UprRequest) -> None:
         """Send a stream message, first waiting for room in the flow-control window."""
@@ -199,84 +140,8 @@ class ProducerConnection:
         await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
         stream.close(upr.StreamEndReason.CLOSED)
 
-    async def _buffer_ack(self, ack: upr.BufferAcknowledgement) -> None:
-        if not self.window.enabled:
-            return  # nothing was counted, so there is nothing to credit
-        try:
-            self.window.acknowledged(ack.buffer_bytes)
-        except ProtocolError as exc:
-            await self._refuse(ack, Status.INVALID_ARGUMENTS, str(exc))
-            raise
-        self._room.set()
-
-    async def _control(self, req: upr.Control) -> None:
-        key, value = req.key, req.value.rstrip(b"\x00")
-        error = self._apply_control(key, value)
-        if error is None:
-            await self.respond(upr.Response(upr.Command.CONTROL, req.opaque, _OK))
-        else:
-            await self._refuse(req, Status.INVALID_ARGUMENTS, error)
-
-    def _apply_control(self, key: bytes, value: bytes) -> str | None:
-        """Apply one CONTROL setting; the error text if it is refused."""
-        shown = value.decode("utf-8", "replace")
-        if key == b"connection_buffer_size":
-            if not value.isdigit():
-                return f"connection_buffer_size must be a decimal number, not {shown!r}"
-            self.window.set_buffer_size(int(value))
-            self._room.set()
-        elif key in (b"enable_noop", b"enable_expiry_opcode"):
-            flag = _TRUE_FALSE.get(value)
-            if flag is None:
-                return f"{key.decode()} must be true or false, not {shown!r}"
-            if key == b"enable_noop":
-                self.noop_enabled = flag
-                self._noop_changed.set()
-            else:
-                self.settings.expiry_opcode = flag
-        elif key == b"set_noop_interval":
-            interval = _seconds(value)
-            if interval is None:
-                return f"set_noop_interval must be a positive number of seconds, not {shown!r}"
-            self.noop_interval = interval
-            self._noop_changed.set()
-        else:
-            return f"unknown control key {key.decode('utf-8', 'replace')!r}"
-        return None
-
-    # -- responses from the consumer ---------------------------------------------
-
-    def _on_response(self, event: upr.UprResponse) -> None:
-        command = getattr(event, "command", None)
-        if command is upr.Command.NOOP:
-            if event.opaque == self._noop_outstanding:
-                self._noop_outstanding = None
-            return
-        if command in (upr.Command.SET_VBUCKET_STATE, upr.Command.SNAPSHOT_MARKER):
-            for stream in self.streams.values():
-                if stream.opaque == event.opaque and stream.state is not StreamState.DEAD:
-                    stream.on_response(event)  # type: ignore[arg-type]
-                    return
-        log.debug("%s: ignoring unexpected response %r", self.name, event)
-
-    # -- NOOP --------------------------------------------------------------------
-
-    async def _noop_loop(self) -> None:
-        while True:
-            self._noop_changed = trio.Event()
-            if not self.noop_enabled:
-                await self._noop_changed.wait()
-                continue
-            with trio.move_on_after(self.noop_interval):
-                await self._noop_changed.wait()
-                continue  # settings changed: start the interval again
-            if self._noop_outstanding is not None:
-                raise ProtocolError(
-                    f"consumer {self.name!r} did not answer a NOOP within "
-                    f"{self.noop_interval:g} seconds"
-                )
-            self._noop_outstanding = next(self._opaques)
-            await self.respond(upr.Noop(opaque=self._noop_outstanding))
+    def _on_expiry_opcode(self, enabled: bool) -> None:
+        self.settings.expiry_opcode = enabled
 
     # -- statistics ----------------------------------------------------------------
 
@@ -312,17 +177,3 @@ class ProducerConnection:
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None:
         stream = self.streams.get(vbucket)
         return stream.takeover_stats() if stream is not None else None
-
-
-def _seconds(value: bytes) -> float | None:
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if 0 < seconds < float("inf") else None
-
-
-def _error(frame: Frame, status: int, text: str) -> bytes:
-    from gateway.node.server import error_response
-
-    return error_response(frame, status, text)

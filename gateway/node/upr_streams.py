@@ -201,6 +201,10 @@ class ProducerStream:
         self.end_reason = upr.StreamEndReason(reason)
         self.state = StreamState.DEAD
 
+    @property
+    def live(self) -> bool:
+        return self.state is not StreamState.DEAD
+
     def close(self, reason: upr.StreamEndReason) -> None:
         """End the stream early (CLOSE_STREAM): it sends STREAM_END(``reason``)."""
         if self.end_reason is None:

@@ -28,7 +28,6 @@ from log arrival to consumer acknowledgement (bounded by the window).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import deque
@@ -39,13 +38,13 @@ import trio
 
 from adapters import upr
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status, encode_frame
+from adapters.mcbp import Status
 from adapters.translate.log_records import LogItem
-from adapters.upr.flow_control import ProducerWindow
 from adapters.upr.rollback import answer_stream_request
 from gateway.capture.mapping import UprRecording
 from gateway.capture.records import Kind
 from gateway.stats import StreamStats
+from gateway.upr_producer_base import UprProducerBase
 from gateway.uprfront.streams import LogStream
 from gateway.wire import PacketConnection
 
@@ -55,7 +54,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
-_TRUE_FALSE = {b"true": True, b"false": False}
 
 
 @dataclass
@@ -70,17 +68,7 @@ def delete_kind(expiry_opcode: bool) -> Kind:
     return Kind.DELETION if expiry_opcode else Kind.DELETE
 
 
-def error_reply(frame: Frame, status: int, text: str) -> bytes:
-    return encode_frame(
-        Magic.RESPONSE,
-        frame.opcode,
-        vbucket_or_status=status,
-        opaque=frame.opaque,
-        value=text.encode(),
-    )
-
-
-class UprConnection:
+class UprConnection(UprProducerBase):
     def __init__(
         self,
         front: UprFront,
@@ -89,77 +77,22 @@ class UprConnection:
         flags: upr.OpenFlags,
         stream_stats: StreamStats,
     ) -> None:
+        super().__init__(conn, name, front.dialect, front.config.noop_interval)
         self.front = front
-        self.conn = conn
-        self.name = name
-        self.dialect = front.dialect
         self.draft = upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes
         self.settings = Settings(delete_times=bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES))
-        self.window = ProducerWindow()
-        self._room = trio.Event()
         self.streams: dict[int, LogStream] = {}
-        self.noop_enabled = False
-        self.noop_interval = front.config.noop_interval
-        self._noop_changed = trio.Event()
-        self._noop_outstanding: int | None = None
-        self._opaques = itertools.count(1)
         self.stream_stats = stream_stats
-        self._nursery: trio.Nursery | None = None
         # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
         self._in_flight: deque[tuple[int, int, int, float]] = deque()
         self.recording: UprRecording | None = None
         """Records what this connection sends (``capture_dir``); set by the front."""
 
-    # -- running ---------------------------------------------------------------
-
-    async def run(self, first: upr.UprEvent | None) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._noop_loop)
-            if first is not None:
-                await self.handle(first)
-            while (frame := await self.conn.receive_frame()) is not None:
-                await self.handle(await self._decode(frame))
-            nursery.cancel_scope.cancel()
-
-    async def _decode(self, frame: Frame) -> upr.UprEvent:
-        try:
-            return upr.decode_frame(frame, self.dialect)
-        except ProtocolError as exc:
-            kind = "unknown_opcode" if exc.status == Status.UNKNOWN_COMMAND else "malformed"
-            self.front.stats.protocol_errors_total[("upr_front", kind)] += 1
-            if frame.magic == Magic.REQUEST:
-                self.conn.send_nowait(
-                    error_reply(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc))
-                )
-            raise
-
-    async def handle(self, event: upr.UprEvent) -> None:
-        if event.IS_RESPONSE:
-            self._on_response(event)  # type: ignore[arg-type]
-        elif isinstance(event, upr.StreamRequest):
-            await self._stream_request(event)
-        elif isinstance(event, upr.Control):
-            await self._control(event)
-        elif isinstance(event, upr.BufferAcknowledgement):
-            await self._buffer_ack(event)
-        elif isinstance(event, upr.CloseStream):
-            await self._close_stream(event)
-        elif isinstance(event, upr.GetFailoverLog):
-            await self._failover_log(event)
-        elif isinstance(event, upr.Noop):
-            await self.respond(upr.Response(upr.Command.NOOP, event.opaque, _OK))
-        else:
-            await self._refuse(event, Status.NOT_SUPPORTED, f"{event.NAME} is not for a producer")
+    def _on_decode_error(self, exc: ProtocolError) -> None:
+        kind = "unknown_opcode" if exc.status == Status.UNKNOWN_COMMAND else "malformed"
+        self.front.stats.protocol_errors_total[("upr_front", kind)] += 1
 
     # -- sending ---------------------------------------------------------------
-
-    async def respond(self, event: upr.UprEvent) -> None:
-        await self.conn.send(upr.encode(event, self.dialect))
-
-    async def _refuse(self, event: upr.UprEvent, status: int, text: str) -> None:
-        command = getattr(event, "COMMAND", upr.Command.OPEN)
-        await self.respond(upr.Response(command, event.opaque, status, text.encode()))
 
     async def send_counted(self, event: upr.UprRequest) -> None:
         """Send one stream message (not an item), within the flow-control window."""
@@ -258,17 +191,9 @@ class UprConnection:
         await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
         stream.close(upr.StreamEndReason.CLOSED)
 
-    async def _buffer_ack(self, ack: upr.BufferAcknowledgement) -> None:
-        if not self.window.enabled:
-            return
-        try:
-            self.window.acknowledged(ack.buffer_bytes)
-        except ProtocolError as exc:
-            await self._refuse(ack, Status.INVALID_ARGUMENTS, str(exc))
-            raise
+    def _on_acknowledged(self) -> None:
         self.stream_stats.unacked_bytes = self.window.unacked_bytes
         self._credit(self.window.total_acked)
-        self._room.set()
 
     def _credit(self, acked: int) -> None:
         """Items whose whole message the acks now cover: acked seqnos and latency."""
@@ -279,78 +204,13 @@ class UprConnection:
             in_flight.vbucket(vb).acked_seqno = seqno
             in_flight.latency.observe(max(0.0, now - arrival))
 
-    async def _control(self, req: upr.Control) -> None:
-        error = self._apply_control(req.key, req.value.rstrip(b"\x00"))
-        if error is None:
-            await self.respond(upr.Response(upr.Command.CONTROL, req.opaque, _OK))
-        else:
-            await self._refuse(req, Status.INVALID_ARGUMENTS, error)
+    def _on_buffer_size(self, size: int) -> None:
+        self.stream_stats.buffer_size = size
 
-    def _apply_control(self, key: bytes, value: bytes) -> str | None:
-        shown = value.decode("utf-8", "replace")
-        if key == b"connection_buffer_size":
-            if not value.isdigit():
-                return f"connection_buffer_size must be a decimal number, not {shown!r}"
-            self.window.set_buffer_size(int(value))
-            self.stream_stats.buffer_size = int(value)
-            self._room.set()
-        elif key in (b"enable_noop", b"enable_expiry_opcode"):
-            flag = _TRUE_FALSE.get(value)
-            if flag is None:
-                return f"{key.decode()} must be true or false, not {shown!r}"
-            if key == b"enable_noop":
-                self.noop_enabled = flag
-                self._noop_changed.set()
-            else:
-                self.settings.expiry_opcode = flag
-                if self.recording is not None:
-                    self.recording.delete_kind = delete_kind(flag)
-        elif key == b"set_noop_interval":
-            try:
-                interval = float(value)
-            except ValueError:
-                interval = 0.0
-            if not 0 < interval < float("inf"):
-                return f"set_noop_interval must be a positive number of seconds, not {shown!r}"
-            self.noop_interval = interval
-            self._noop_changed.set()
-        else:
-            return f"unknown control key {key.decode('utf-8', 'replace')!r}"
-        return None
-
-    # -- responses from the consumer -------------------------------------------
-
-    def _on_response(self, event: upr.UprResponse) -> None:
-        command = getattr(event, "command", None)
-        if command is upr.Command.NOOP:
-            if event.opaque == self._noop_outstanding:
-                self._noop_outstanding = None
-            return
-        if command in (upr.Command.SET_VBUCKET_STATE, upr.Command.SNAPSHOT_MARKER):
-            for stream in self.streams.values():
-                if stream.opaque == event.opaque and stream.live:
-                    stream.on_response(event)  # type: ignore[arg-type]
-                    return
-        log.debug("%s: ignoring unexpected response %r", self.name, event)
-
-    # -- NOOP ------------------------------------------------------------------
-
-    async def _noop_loop(self) -> None:
-        while True:
-            self._noop_changed = trio.Event()
-            if not self.noop_enabled:
-                await self._noop_changed.wait()
-                continue
-            with trio.move_on_after(self.noop_interval):
-                await self._noop_changed.wait()
-                continue
-            if self._noop_outstanding is not None:
-                raise ProtocolError(
-                    f"consumer {self.name!r} did not answer a NOOP within "
-                    f"{self.noop_interval:g} seconds"
-                )
-            self._noop_outstanding = next(self._opaques)
-            await self.respond(upr.Noop(opaque=self._noop_outstanding))
+    def _on_expiry_opcode(self, enabled: bool) -> None:
+        self.settings.expiry_opcode = enabled
+        if self.recording is not None:
+            self.recording.delete_kind = delete_kind(enabled)
 
     # -- statistics ------------------------------------------------------------
 

@@ -40,11 +40,12 @@ from adapters.mcbp.constants import VBucketState
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
+from gateway.upr_producer_base import error_reply
 from gateway.uprfront.compaction import compact_log
 from gateway.uprfront.config import UprFrontConfig, UprFrontError
 from gateway.uprfront.ingest import Ingest
 from gateway.uprfront.logset import LogOptions, LogSet
-from gateway.uprfront.producer import UprConnection, delete_kind, error_reply
+from gateway.uprfront.producer import UprConnection, delete_kind
 from gateway.uprfront.stat_groups import UnknownStatGroup, collect
 from gateway.uprfront.streams import LogStream
 from gateway.wire import PacketConnection, bound_port, serve_packets
