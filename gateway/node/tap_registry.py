@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 import trio
 
+from gateway.named import NamedConnections
+
 log = logging.getLogger(__name__)
 
 
@@ -75,14 +77,6 @@ class TapConnection(Protocol):
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None: ...
 
 
-class _Entry:
-    __slots__ = ("connection", "scope")
-
-    def __init__(self, connection: TapConnection, scope: trio.CancelScope) -> None:
-        self.connection = connection
-        self.scope = scope
-
-
 def tap_name(raw: bytes | str) -> str:
     """A client name as the registry keys it (bytes that are not UTF-8 stay distinct)."""
     if isinstance(raw, str):
@@ -95,11 +89,9 @@ class TapHub:
 
     def __init__(self, node: Any) -> None:
         self.node = node
-        self._entries: dict[str, _Entry] = {}
+        self._named: NamedConnections[TapConnection] = NamedConnections("TAP")
         self._registrations: dict[str, Registration] = {}
         self._anon = itertools.count(1)
-        self.connections_opened = 0
-        self.connections_replaced = 0
         self.items_sent_closed = 0
         """Items sent by connections that have ended (ep_tap_total_fetched keeps them)."""
 
@@ -111,29 +103,17 @@ class TapHub:
     @contextmanager
     def running(self, connection: TapConnection) -> Iterator[trio.CancelScope]:
         """Register ``connection`` while the block runs; a later namesake cancels it."""
-        scope = trio.CancelScope()
-        entry = _Entry(connection, scope)
-        old = self._entries.get(connection.name)
-        if old is not None:
-            log.info("TAP connection %r reopened: closing the older one", connection.name)
-            self.connections_replaced += 1
-            old.scope.cancel()
-        self._entries[connection.name] = entry
-        self.connections_opened += 1
         try:
-            with scope:
+            with self._named.running(connection.name, connection) as scope:
                 yield scope
         finally:
-            if self._entries.get(connection.name) is entry:
-                del self._entries[connection.name]
             self.items_sent_closed += connection.items_sent
 
     def get(self, name: str) -> TapConnection | None:
-        entry = self._entries.get(name)
-        return entry.connection if entry is not None else None
+        return self._named.get(name)
 
     def connections(self) -> list[TapConnection]:
-        return [entry.connection for entry in self._entries.values()]
+        return self._named.connections()
 
     # -- registered clients --------------------------------------------------
 
@@ -154,9 +134,7 @@ class TapHub:
         registration = self._registrations.pop(key, None)
         if registration is None:
             return False
-        entry = self._entries.get(key)
-        if entry is not None:
-            entry.scope.cancel()
+        self._named.close(key)
         return True
 
     # -- statistics ----------------------------------------------------------
@@ -178,7 +156,7 @@ class TapHub:
         for conn in conns:
             out.extend((f"eq_tapq:{conn.name}:{k}", v) for k, v in conn.connection_stats())
         for name in sorted(self._registrations):
-            if name not in self._entries:
+            if name not in self._named:
                 out.extend(self._offline_stats(self._registrations[name]))
         return out
 

@@ -18,11 +18,12 @@ stream has still to send, which an orchestrator polls before it takes over.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import trio
+
+from gateway.named import NamedConnections
 
 log = logging.getLogger(__name__)
 
@@ -50,48 +51,22 @@ class UprConnection(Protocol):
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None: ...
 
 
-class _Entry:
-    __slots__ = ("connection", "scope")
-
-    def __init__(self, connection: UprConnection, scope: trio.CancelScope) -> None:
-        self.connection = connection
-        self.scope = scope
-
-
 class UprHub:
     """Open UPR connections by name; constructed once per node as ``UprHub(node)``."""
 
     def __init__(self, node: Any) -> None:
         self.node = node
-        self._entries: dict[str, _Entry] = {}
-        self.connections_opened = 0
-        self.connections_replaced = 0
+        self._named: NamedConnections[UprConnection] = NamedConnections("UPR")
 
-    @contextmanager
-    def running(self, connection: UprConnection) -> Iterator[trio.CancelScope]:
+    def running(self, connection: UprConnection) -> AbstractContextManager[trio.CancelScope]:
         """Register ``connection`` while the block runs; a later namesake cancels it."""
-        scope = trio.CancelScope()
-        entry = _Entry(connection, scope)
-        old = self._entries.get(connection.name)
-        if old is not None:
-            log.info("UPR connection %r reopened: closing the older one", connection.name)
-            self.connections_replaced += 1
-            old.scope.cancel()
-        self._entries[connection.name] = entry
-        self.connections_opened += 1
-        try:
-            with scope:
-                yield scope
-        finally:
-            if self._entries.get(connection.name) is entry:
-                del self._entries[connection.name]
+        return self._named.running(connection.name, connection)
 
     def get(self, name: str) -> UprConnection | None:
-        entry = self._entries.get(name)
-        return entry.connection if entry is not None else None
+        return self._named.get(name)
 
     def connections(self) -> list[UprConnection]:
-        return [entry.connection for entry in self._entries.values()]
+        return self._named.connections()
 
     # -- statistics ----------------------------------------------------------
 

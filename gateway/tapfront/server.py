@@ -30,6 +30,7 @@ from adapters import tap, upr
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from gateway.client import McbpClient
+from gateway.named import NamedConnections
 from gateway.stats import GatewayStats
 from gateway.tapfront.plan import UpstreamVbucket, plan_connection
 from gateway.tapfront.registry import Registry
@@ -137,7 +138,7 @@ class TapFront:
         self.config = config
         self.stats = stats or GatewayStats()
         self.registry = registry or Registry.open(config.state_dir)
-        self.sessions: dict[str, tuple[TapSession, trio.CancelScope]] = {}
+        self.sessions: NamedConnections[TapSession] = NamedConnections("TAP front")
         self._anonymous = itertools.count(1)
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -216,9 +217,7 @@ class TapFront:
         elif opcode == Opcode.DEREGISTER_TAP_CLIENT:
             name = frame.key.decode("utf-8", "replace")
             self.registry.forget(name)
-            running = self.sessions.get(name)
-            if running is not None:
-                running[1].cancel()
+            self.sessions.close(name)
             await conn.send(reply(frame))
         else:
             await conn.send(
@@ -292,10 +291,6 @@ class TapFront:
         if plan.registered:
             registry.register(name)
         session = TapSession(conn, plan, config.session_config(), registry, self.stats)
-        previous = self.sessions.get(name)
-        if previous is not None:
-            log.info("%s: a new connection under this name replaces the old one", name)
-            previous[1].cancel()
         log.info(
             "%s: TAP stream of %d vbuckets (flags 0x%x) from UPR upstream %s:%d",
             name,
@@ -303,10 +298,5 @@ class TapFront:
             int(plan.flags),
             *config.upr_upstream,
         )
-        with trio.CancelScope() as scope:
-            self.sessions[name] = (session, scope)
-            try:
-                await session.run()
-            finally:
-                if self.sessions.get(name, (None,))[0] is session:
-                    del self.sessions[name]
+        with self.sessions.running(name, session):
+            await session.run()
