@@ -289,10 +289,15 @@ class TapStream:
             cursor.phase = Phase.DONE
 
     async def _settle(self) -> None:
-        """Wait until every message is acked (at once without support-ack)."""
+        """Wait until every message is acked (at once without support-ack).
+
+        No keep-alive once the last ack is in: the connection closes next,
+        and a NOOP the client answers after that close would reach a closed
+        socket, so the client's kernel would see a reset instead of the end.
+        """
         while self.producer.unacked:
             self._wake = trio.Event()
-            await self._pause()
+            await self._pause(unless_settled=True)
 
     # -- sending -------------------------------------------------------------
 
@@ -346,14 +351,17 @@ class TapStream:
         await self.conn.send(encode(stamped))
         self.last_send = trio.current_time()
 
-    async def _pause(self) -> None:
-        """Sleep until woken or the next deadline; then do what fell due."""
+    async def _pause(self, *, unless_settled: bool = False) -> None:
+        """Sleep until woken or the next deadline; then do what fell due
+        (nothing when ``unless_settled`` and every message is now acked)."""
         deadline = self.last_send + self.noop_interval
         retransmit = self.producer.next_deadline()
         if retransmit is not None:
             deadline = min(deadline, retransmit)
         with trio.move_on_at(deadline):
             await self._wake.wait()
+        if unless_settled and not self.producer.unacked:
+            return
         await self._on_timers()
 
     async def _on_timers(self) -> None:

@@ -311,13 +311,13 @@ class UprFront:
         """Take ``stream``'s vbucket over from the TAP node, through ``stream``."""
         vb = stream.vbucket
         self.stats.takeovers_started_total[UPR_FRONT] += 1
-        states: list[VBucketState] = []
+        handed: list[VBucketState] = []  # states the consumer has replied to
 
         async def on_state(vbucket: int, state: VBucketState) -> None:
             if vbucket != vb:
                 return
-            states.append(state)
             await stream.set_state(state)
+            handed.append(state)
 
         ingest = Ingest(
             self.config,
@@ -331,11 +331,19 @@ class UprFront:
         try:
             async with self._capture_takeover(ingest):
                 await ingest.session()
-            if VBucketState.ACTIVE not in states:
+            if VBucketState.ACTIVE not in handed:
                 raise UprFrontError("the TAP node closed the takeover before handing it over")
         except (OSError, trio.BrokenResourceError, GatewayError) as exc:
-            log.warning("vbucket %d: takeover from the TAP node failed: %s", vb, exc)
-            return upr.StreamEndReason.STATE_CHANGED
+            if VBucketState.ACTIVE not in handed:
+                log.warning("vbucket %d: takeover from the TAP node failed: %s", vb, exc)
+                return upr.StreamEndReason.STATE_CHANGED
+            # The node made its vbucket dead before it sent VBUCKET_SET(active)
+            # and the consumer has taken it: the hand-off is done, however the
+            # node then drops the connection (a reset when it closes with our
+            # last ack or NOOP reply unread is ordinary TCP).
+            log.info(
+                "vbucket %d: TAP node ended the takeover connection after the hand-off: %s", vb, exc
+            )
         self.taken_over.add(vb)
         await stream.catch_up()
         for connection in list(self.connections.values()):
