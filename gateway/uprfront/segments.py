@@ -13,8 +13,9 @@ its data reached the disk), with no whole record anywhere after it. A crash
 can leave nothing else, since everything before the last fsync is whole on
 disk. A record of full length that fails its crc, a length over the limit,
 or a cut-short record followed by whole ones (a flipped length field) is
-damage: the caller sets the log aside instead of cutting what may be
-acknowledged data.
+damage, and so is a cut-short record whose bytes to the end pass its crc
+(a damaged length field on a whole last record): the caller sets the log
+aside instead of cutting what may be acknowledged data.
 """
 
 from __future__ import annotations
@@ -115,9 +116,12 @@ def tail_fault(data: bytes, at: int) -> str | None:
         if zlib.crc32(data[body : body + length]) != crc:
             return "record fails its crc"
         return "record is not a log row"
+    # Cut short, as an interrupted append leaves it, or a damaged length field?
     whole = next_whole_record(data, at + 1)
     if whole is not None:
         return f"record length {length} runs past the end, yet a whole record follows at {whole}"
+    if zlib.crc32(data[body:]) == crc:
+        return f"record length {length} runs past the end, yet the bytes to the end pass its crc"
     return None
 
 
