@@ -42,9 +42,7 @@ class KnownVb:
 
 def pack_manifest(known: dict[int, KnownVb]) -> bytes:
     rows = [[vb, k.reserved, k.uuids] for vb, k in sorted(known.items())]
-    payload: bytes = msgpack.packb(
-        {"format": MANIFEST_FORMAT, "vbuckets": rows}, use_bin_type=True
-    )
+    payload: bytes = msgpack.packb({"format": MANIFEST_FORMAT, "vbuckets": rows}, use_bin_type=True)
     return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 

@@ -311,9 +311,7 @@ def prove_vbucket(
             proof.problems.append(Problem("directory_missing", f"{name}/ missing ({expected})"))
         return proof
     paths = _segment_paths(vbdir)
-    proof.strays = sorted(
-        p for pattern in ("*.seg.compact", "*.tmp") for p in vbdir.glob(pattern)
-    )
+    proof.strays = sorted(p for pattern in ("*.seg.compact", "*.tmp") for p in vbdir.glob(pattern))
     meta, wrong = read_meta(vbdir / META_NAME)
     proof.meta = meta
     if wrong == "missing":

@@ -165,7 +165,9 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     A short write (a file-size limit, a full disk) is retried for the rest,
     which then fails with the real error; the caller cuts the file back.
     """
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    # Views released on the way out, even by an exception: the buffer is resized after.
+    with memoryview(data) as whole:
+        done, size = 0, len(whole)
+        while done < size:
+            with whole[done:] as rest:
+                done += os.write(fd, rest)
