@@ -20,12 +20,13 @@ then says it is covered). ``prove_vbucket`` replays the records of a log
 that is not refuted as it reads them (``replay``), so opening reads every
 segment once.
 
-What it cannot see: a sealed segment truncated exactly at a record boundary
-after its last item, with the meta intact, looks like a shorter history. A
-segment is sealed only after its last bytes were fsynced and published, so
-that takes a disk that loses fsynced data; the uuid-per-history rule below
-still bounds the harm to data, never to seqno reuse, because the reserved
-seqno in the meta stays above everything published.
+After a clean close the meta also records the high seqno, and the log
+must end exactly there. What it cannot see: after a crash, a segment cut
+exactly at a record boundary (with the meta intact) reads as a shorter
+history. Appends only end that way when nothing after them was fsynced,
+so nothing after them was published or acked; anything else takes a disk
+that loses fsynced data, or a hand that truncates a segment at a record
+boundary, and the log would then continue after the cut.
 
 ``Meta`` is also where the seqno reservation lives (see ``vblog``).
 """
@@ -81,6 +82,8 @@ class Meta:
     """First seqnos of the segments that must be on disk."""
     refetch: bool = False
     """The vbucket was set aside and its whole contents are due again from the TAP node."""
+    high: int = 0
+    """The high seqno published when the log was closed cleanly (0 otherwise)."""
 
     def pack(self) -> bytes:
         payload: bytes = msgpack.packb(
@@ -92,6 +95,7 @@ class Meta:
                 "clean": self.clean,
                 "segments": self.segments,
                 "refetch": self.refetch,
+                "high": self.high,
             },
             use_bin_type=True,
         )
@@ -152,6 +156,7 @@ def unpack_meta(data: bytes) -> Meta:
         clean=_bool(obj, "clean"),
         segments=segments,
         refetch=_bool(obj, "refetch"),
+        high=_int(obj, "high"),
     )
 
 
@@ -333,6 +338,13 @@ def prove_vbucket(
             if first not in on_disk and not first <= reader.covered:
                 text = f"{name}/{first:020d}.seg missing (listed in {META_NAME})"
                 proof.problems.append(Problem("segment_missing", text))
+        # After a clean close the meta knows where the log ends: a tail cut at a
+        # record boundary shows. (A history that began above its last item ends there.)
+        top = max(proof.high_seen, meta.failover[0][1])
+        if meta.clean and not proof.problems and top != meta.high and paths:
+            where = f"{name}/{paths[-1][1].name}"
+            text = f"{where} ends at seqno {top}, the clean close recorded {meta.high}"
+            proof.problems.append(Problem("segment_damaged", text))
     return proof
 
 

@@ -344,6 +344,7 @@ class VbLog:
             clean=clean,
             segments=[s.first for s in self.segments if s.path not in self.doomed],
             refetch=self.needs_refetch,
+            high=self.high_seqno if clean else 0,
         )
 
     def _write_meta(self, *, clean: bool) -> None:

@@ -36,6 +36,7 @@ metas = st.builds(
     clean=st.booleans(),
     segments=st.lists(st.integers(1, 2**60), max_size=40),
     refetch=st.booleans(),
+    high=st.integers(0, 2**60),
 )
 
 
@@ -123,6 +124,19 @@ def test_a_flip_in_the_active_segment_before_its_last_record_is_damage(tmp_path:
     proof = prove_vbucket(vblog.dir, 0)
     assert [p.kind for p in proof.problems] == ["segment_damaged"]
     assert active.name in proof.problems[0].text and not proof.torn
+
+
+def test_after_a_clean_close_a_tail_cut_at_a_record_boundary_is_damage(tmp_path: Path) -> None:
+    vblog = _log(tmp_path, segment_bytes=1 << 20)
+    fill(vblog, 2, keys=4)
+    vblog.close()
+    active = vblog.segments[-1].path
+    data = active.read_bytes()
+    offsets = [offset for offset, _end, _row in scan_bytes(data)]
+    active.write_bytes(data[: offsets[-2]])  # the last item and checkpoint end gone, cleanly
+    proof = prove_vbucket(vblog.dir, 0)
+    assert [p.kind for p in proof.problems] == ["segment_damaged"]
+    assert "ends at seqno 7, the clean close recorded 8" in proof.problems[0].text
 
 
 def test_starting_over_keeps_the_files_and_draws_a_uuid_the_seed_would_not(tmp_path: Path) -> None:
