@@ -347,7 +347,10 @@ async def commit(logs: dict[int, VbLog], *, sync: bool) -> int:
                 failure = failure or error
             good = [v for v in good if all(v is not f for f, _ in failed)]
         for vblog in good:
-            vblog.publish()
+            try:
+                vblog.publish()
+            except LogWriteError as exc:
+                failure = failure or exc
     if failure is not None:
         raise failure
     return written

@@ -322,17 +322,24 @@ class VbLog:
         )
 
     def _open_active(self) -> None:
+        """Open the segment to append to, starting a new one when the last is full.
+
+        A failure leaves the previous state as it was (the next publish tries again).
+        """
         if not self.segments or self.segments[-1].size >= self.segment_bytes:
             # Not the translator's high seqno: buffered items may be ahead of the file.
             first = self._written_high + 1
-            path = self.dir / segment_name(first)
-            path.touch()
+            active = Segment(self.dir / segment_name(first), first)
+            active.path.touch()
             fsync_dir(self.dir)
-            self.segments.append(Segment(path, first))
+            fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+            self.segments.append(active)
+        else:
+            active = self.segments[-1]
+            fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
         if self._fd is not None:
             os.close(self._fd)
-        active = self.segments[-1]
-        self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+        self._fd = fd
         self._written_size = active.size
         self._mark = (len(active.sparse), active.count, active.last)
 
@@ -354,11 +361,18 @@ class VbLog:
         self._write_meta(clean=False)
 
     def _reserve(self, upto: int, *, force: bool = False) -> None:
+        """Move the reservation past ``upto`` in the meta and the manifest, or raise
+        ``OSError`` with the reservation as it was (so the next call writes both)."""
         if force or upto > self.reserved:
-            self.reserved = max(self.reserved, upto + RESERVE_STEP)
-            self._write_meta(clean=False)
-            if self.on_reserve is not None:
-                self.on_reserve(self)
+            old = self.reserved
+            self.reserved = max(old, upto + RESERVE_STEP)
+            try:
+                self._write_meta(clean=False)
+                if self.on_reserve is not None:
+                    self.on_reserve(self)
+            except OSError:
+                self.reserved = old
+                raise
 
     # -- appending -------------------------------------------------------------
 
@@ -392,6 +406,8 @@ class VbLog:
             return 0
         if self._broken is not None:
             raise LogWriteError(self._broken)
+        if not self._written:
+            self._roll_if_full()  # a roll that failed at the last publish is retried first
         assert self._fd is not None
         segment = self.segments[-1]
         base = self._written_size
@@ -477,7 +493,13 @@ class VbLog:
         """
         high = self._written_high
         if high > self.reserved:
-            self._reserve(high)  # before any seqno above the old reservation is seen
+            try:
+                self._reserve(high)  # before any seqno above the old reservation is seen
+            except OSError as exc:
+                raise LogWriteError(
+                    f"vbucket {self.vbucket}: cannot reserve seqnos in {self.dir.name}/"
+                    f"{META_NAME}: {exc.strerror or exc}; nothing of the batch published"
+                ) from exc
         self._unsynced = False
         segment = self.segments[-1]
         segment.size = self._written_size
@@ -489,9 +511,19 @@ class VbLog:
         if high != self.high_seqno:
             self.high_seqno = high
             self._wake()
-        if segment.size >= self.segment_bytes:
+        self._roll_if_full()
+
+    def _roll_if_full(self) -> None:
+        if self.segments[-1].size < self.segment_bytes:
+            return
+        try:
             self._open_active()
             self._write_meta(clean=False)  # lists the new segment before anything is in it
+        except OSError as exc:
+            raise LogWriteError(
+                f"vbucket {self.vbucket}: cannot start a new segment in {self.dir.name}: "
+                f"{exc.strerror or exc}; the next write tries again"
+            ) from exc
 
     def _to_tail(self, items: list[LogItem]) -> None:
         tail = self._tail
