@@ -245,9 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from gateway.capture.command import add_capture_parser
     from gateway.serve_cli import add_move_parser, add_serve_parser
+    from gateway.uprfront.checklog import add_check_log_parser
     from gateway.verify.command import add_verify_parser
 
     add_serve_parser(commands)
+    add_check_log_parser(commands)
     add_move_parser(commands)
     add_capture_parser(commands)
     add_verify_parser(commands)

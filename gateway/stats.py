@@ -158,6 +158,8 @@ class UprLogStats:
     bytes_on_disk: int = 0
     compactions_total: int = 0
     failover_log_lengths: dict[int, int] = field(default_factory=dict)
+    logs_set_aside_total: Counter[str] = field(default_factory=Counter)
+    """Vbucket logs start-up could not prove and set aside, by reason (``proof.KINDS``)."""
 
 
 @dataclass

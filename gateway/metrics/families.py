@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from gateway.metrics.view import StatsView, StreamFigures, StreamKey, figures_by_stream
 from gateway.stats import DIRECTIONS, ITEM_KINDS, LATENCY_BUCKETS
+from gateway.uprfront.proof import KINDS as SET_ASIDE_REASONS
 
 PREFIX = "tapupr_"
 STREAM_LABELS = ("direction", "connection", "upstream")
@@ -260,9 +261,16 @@ def process_families(view: StatsView, *, per_vbucket: bool) -> list[Family]:
         "Entries in the longest failover log of the UPR front's vbuckets.",
     )
     longest.add(NO_LABELS, max(lengths.values(), default=0))
+    set_aside = counter(
+        "upr_front_logs_set_aside_total",
+        "Vbucket logs the UPR front could not prove at start-up: set aside and re-fetched.",
+    )
+    aside = view.upr_logs_set_aside_total
+    for reason in sorted({*SET_ASIDE_REASONS, *aside}):
+        set_aside.add(Labels.of(reason=reason), aside.get(reason, 0), "_total")
     out = [
         active, accepted, items, sent_bytes, reconnects, rollbacks, last_rollback, ends, errors,
-        started, done, log_bytes, compactions, longest,
+        started, done, log_bytes, compactions, longest, set_aside,
     ]  # fmt: skip
     if per_vbucket:
         per_vb = gauge(

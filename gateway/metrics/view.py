@@ -50,6 +50,7 @@ class StatsView:
     upr_log_bytes: int
     upr_log_compactions_total: int
     failover_log_lengths: dict[int, int]
+    upr_logs_set_aside_total: dict[str, int]
 
 
 def capture(stats: GatewayStats, now: float) -> StatsView:
@@ -70,6 +71,7 @@ def capture(stats: GatewayStats, now: float) -> StatsView:
         upr_log_bytes=log.bytes_on_disk,
         upr_log_compactions_total=log.compactions_total,
         failover_log_lengths=dict(log.failover_log_lengths),
+        upr_logs_set_aside_total=dict(log.logs_set_aside_total),
     )
 
 

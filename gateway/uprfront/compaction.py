@@ -10,8 +10,10 @@ restart still knows the last closed checkpoint and the backfill state.
 
 The result is written as one segment with a header row naming the last
 seqno it covers, fsynced, and renamed over the first sealed segment; the
-others are then deleted. A crash between the rename and the deletes leaves
-covered segments behind, which opening the log deletes. Readers re-resolve
+others are then deleted, once the meta no longer lists them (so their
+absence is never taken for a loss). A crash between the rename and the
+deletes leaves covered segments behind, which opening the log deletes; a
+crash before the rename leaves them uncovered and still read. Readers re-resolve
 segments by seqno on every read, and an open file survives its unlinking.
 """
 
@@ -24,8 +26,8 @@ from typing import Any
 import trio
 
 from adapters.translate.log_records import LogItem, LogMark, from_row
-from gateway.uprfront.segments import HEADER_ROW, frame, fsync_dir, scan
-from gateway.uprfront.vblog import SPARSE_EVERY, Segment, VbLog
+from gateway.uprfront.segments import HEADER_ROW, SPARSE_EVERY, Segment, frame, fsync_dir, scan
+from gateway.uprfront.vblog import VbLog
 
 
 def _compact_files(
@@ -97,12 +99,18 @@ async def compact_log(vblog: VbLog, now: float, purge_interval: float) -> int:
     result, purge_seqno, purged = await trio.to_thread.run_sync(
         _compact_files, vblog, sealed, now - purge_interval
     )
-    if purge_seqno > vblog.purge_seqno:
-        # Before the tombstones vanish: consumers below it must start over.
-        vblog.purge_seqno = purge_seqno
-        vblog.save_meta()
+    # Before the tombstones vanish: consumers below the purge seqno must start over.
+    vblog.purge_seqno = max(vblog.purge_seqno, purge_seqno)
+    # Before any segment is deleted: the meta must no longer list it, or the
+    # next start would take the deletion for a loss.
+    doomed = {s.path for s in sealed[1:]}
+    vblog.doomed |= doomed
     tmp = result.path.with_name(result.path.name + ".compact")
-    await trio.to_thread.run_sync(_install, tmp, result.path, [s.path for s in sealed[1:]])
+    try:
+        vblog.save_meta()
+        await trio.to_thread.run_sync(_install, tmp, result.path, [s.path for s in sealed[1:]])
+    finally:
+        vblog.doomed -= doomed
     assert all(a is b for a, b in zip(vblog.segments, sealed, strict=False))
     vblog.segments[: len(sealed)] = [result]
     vblog.compacted_path = result.path

@@ -19,9 +19,20 @@ node for the whole gateway, whatever the number of consumers:
 
 Any failure (refused connect, lost connection, malformed packet) closes the
 connection and retries with exponential backoff; each retry resumes as in 2.
-A vbucket whose reconcile was interrupted by a crash cannot be resumed (the
-keys the reset had seen are not logged): the ingest then deregisters its
-name first, so the node backfills, and omits that vbucket's checkpoint.
+A log write that fails (a full disk, a file-size limit) leaves the log as
+it was and fails the batch: nothing of it is acked, the error is logged,
+and the connection is retried with backoff; the node sends the unacked
+messages again and the log writes the records it still holds.
+
+Re-fetch. TAP has no per-vbucket rewind: a registered client resumes each
+vbucket where its acks left off, and a CONNECT without a checkpoint id for
+a vbucket still resumes from the client's cursor there (ep-engine's
+``TapProducer::registerCursor``). So when a vbucket cannot be resumed (its
+reconcile was interrupted by a crash, or its log was set aside and must be
+fetched whole again, ``VbLog.needs_refetch``), the ingest deregisters its
+name first (DEREGISTER_TAP_CLIENT drops every cursor and position) and
+omits that vbucket's checkpoint: the node backfills it from date 0, while
+the other vbuckets resume by their checkpoints or are reconciled.
 
 Takeover requests from consumer streams go through ``takeover`` (see
 ``gateway.uprfront.takeover``): VBUCKET_SET messages are held, unacked, until
@@ -61,7 +72,7 @@ from gateway.client import McbpClient
 from gateway.stats import GatewayStats
 from gateway.uprfront.config import UprFrontConfig
 from gateway.uprfront.logset import LogSet
-from gateway.uprfront.vblog import VbLog
+from gateway.uprfront.vblog import LogWriteError, VbLog
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +103,11 @@ StateHook = Callable[[int, VBucketState], Awaitable[None]]
 
 class UpstreamError(GatewayError):
     """The TAP upstream refused or broke the stream."""
+
+
+def _cannot_resume(vblog: VbLog) -> bool:
+    """The vbucket must be backfilled whole: an interrupted reconcile, or a re-fetch."""
+    return vblog.translator.reset_interrupted or vblog.needs_refetch
 
 
 def ack_of(message: TapStreamMessage) -> bytes:
@@ -132,17 +148,23 @@ class Ingest:
         delay = self.config.reconnect_min
         while True:
             started = self.messages
+            logged = True
             try:
                 await self._session()
                 self.last_error = "upstream closed the TAP stream"
+            except LogWriteError as exc:
+                self.last_error = str(exc)
+                logged = False
+                log.error("%s; TAP stream reopened in %.2fs to write it again", exc, delay)
             except (OSError, trio.BrokenResourceError, GatewayError, EOFError) as exc:
                 self.last_error = str(exc) or type(exc).__name__
-            log.warning(
-                "upstream %s: %s; reconnecting in %.2fs", self.address, self.last_error, delay
-            )
+            if logged:
+                log.warning(
+                    "upstream %s: %s; reconnecting in %.2fs", self.address, self.last_error, delay
+                )
             self.stats.upstream_reconnects_total[self.address] += 1
             await trio.sleep(delay)
-            progressed = self.messages > started
+            progressed = self.messages > started and logged
             delay = (
                 self.config.reconnect_min
                 if progressed
@@ -165,7 +187,8 @@ class Ingest:
                 )
             vbuckets = await self._vbuckets(client)
             logs = [self.logs.ensure(vb) for vb in vbuckets]
-            if not self.takeover and any(v.translator.reset_interrupted for v in logs):
+            if not self.takeover and any(_cannot_resume(v) for v in logs):
+                # No cursor, no position: the node backfills what has no checkpoint.
                 await client.request(
                     Opcode.DEREGISTER_TAP_CLIENT, key=self.name.encode(), check=False
                 )
@@ -192,7 +215,7 @@ class Ingest:
         checkpoints = tuple(
             (v.vbucket, v.translator.last_closed_checkpoint)
             for v in logs
-            if v.translator.last_closed_checkpoint and not v.translator.reset_interrupted
+            if v.translator.last_closed_checkpoint and not _cannot_resume(v)
         )
         flags = CONNECT_FLAGS
         if self.takeover:
@@ -285,7 +308,11 @@ class Ingest:
 
     async def _commit(self, touched: dict[int, VbLog]) -> None:
         if touched:
-            written = await commit(touched, sync=self.config.fsync != "never")
+            try:
+                written = await commit(touched, sync=self.config.fsync != "never")
+            except LogWriteError:
+                self.logs.refresh_stats()
+                raise
             self.stats.upr_log.bytes_on_disk += written
 
 
@@ -295,22 +322,46 @@ async def commit(logs: dict[int, VbLog], *, sync: bool) -> int:
     Each log's lock is held from its write to its publish, taken in vbucket
     order (two committers never wait on each other crosswise): a takeover
     connection writing the same vbucket as the ingest cannot publish records
-    the other wrote but has not yet synced.
+    the other wrote but has not yet synced. A log whose write or fsync fails
+    is left as it was (see ``VbLog.write``); the others are published, then
+    the first failure is raised, so the caller acks nothing of the batch.
     """
     ordered = [logs[vb] for vb in sorted(logs)]
+    failure: LogWriteError | None = None
     async with AsyncExitStack() as held:
         for vblog in ordered:
             await held.enter_async_context(vblog.lock)
         written = 0
+        good = []
         for vblog in ordered:
-            written += vblog.write()
+            try:
+                written += vblog.write()
+            except LogWriteError as exc:
+                failure = failure or exc
+                continue
+            good.append(vblog)
         if sync:
-            await trio.to_thread.run_sync(_sync_all, ordered)
-        for vblog in ordered:
-            vblog.publish()
+            failed = await trio.to_thread.run_sync(_sync_all, good)
+            for vblog, fsync_error in failed:
+                error = vblog.unwrite(fsync_error)
+                failure = failure or error
+            good = [v for v in good if all(v is not f for f, _ in failed)]
+        for vblog in good:
+            try:
+                vblog.publish()
+            except LogWriteError as exc:
+                failure = failure or exc
+    if failure is not None:
+        raise failure
     return written
 
 
-def _sync_all(logs: list[VbLog]) -> None:
+def _sync_all(logs: list[VbLog]) -> list[tuple[VbLog, OSError]]:
+    """fsync each log; the ones that failed, with their error."""
+    failed = []
     for vblog in logs:
-        vblog.sync()
+        try:
+            vblog.sync()
+        except OSError as exc:
+            failed.append((vblog, exc))
+    return failed

@@ -10,17 +10,48 @@ take back, and the ingest acks TAP messages only after ``publish``.
 
 Files (``state_dir/vb-NNNN/``): segments named by the first seqno they may
 hold (``00000000000000000001.seg``), rolled at ``segment_bytes``, and
-``meta.msgpack`` (failover log, seqno reservation, purge seqno, clean flag),
-replaced atomically.
+``meta.msgpack`` (failover log, seqno reservation, purge seqno, clean flag,
+the list of segments, a pending re-fetch), crc-framed and replaced
+atomically whenever a segment is created and before a compaction deletes
+any.
 
-Opening replays every record into a fresh ``TapToUpr`` (index and phase),
-builds a sparse seqno -> offset index per segment, and truncates a torn
-tail. Continuity: a vbucket that restarts after a clean close, or after a
-crash with an intact log and fsync on, continues its history. A torn tail,
-or a crash with fsync "never", cannot prove that what consumers saw is all
-still there: the next seqno then jumps past the last *reserved* seqno (the
-meta file always reserves ahead of what was published, so seqnos are never
-reused) and a new failover entry starts there.
+Failed writes. ``write`` appends the whole buffer or, when the file system
+refuses part-way (a file-size limit, a full disk), cuts the file back to
+its last whole record, keeps the buffer and raises ``LogWriteError``; a
+failed ``sync`` cuts back to the last published byte and puts the unsynced
+records back in the buffer (after a failed fsync the kernel may have
+dropped those pages). Either way the log is as it was, nothing of the
+batch is acked, and the next commit writes the same records again.
+
+Opening (``proof.prove_vbucket``) proves the log or refutes it.
+
+- Proven: records are replayed into a fresh ``TapToUpr`` (index and phase)
+  and a torn tail is cut. The history continues after a clean close, or
+  after a crash with an intact log and fsync on. A torn tail, or a crash
+  with fsync "never", cannot prove that what consumers saw is all still
+  there: the next seqno then jumps past the reserved seqno and a new
+  failover entry starts there (consumers that saw less than it resume).
+- Refuted (a segment or the directory missing, a damaged record before
+  the tail, a damaged or missing meta): the vbucket directory is renamed
+  into ``state_dir/set-aside/`` untouched (with ``why.txt``), and the
+  vbucket starts over empty: a failover log of one entry, a uuid it never
+  had, starting above every seqno it may have handed out, and a re-fetch
+  from the TAP node pending (``needs_refetch``: the ingest deregisters its
+  TAP name so the node backfills the vbucket). Consumers presenting an old
+  uuid roll back to 0 (3.0's rule for an unknown uuid) and receive the
+  node's data again; one warning names the files and what was wrong.
+
+Seqnos above anything handed out. Before ``publish`` exposes a seqno above
+``reserved``, ``reserved`` moves ``RESERVE_STEP`` past it in the meta and
+in the state directory's manifest (``manifest``), both fsynced. So after
+losing segments the meta still bounds what was published; after losing
+the meta (or the whole directory) the manifest does; with both gone, the
+highest seqno readable in the surviving or set-aside segments and the
+metas of logs set aside before give a lower bound only. The new history
+therefore never relies on seqnos alone: its uuid is drawn from the
+operating system's random source (whatever the test seed), excluding every
+uuid these sources name, so no (uuid, seqno) pair can name two versions,
+and every consumer of an old history rolls back to 0.
 
 Writers: the ingest and a takeover connection may both write one vbucket;
 ``lock`` is held from ``write`` to ``publish`` (see ``ingest.commit``), and
@@ -28,10 +59,10 @@ Writers: the ingest and a takeover connection may both write one vbucket;
 since, so nothing is readable before it is synced.
 
 Memory: the index (key -> latest version), the sparse offsets, one write
-buffer, and a tail of the latest published items (about ``tail_bytes`` of
-keys and values) from which streams that keep up are served without
-reading the disk; everything else stays on disk. ``disk_bytes`` is a
-running total of the segment files.
+buffer, the last written and not yet published batch, and a tail of the
+latest published items (about ``tail_bytes`` of keys and values) from which
+streams that keep up are served without reading the disk; everything else
+stays on disk. ``disk_bytes`` is a running total of the segment files.
 """
 
 from __future__ import annotations
@@ -40,47 +71,60 @@ import bisect
 import logging
 import os
 import random
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
 
-import msgpack
 import trio
 
 from adapters.tap.events import TapStreamMessage
 from adapters.translate.log_records import LogItem, LogRecord, from_row, to_row
 from adapters.translate.tap_to_upr import TapToUpr
-from gateway.node.failover import FailoverLog
+from gateway.node.failover import UUID_BITS, FailoverLog
+from gateway.uprfront.config import UprFrontError
+from gateway.uprfront.proof import (
+    META_NAME,
+    Meta,
+    Problem,
+    VbProof,
+    prove_vbucket,
+    set_aside,
+    set_aside_bound,
+)
 from gateway.uprfront.segments import (
-    HEADER_ROW,
+    SPARSE_EVERY,
+    Segment,
     frame,
     fsync_dir,
-    scan,
     scan_bytes,
+    segment_name,
+    write_all,
     write_atomic,
 )
+
+__all__ = ["SPARSE_EVERY", "LogWriteError", "Segment", "VbLog", "segment_name"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
-SPARSE_EVERY = 64
 RESERVE_STEP = 100_000
 READ_CHUNK = 256 * 1024
 FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_TAIL_BYTES = 256 * 1024
 
+_uuids = random.SystemRandom()
 
-@dataclass
-class Segment:
-    path: Path
-    first: int
-    last: int = 0
-    """Seqno of the last item in it (0: none yet)."""
-    size: int = 0
-    """Bytes readers may read (published)."""
-    sparse: list[tuple[int, int]] = field(default_factory=list)
-    """(seqno, offset) of every SPARSE_EVERY-th item."""
-    count: int = 0
+
+class LogWriteError(UprFrontError):
+    """Appending to a vbucket's log failed; the log is as it was before the attempt."""
+
+
+def fresh_uuid(taken: Iterable[int]) -> int:
+    """A vbucket uuid from the OS random source, never 0 and none of ``taken``."""
+    avoid = set(taken)
+    while True:
+        uuid = _uuids.getrandbits(UUID_BITS)
+        if uuid and uuid not in avoid:
+            return uuid
 
 
 def _first(pair: tuple[int, int]) -> int:
@@ -89,10 +133,6 @@ def _first(pair: tuple[int, int]) -> int:
 
 def _seqno(item: LogItem) -> int:
     return item.by_seqno
-
-
-def segment_name(first: int) -> str:
-    return f"{first:020d}.seg"
 
 
 class VbLog:
@@ -109,12 +149,15 @@ class VbLog:
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+        self.root = root
         self.vbucket = vbucket
         self.dir = root / f"vb-{vbucket:04d}"
         self.fsync = fsync
         self.segment_bytes = segment_bytes
+        self.expiry_tolerance = expiry_tolerance
         self.translator = TapToUpr(vbucket, expiry_tolerance=expiry_tolerance)
-        self.failover = FailoverLog(rng or random.Random())
+        self._rng = rng or random.Random()
+        self.failover = FailoverLog(self._rng)
         self.segments: list[Segment] = []
         self.reserved = 0
         self.purge_seqno = 0
@@ -123,7 +166,20 @@ class VbLog:
         self.torn_bytes = 0
         self.continued = True
         """Whether opening proved the history continues (no new failover entry)."""
-        self._file: BinaryIO | None = None
+        self.problems: list[Problem] = []
+        """Why opening could not prove the log (empty: proven)."""
+        self.set_aside: Path | None = None
+        """Where opening moved the log it could not prove."""
+        self.refetch = False
+        """The log was set aside: the vbucket's whole contents are due from the TAP node."""
+        self.on_reserve: Callable[[VbLog], None] | None = None
+        """Called after the reservation moved up, before any seqno above the old one
+        is published (the log set records it in its manifest)."""
+        self.doomed: set[Path] = set()
+        """Segments a compaction is about to delete: the meta no longer lists them."""
+        self._fd: int | None = None
+        self._broken: str | None = None
+        """Set when a failed write could not even be cut back: no more appends."""
         self._buffer = bytearray()
         self._unsynced = False
         self._pending: list[tuple[int, int]] = []
@@ -131,9 +187,13 @@ class VbLog:
         self._pending_items = 0
         self._buffer_high = 0
         """Seqno of the last item in the buffer (0: none)."""
+        self._written = bytearray()
+        """Bytes handed to the file since the last publish (written again if the fsync fails)."""
         self._written_size = 0
         self._written_high = 0
         """Seqno of the last item handed to the file: what ``publish`` may expose."""
+        self._mark = (0, 0, 0)
+        """(sparse entries, count, last) of the active segment at the last publish."""
         self.disk_bytes = 0
         """Bytes of every segment file, kept as the log grows (no stat calls)."""
         self.tail_bytes = tail_bytes
@@ -156,113 +216,163 @@ class VbLog:
 
     @property
     def meta_path(self) -> Path:
-        return self.dir / "meta.msgpack"
+        return self.dir / META_NAME
 
-    def open(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        meta = self._read_meta()
-        torn = self._load_segments()
-        t = self.translator
-        if meta is not None:
-            self.failover = FailoverLog(self.failover._rng, meta["failover"])
-            self.reserved = int(meta["reserved"])
-            self.purge_seqno = int(meta["purge_seqno"])
-        proven = meta is not None and not torn and (meta["clean"] or self.fsync != "never")
-        if meta is None and not self.segments:
-            self.failover.add(0)
-        elif not proven or not len(self.failover):
-            # What consumers saw may be gone: never reuse a seqno they may hold.
-            t.high_seqno = max(t.high_seqno, self.reserved)
-            self.failover.add(t.high_seqno)
-            self.continued = False
-            log.warning(
-                "vbucket %d: cannot prove the log continues (torn %d bytes, clean=%s): "
-                "new history from seqno %d",
-                self.vbucket,
-                self.torn_bytes,
-                None if meta is None else meta["clean"],
-                t.high_seqno,
-            )
-        self.high_seqno = self._written_high = self._tail_floor = t.high_seqno
-        self._reserve(self.high_seqno, force=True, clean=False)
+    @property
+    def needs_refetch(self) -> bool:
+        """Set aside and not yet backfilled again from the TAP node."""
+        return self.refetch and not self.translator.backfilled
+
+    def open(
+        self,
+        *,
+        expected: str | None = None,
+        known_bound: int = 0,
+        known_uuids: Iterable[int] = (),
+    ) -> None:
+        """Prove the log on disk and open it, or set it aside and start over.
+
+        ``expected``: why this vbucket must have a log (then a missing
+        directory is a loss, not a new vbucket); ``known_bound`` and
+        ``known_uuids``: what the state directory's manifest remembers of it.
+        """
+        proof = prove_vbucket(
+            self.dir, self.vbucket, expected=expected, replay=self.translator.replay
+        )
+        self.problems = proof.problems
+        if proof.proven:
+            self._adopt(proof)
+        else:
+            self._start_over(proof, known_bound, set(known_uuids))
+        self.high_seqno = self._written_high = self._tail_floor = self.translator.high_seqno
         self._open_active()
+        self._reserve(self.high_seqno, force=True)
         self.disk_bytes = sum(s.size for s in self.segments)
 
-    def _read_meta(self) -> dict[str, Any] | None:
-        try:
-            data = self.meta_path.read_bytes()
-        except FileNotFoundError:
-            return None
-        meta: dict[str, Any] = msgpack.unpackb(data, raw=False)
-        return meta
+    def _adopt(self, proof: VbProof) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for path in proof.leftovers + proof.strays:
+            # Covered by a finished compaction, or half-written temporaries.
+            path.unlink(missing_ok=True)
+        for path, good, _size in proof.torn:
+            with open(path, "r+b") as f:
+                f.truncate(good)
+                os.fsync(f.fileno())
+        self.torn_bytes = proof.torn_bytes
+        self.segments = proof.segments
+        meta = proof.meta
+        if meta is None:
+            self.failover.add(0)  # a new vbucket
+            return
+        self.failover = FailoverLog(self._rng, meta.failover)
+        self.reserved = meta.reserved
+        self.purge_seqno = meta.purge_seqno
+        self.refetch = meta.refetch
+        if not proof.torn and (meta.clean or self.fsync != "never"):
+            return
+        # What consumers saw may be gone: never reuse a seqno they may hold.
+        t = self.translator
+        t.high_seqno = max(t.high_seqno, self.reserved)
+        uuid = self.failover.add(t.high_seqno)
+        self.continued = False
+        if proof.torn:
+            path, good, size = proof.torn[0]
+            why = (
+                f"torn tail of {size - good} bytes cut from {path.parent.name}/{path.name} "
+                "(an append a crash interrupted before its fsync)"
+            )
+        else:
+            why = "crash with fsync never: the last writes may be lost"
+        log.warning(
+            "vbucket %d: %s: new history %d from seqno %d", self.vbucket, why, uuid, t.high_seqno
+        )
 
-    def _load_segments(self) -> bool:
-        paths = sorted(self.dir.glob("*.seg"), key=lambda p: int(p.stem))
-        torn = False
-        covered = 0
-        for path in paths:
-            first = int(path.stem)
-            if covered and first <= covered:
-                # Left behind by a compaction that crashed before deleting it.
-                path.unlink()
-                continue
-            segment = Segment(path, first)
-            good = 0
-            for offset, end, row in scan(path):
-                good = end
-                if row[0] == HEADER_ROW:
-                    covered = max(covered, int(row[1]))
-                    continue
-                record = from_row(row)
-                if isinstance(record, LogItem):
-                    if record.by_seqno <= self.translator.high_seqno:
-                        continue
-                    self._index_item(segment, record.by_seqno, offset)
-                self.translator.replay(record)
-            size = path.stat().st_size
-            if good < size:
-                torn = True
-                self.torn_bytes += size - good
-                with open(path, "r+b") as f:
-                    f.truncate(good)
-                    os.fsync(f.fileno())
-            segment.size = good
-            self.segments.append(segment)
-        return torn
-
-    def _index_item(self, segment: Segment, seqno: int, offset: int) -> None:
-        if segment.count % SPARSE_EVERY == 0:
-            segment.sparse.append((seqno, offset))
-        segment.count += 1
-        segment.last = seqno
+    def _start_over(self, proof: VbProof, known_bound: int, known_uuids: set[int]) -> None:
+        bound, uuids = proof.bound()
+        earlier, earlier_uuids = set_aside_bound(self.root, self.vbucket)
+        bound = max(bound, known_bound, earlier)
+        uuids |= known_uuids | earlier_uuids
+        if proof.exists:
+            self.set_aside = set_aside(self.root, self.dir, [p.text for p in proof.problems])
+        self.dir.mkdir(parents=True)
+        fsync_dir(self.root)
+        self.translator = TapToUpr(
+            self.vbucket, high_seqno=bound, expiry_tolerance=self.expiry_tolerance
+        )
+        uuid = fresh_uuid(uuids)
+        self.failover = FailoverLog(self._rng, [(uuid, bound)])
+        self.segments = []
+        self.reserved = bound
+        self.purge_seqno = 0
+        self.refetch = True
+        self.continued = False
+        kept = (
+            f"files kept in {self.set_aside.relative_to(self.root)}"
+            if self.set_aside is not None
+            else "no files left to keep"
+        )
+        log.warning(
+            "vbucket %d: log not proven: %s; %s; new history %d from seqno %d "
+            "(consumers roll back to 0); re-fetching the vbucket from the TAP node",
+            self.vbucket,
+            "; ".join(p.text for p in proof.problems),
+            kept,
+            uuid,
+            bound,
+        )
 
     def _open_active(self) -> None:
+        """Open the segment to append to, starting a new one when the last is full.
+
+        A failure leaves the previous state as it was (the next publish tries again).
+        """
         if not self.segments or self.segments[-1].size >= self.segment_bytes:
             # Not the translator's high seqno: buffered items may be ahead of the file.
             first = self._written_high + 1
-            path = self.dir / segment_name(first)
-            path.touch()
+            active = Segment(self.dir / segment_name(first), first)
+            active.path.touch()
             fsync_dir(self.dir)
-            self.segments.append(Segment(path, first))
-        self._file = open(self.segments[-1].path, "ab")  # noqa: SIM115 - kept open
-        self._written_size = self.segments[-1].size
+            fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+            self.segments.append(active)
+        else:
+            active = self.segments[-1]
+            fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
+        self._written_size = active.size
+        self._mark = (len(active.sparse), active.count, active.last)
+
+    def meta(self, *, clean: bool = False) -> Meta:
+        return Meta(
+            failover=list(self.failover.entries),
+            reserved=self.reserved,
+            purge_seqno=self.purge_seqno,
+            clean=clean,
+            segments=[s.first for s in self.segments if s.path not in self.doomed],
+            refetch=self.needs_refetch,
+            high=self.high_seqno if clean else 0,
+        )
 
     def _write_meta(self, *, clean: bool) -> None:
-        meta = {
-            "failover": [list(e) for e in self.failover.entries],
-            "reserved": self.reserved,
-            "purge_seqno": self.purge_seqno,
-            "clean": clean,
-        }
-        write_atomic(self.meta_path, msgpack.packb(meta, use_bin_type=True))
+        write_atomic(self.meta_path, self.meta(clean=clean).pack())
 
     def save_meta(self) -> None:
         self._write_meta(clean=False)
 
-    def _reserve(self, upto: int, *, force: bool = False, clean: bool = False) -> None:
+    def _reserve(self, upto: int, *, force: bool = False) -> None:
+        """Move the reservation past ``upto`` in the meta and the manifest, or raise
+        ``OSError`` with the reservation as it was (so the next call writes both)."""
         if force or upto > self.reserved:
-            self.reserved = max(self.reserved, upto + RESERVE_STEP)
-            self._write_meta(clean=clean)
+            old = self.reserved
+            self.reserved = max(old, upto + RESERVE_STEP)
+            try:
+                self._write_meta(clean=False)
+                if self.on_reserve is not None:
+                    self.on_reserve(self)
+            except OSError:
+                self.reserved = old
+                raise
 
     # -- appending -------------------------------------------------------------
 
@@ -289,16 +399,23 @@ class VbLog:
     def write(self) -> int:
         """Hand buffered records to the file (the OS); how many bytes.
 
-        Call with ``lock`` held until ``publish``.
+        All or nothing: on a failure the file is cut back, the buffer kept,
+        and ``LogWriteError`` raised. Call with ``lock`` held until ``publish``.
         """
         if not self._buffer:
             return 0
-        assert self._file is not None
+        if self._broken is not None:
+            raise LogWriteError(self._broken)
+        if not self._written:
+            self._roll_if_full()  # a roll that failed at the last publish is retried first
+        assert self._fd is not None
         segment = self.segments[-1]
         base = self._written_size
         size = len(self._buffer)
-        self._file.write(self._buffer)
-        self._file.flush()
+        try:
+            write_all(self._fd, self._buffer)
+        except OSError as exc:
+            raise self._cut_back(base, f"cannot append {size} bytes", exc) from exc
         for seqno, offset in self._pending:
             segment.sparse.append((seqno, base + offset))
         if self._pending_items:
@@ -307,6 +424,7 @@ class VbLog:
             self._written_high = self._buffer_high
         self._written_size += size
         self.disk_bytes += size
+        self._written += self._buffer
         self._buffer.clear()
         self._pending.clear()
         self._pending_items = 0
@@ -315,10 +433,57 @@ class VbLog:
         self._unsynced = True
         return size
 
+    def _cut_back(self, size: int, what: str, exc: OSError) -> LogWriteError:
+        """Truncate the active segment to ``size`` after a failed write or fsync."""
+        path = self.segments[-1].path
+        where = f"{path.parent.name}/{path.name}"
+        try:
+            assert self._fd is not None
+            os.ftruncate(self._fd, size)
+        except OSError as again:
+            self._broken = (
+                f"vbucket {self.vbucket}: {where} could not be cut back to {size} bytes "
+                f"after a failed write ({again.strerror or again}); restart to prove it again"
+            )
+            return LogWriteError(self._broken)
+        return LogWriteError(
+            f"vbucket {self.vbucket}: {what} to {where}: {exc.strerror or exc}; "
+            f"cut back to its last whole record ({size} bytes), nothing acknowledged"
+        )
+
     def sync(self) -> None:
-        """fsync the active segment (may run in a worker thread)."""
-        if self._file is not None and self._unsynced:
-            os.fsync(self._file.fileno())
+        """fsync the active segment (may run in a worker thread); ``OSError`` if it fails.
+
+        On a failure call ``unwrite`` (on the trio thread) before anything else.
+        """
+        if self._fd is not None and self._unsynced:
+            os.fsync(self._fd)
+
+    def unwrite(self, exc: OSError) -> LogWriteError:
+        """After a failed fsync: cut the file back to what was published and put
+        the records written since back in the buffer, to be written again."""
+        segment = self.segments[-1]
+        published = segment.size
+        n_sparse, count, last = self._mark
+        moved = segment.sparse[n_sparse:]
+        del segment.sparse[n_sparse:]
+        shift = len(self._written)
+        self._pending = [(s, offset - published) for s, offset in moved] + [
+            (s, offset + shift) for s, offset in self._pending
+        ]
+        if not self._pending_items:
+            self._buffer_high = self._written_high
+        self._pending_items += segment.count - count
+        segment.count, segment.last = count, last
+        self._buffer[0:0] = self._written
+        self._unwritten[0:0] = self._unpublished
+        self._unpublished = []
+        self.disk_bytes -= shift
+        self._written_size = published
+        self._written_high = self.high_seqno
+        self._written = bytearray()
+        self._unsynced = False
+        return self._cut_back(published, "fsync failed", exc)
 
     def publish(self) -> None:
         """Make what was written (and synced) readable, and wake waiting streams.
@@ -326,22 +491,39 @@ class VbLog:
         Only what ``write`` handed to the file: items still in the buffer
         (fed since) have seqnos but are not on disk yet.
         """
+        high = self._written_high
+        if high > self.reserved:
+            try:
+                self._reserve(high)  # before any seqno above the old reservation is seen
+            except OSError as exc:
+                raise LogWriteError(
+                    f"vbucket {self.vbucket}: cannot reserve seqnos in {self.dir.name}/"
+                    f"{META_NAME}: {exc.strerror or exc}; nothing of the batch published"
+                ) from exc
         self._unsynced = False
         segment = self.segments[-1]
         segment.size = self._written_size
+        self._written = bytearray()
+        self._mark = (len(segment.sparse), segment.count, segment.last)
         if self._unpublished:
             self._to_tail(self._unpublished)
             self._unpublished = []
-        high = self._written_high
-        if high > self.reserved:
-            self._reserve(high)
         if high != self.high_seqno:
             self.high_seqno = high
             self._wake()
-        if segment.size >= self.segment_bytes:
-            assert self._file is not None
-            self._file.close()
+        self._roll_if_full()
+
+    def _roll_if_full(self) -> None:
+        if self.segments[-1].size < self.segment_bytes:
+            return
+        try:
             self._open_active()
+            self._write_meta(clean=False)  # lists the new segment before anything is in it
+        except OSError as exc:
+            raise LogWriteError(
+                f"vbucket {self.vbucket}: cannot start a new segment in {self.dir.name}: "
+                f"{exc.strerror or exc}; the next write tries again"
+            ) from exc
 
     def _to_tail(self, items: list[LogItem]) -> None:
         tail = self._tail
@@ -374,21 +556,32 @@ class VbLog:
             await self._changed.wait()
 
     def close(self) -> None:
-        """Clean close: everything written is synced and the meta says so."""
-        if self._file is None:
+        """Clean close: everything written is synced and the meta says so.
+
+        When the last write fails the log is left as a crash would leave it
+        (no clean mark), and the next start proves it as such.
+        """
+        if self._fd is None:
             return
-        self.write()
-        self.sync()
-        self.publish()
-        self._file.close()
-        self._file = None
-        self._write_meta(clean=True)
+        try:
+            self.write()
+            try:
+                self.sync()
+            except OSError as exc:
+                raise self.unwrite(exc) from exc
+            self.publish()
+            os.close(self._fd)
+            self._fd = None
+            self._write_meta(clean=True)
+        except (OSError, LogWriteError) as exc:
+            log.error("vbucket %d: closing the log failed: %s", self.vbucket, exc)
+            self.abandon()
 
     def abandon(self) -> None:
         """Drop the file handle without the clean mark (a simulated crash in tests)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     # -- reading ---------------------------------------------------------------
 

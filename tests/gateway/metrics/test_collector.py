@@ -223,6 +223,18 @@ def test_upr_front_log(stats, registry, clock) -> None:
     assert value(s, "tapupr_upr_front_failover_log_entries", vbucket="9") == 2
 
 
+def test_upr_front_logs_set_aside_by_reason(stats, registry, clock) -> None:
+    setup(stats, registry, clock)
+    s = scrape(registry)
+    assert value(s, "tapupr_upr_front_logs_set_aside_total", reason="segment_missing") == 0
+    stats.upr_log.logs_set_aside_total["segment_missing"] += 2
+    stats.upr_log.logs_set_aside_total["meta_damaged"] += 1
+    s = scrape(registry)
+    assert value(s, "tapupr_upr_front_logs_set_aside_total", reason="segment_missing") == 2
+    assert value(s, "tapupr_upr_front_logs_set_aside_total", reason="meta_damaged") == 1
+    assert value(s, "tapupr_upr_front_logs_set_aside_total", reason="directory_missing") == 0
+
+
 def test_last_item_timestamp_appears_with_the_first_item(
     stats, registry, clock, open_stream
 ) -> None:
