@@ -9,7 +9,9 @@ connection of its own, and runs three tasks:
   time, translates every frame with that vbucket's ``UprToTap``, stamps the
   TAP messages with the sans-IO ``TapProducer`` (sequence numbers, ack
   requests, the unacked window) and writes the whole batch with one send;
-- the reader: acks and nacks from the TAP peer go to the ``TapProducer``;
+- the reader: acks and nacks from the TAP peer go to the ``TapProducer``
+  (framed by body length alone, as memcached 2.x read them, since the
+  classic 2.x client's acks claim a key and extras over an empty body);
   what an ack releases is then settled upstream (see below);
 - the timers: a NOOP on an idle TAP connection, the resend after a busy nack.
 
@@ -75,7 +77,6 @@ from gateway.wire import PacketConnection
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
-_BACKFILL_CODES = (OpaqueCode.INITIAL_VBUCKET_STREAM, OpaqueCode.CLOSE_BACKFILL)
 _KINDS: dict[type, str] = {
     TapMutation: "mutation",
     TapDelete: "deletion",
@@ -160,6 +161,8 @@ class TapSession:
         closing_messages: tuple[TapStreamMessage, ...] = (),
     ) -> None:
         self.conn = conn
+        # A TAP peer's acks are framed by body length alone, as 2.x read them.
+        conn.reader.lenient_responses = True
         self.plan = plan
         self.config = config
         self.registry = registry
@@ -407,16 +410,6 @@ class TapSession:
 
     async def _emit(self, message: TapStreamMessage, vb: VbStream | None) -> None:
         """Stamp one message into the batch, waiting for room in the ack window."""
-        if (
-            self.plan.dump
-            and isinstance(message, TapOpaque)
-            and message.opaque_code
-            in (
-                OpaqueCode.INITIAL_VBUCKET_STREAM,
-                OpaqueCode.CLOSE_BACKFILL,
-            )
-        ):
-            return  # a dump sends the items alone, as 2.x did
         if not self.producer.can_send:
             waited_from = time.monotonic()
             while not self.producer.can_send:
@@ -556,13 +549,15 @@ class TapSession:
                 deadline = min(deadline, retransmit)
             await trio.sleep_until(deadline)
             now = trio.current_time()
+            backing_off = self.producer.state is ProducerState.BACKING_OFF
             again = self.producer.retransmit_due(now)
             if again:
                 log.info("%s: resending %d unacked messages", self.name, len(again))
                 await self.conn.send(b"".join(encode(message) for message in again))
                 self.last_send = now
                 self._update_ack_stats()
-                self._wake.set()
+            if backing_off and self.producer.state is ProducerState.STREAMING:
+                self._wake.set()  # the pump may go on, after the resend (if any)
             elif now >= self.last_send + self.config.noop_interval:
                 await self.conn.send(encode(TapNoop()))
                 self.last_send = now
