@@ -29,7 +29,10 @@ bounded by the upstream buffer plus the socket outbox.
 Upstream loss: the pump reconnects with backoff and re-requests every open
 stream from the last seqno sent, within the snapshot it was in; the
 translators continue the checkpoint or backfill that was open, so the TAP
-peer sees neither a gap nor a duplicate. A rollback answer restarts that
+peer sees neither a gap nor a duplicate. Acks keep arriving meanwhile and
+never cost the TAP peer its connection: what they release is settled on
+the TAP side (positions, counters) at once, while the upstream credit and
+replies they carry lapse with the connection they were owed to. A rollback answer restarts that
 vbucket with a full backfill behind OPAQUE(INITIAL_VBUCKET_STREAM).
 """
 
@@ -472,9 +475,16 @@ class TapSession:
     async def _settle(self, settlement: Settlement) -> None:
         upstream = self.upstream
         if upstream is not None and settlement.generation == self.generation:
-            await upstream.acknowledge(settlement.credit)
-            if settlement.replies:
-                await upstream.send(b"".join(settlement.replies))
+            try:
+                await upstream.acknowledge(settlement.credit)
+                if settlement.replies:
+                    await upstream.send(b"".join(settlement.replies))
+            except UpstreamError as exc:
+                # The upstream died under an ack: the pump finds out on its next read
+                # and reconnects. Credit and replies were owed to the lost connection
+                # only (a new one starts with an empty window and fresh streams), so
+                # what remains to settle is the TAP side, below, as for any ack.
+                log.info("%s: upstream gone while settling an ack: %s", self.name, exc)
         for vbucket, position in settlement.positions.items():
             progress = self.stats.vbucket(vbucket)
             progress.acked_seqno = max(progress.acked_seqno, position.seqno)
