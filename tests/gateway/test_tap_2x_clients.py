@@ -29,7 +29,7 @@ from adapters.tap import (
 )
 from gateway.node.store import Store
 from tests.gateway.tapfront.test_tap_front_stream import check_brackets, closes
-from tests.support.tap_client import TapClient, start_node
+from tests.support.tap_client import TapClient, start_node, until
 from tests.support.tapfront import Replica, node_state, start_front
 
 F = ConnectFlags
@@ -252,3 +252,37 @@ async def test_unknown_connect_flags_and_their_data_are_ignored(
         await client.aclose()
     replica.apply(events)
     assert replica.items == node_state(store, range(VBUCKETS))
+
+
+async def test_a_busy_nack_without_support_ack_pauses_the_stream_only(
+    nursery: trio.Nursery, side: str
+) -> None:
+    """ep-engine 2.x tapconnection.cc ``TapProducer::processAck`` runs for any
+    response, support-ack or not: a busy nack (a replica that could not apply a
+    message answers unasked) suspends the stream for the backoff, with nothing
+    to resend; then it goes on."""
+    store = filled(800)
+    server, port = await serve(nursery, store, side)
+    replica = Replica()
+    with trio.fail_after(20):
+        client = await TapClient.open(port)
+        await client.send(classic_connect(b"no-acks", {F.BACKFILL: 0}))
+        events: list[TapEvent] = []
+        mutation = None
+        while closes(events) < VBUCKETS:
+            frame = await client.next_frame()
+            assert frame is not None, "the server closed the stream"
+            events.append(decode_frame(frame))
+            mutation = frame if frame.opcode == TapOpcode.MUTATION else mutation
+        assert mutation is not None
+        await client.send(classic_reply(mutation, Status.BUSY, b"cannot apply now"))
+        streams = server.tap if side == "node" else server.sessions  # type: ignore[attr-defined]
+        await until(lambda: streams.get("no-acks").producer.nacks_total == 1)
+        store.set(2, b"after-the-nack", b"x", now=time.time())
+        events += await read_events(
+            client, lambda ev: isinstance(ev[-1], TapMutation) and ev[-1].key == b"after-the-nack"
+        )
+        await client.aclose()
+    replica.apply(events)
+    assert replica.items == node_state(store, range(VBUCKETS))
+    assert replica.mutations == 801  # nothing was sent twice
