@@ -22,9 +22,6 @@ from adapters.mcbp.constants import Status
 from adapters.tap.constants import ConnectFlags, TapOpcode
 from adapters.tap.events import TapConnect
 
-KNOWN_FLAGS = ConnectFlags(0x1FF)
-"""The flags 2.x gave a meaning; any other bit is ignored."""
-
 
 def connect_refusal(reason: str, *, field: str, value: object) -> ProtocolError:
     return ProtocolError(
