@@ -6,6 +6,12 @@ inside a ``trio.CancelScope``, for as long as the block runs; opening one
 under a name already taken cancels the older one's scope (its handler
 returns and its socket closes). A connection unregisters only itself, so the
 late exit of the old one cannot remove the new one.
+
+The one exception is 2.x's registered TAP client: a CONNECT with
+REGISTERED_CLIENT under the name of a connection that is streaming (and not
+already being closed) was refused and the first kept streaming (ep_engine.cc,
+``createTapQueue``). Callers ask ``holds`` before they open such a one, with
+no checkpoint between the question and ``running``.
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ class NamedConnections(Generic[C]):
         finally:
             if self._entries.get(name) is entry:
                 del self._entries[name]
+
+    def holds(self, name: str) -> bool:
+        """Whether a connection runs under ``name`` that is not already being closed."""
+        entry = self._entries.get(name)
+        return entry is not None and not entry[1].cancel_called
 
     def get(self, name: str) -> C | None:
         entry = self._entries.get(name)

@@ -8,6 +8,16 @@ opaque u32, cas u64. Body = extras, key, value.
 whole frames with ``next_frame``; ``None`` means it needs more bytes. A
 declared body larger than the configured maximum is rejected from the header
 alone, before anything is buffered for it.
+
+Requests are strict: extras and key must fit in the body. Responses from a
+TAP peer are not, where ``lenient_responses`` is set: memcached 2.x framed a
+TAP response by its total body length alone and read nothing but opcode,
+opaque and status from its header (daemon/memcached.c, ``try_read_command``,
+``dispatch_bin_command``, ``process_bin_tap_ack``), and the classic 2.x
+Python client (``mc_bin_server``) answers with the request's key length and
+the opcode's extras length over an empty body. Such a response is the header
+plus its body; its key and extras lengths are read as 0, so the whole body
+is its value.
 """
 
 from __future__ import annotations
@@ -104,13 +114,18 @@ class FrameReader:
     """Incremental reader of memcached binary frames.
 
     ``consumed`` counts the bytes of every frame handed out so far, so a caller
-    can name the stream offset of an error.
+    can name the stream offset of an error. ``lenient_responses``: frame
+    responses by body length alone (see the module docstring); a reader that
+    learns mid-stream that its peer speaks TAP may set it then.
     """
 
-    __slots__ = ("_buffer", "_offset", "consumed", "max_frame_size")
+    __slots__ = ("_buffer", "_offset", "consumed", "lenient_responses", "max_frame_size")
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(
+        self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *, lenient_responses: bool = False
+    ) -> None:
         self.max_frame_size = max_frame_size
+        self.lenient_responses = lenient_responses
         self._buffer = bytearray()
         self._offset = 0
         self.consumed = 0
@@ -149,13 +164,16 @@ class FrameReader:
                 offset=self.consumed + 8,
             )
         if extlen + keylen > bodylen:
-            raise ProtocolError(
-                "extras and key are longer than the total body",
-                opcode=opcode,
-                field="total_body",
-                value=bodylen,
-                offset=self.consumed + 8,
-            )
+            if magic == _RESPONSE and self.lenient_responses:
+                keylen = extlen = 0
+            else:
+                raise ProtocolError(
+                    "extras and key are longer than the total body",
+                    opcode=opcode,
+                    field="total_body",
+                    value=bodylen,
+                    offset=self.consumed + 8,
+                )
         end = off + HEADER_SIZE + bodylen
         if len(buf) < end:
             return None

@@ -292,16 +292,15 @@ def _decode_connect(frame: Frame) -> TapConnect:
         count = _U16.unpack_from(value, take(2, "vbuckets"))[0]
         at = take(2 * count, "vbuckets")
         vbuckets = struct.unpack_from(f">{count}H", value, at)
-    if flags & ConnectFlags.CHECKPOINT:
+    # The checkpoint map is optional: no count (fewer than 2 bytes left) is none.
+    if flags & ConnectFlags.CHECKPOINT and len(value) - pos >= 2:
         count = _U16.unpack_from(value, take(2, "checkpoints"))[0]
         at = take(10 * count, "checkpoints")
         checkpoints = tuple(_VB_CHECKPOINT.iter_unpack(value[at : at + 10 * count]))
     if flags & ConnectFlags.REGISTERED_CLIENT and pos < len(value):
         registered_byte = _U8.unpack_from(value, take(1, "registered_byte"))[0]
-    if pos != len(value):
-        raise _bad_connect(
-            "unexpected bytes after the CONNECT options", "value", value[pos:], base + pos
-        )
+    # Bytes after the known options (data of a flag this codec does not know,
+    # say) are ignored, as ep-engine's createTapQueue ignored them.
     return TapConnect(
         frame.key, flags, backfill_date, vbuckets, checkpoints, registered_byte, frame.opaque
     )
@@ -340,7 +339,9 @@ def decode_frame(frame: Frame) -> TapEvent:
     else:
         opcode = _TAP_OPCODES.get(frame.opcode)
         if opcode is not None:
-            return TapResponse(opcode, frame.opaque, frame.vbucket_or_status, frame.value)
+            # Only opaque and status count (2.x read nothing else); the text a nack
+            # carries is the whole body, whatever key or extras length its header claims.
+            return TapResponse(opcode, frame.opaque, frame.vbucket_or_status, frame.body)
     raise ProtocolError(
         "not a TAP opcode",
         opcode=frame.opcode,
@@ -356,12 +357,14 @@ class TapDecoder:
 
     ``next_event`` returns ``None`` when it needs more bytes; a
     ``ProtocolError`` carries the absolute stream offset of the problem.
+    Responses (acks, nacks) are framed by their body length alone, as 2.x
+    servers read them; requests must be consistent.
     """
 
     __slots__ = ("_reader",)
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
-        self._reader = FrameReader(max_frame_size)
+        self._reader = FrameReader(max_frame_size, lenient_responses=True)
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._reader.receive_data(data)

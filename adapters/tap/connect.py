@@ -1,9 +1,18 @@
 """What a TAP CONNECT asks for, read the same way by every TAP producer here.
 
 ``connect_refusal`` builds the error a producer answers a CONNECT it cannot
-honour with (NOT_SUPPORTED, naming the field); ``listed_vbuckets`` checks the
-flags and says whether the client named its vbuckets; ``ConnectView`` gives
-a plan that keeps the flags the questions producers ask of them.
+honour with (NOT_SUPPORTED, naming the field); ``listed_vbuckets`` says
+whether the client named its vbuckets; ``ConnectView`` gives a plan that
+keeps the flags the questions producers ask of them.
+
+As ep-engine 2.x read a CONNECT (ep_engine.cc, ``createTapQueue``; the
+filter is ``VBucketFilter`` in vbucket.hh):
+
+- flag bits it does not know are ignored, not refused, and so are bytes
+  after the options it knows;
+- LIST_VBUCKETS with a count of 0 is an empty filter, and an empty filter
+  accepts every vbucket: the same as no list at all;
+- the CHECKPOINT map and the REGISTERED_CLIENT byte may be left out.
 """
 
 from __future__ import annotations
@@ -11,8 +20,7 @@ from __future__ import annotations
 from adapters.errors import ProtocolError
 from adapters.mcbp.constants import Status
 from adapters.tap.constants import ConnectFlags, TapOpcode
-
-KNOWN_FLAGS = ConnectFlags(0x1FF)
+from adapters.tap.events import TapConnect
 
 
 def connect_refusal(reason: str, *, field: str, value: object) -> ProtocolError:
@@ -21,16 +29,14 @@ def connect_refusal(reason: str, *, field: str, value: object) -> ProtocolError:
     )
 
 
-def listed_vbuckets(flags: ConnectFlags) -> bool:
-    """Whether the client lists its vbuckets; refuses unknown flags and a takeover
-    that does not say which vbuckets it takes over."""
-    unknown = int(flags) & ~int(KNOWN_FLAGS)
-    if unknown:
-        raise connect_refusal("unsupported TAP connect flags", field="flags", value=unknown)
-    listed = bool(flags & ConnectFlags.LIST_VBUCKETS)
+def listed_vbuckets(connect: TapConnect) -> bool:
+    """Whether the client names its vbuckets (a list of none means all of them);
+    refuses a takeover that does not say which vbuckets it takes over."""
+    flags = connect.connect_flags
+    listed = bool(flags & ConnectFlags.LIST_VBUCKETS) and bool(connect.vbuckets)
     if flags & ConnectFlags.TAKEOVER_VBUCKETS and not listed:
         raise connect_refusal(
-            "TAKEOVER_VBUCKETS needs LIST_VBUCKETS", field="flags", value=int(flags)
+            "TAKEOVER_VBUCKETS needs a LIST_VBUCKETS list", field="flags", value=int(flags)
         )
     return listed
 

@@ -9,7 +9,11 @@ of sequence number N releases N and everything sent before it. Once
 nack whose status is BUSY or TEMPORARY_FAILURE pauses the stream for
 ``backoff`` seconds, after which everything outstanding is sent again, in
 order, with the same sequence numbers; any other nack is fatal. Without
-support-ack nothing is kept and ``can_send`` is always true.
+support-ack nothing is kept: an ack releases nothing, a busy nack still
+pauses the stream (with nothing to resend) and any other nack is fatal, as
+2.x's ``TapProducer::processAck`` (tapconnection.cc) ran the same code
+with an empty ack log; a client built on the classic 2.x Python code acks
+every message whether asked or not.
 
 State table (``ProducerState``):
 
@@ -144,15 +148,10 @@ class TapProducer:
         """Apply an ack or nack; return the messages an ack released (oldest first)."""
         if self.state in (ProducerState.FAILED, ProducerState.CLOSED):
             return []
-        if not self.support_ack:
-            raise ProtocolError(
-                "ack on a stream that did not ask for acks",
-                opcode=response.opcode,
-                field="opaque",
-                value=response.opaque,
-            )
-        position = self._position(response.opaque)
         if response.status == Status.SUCCESS:
+            if not self.support_ack:
+                return []  # nothing is kept to release (a client that acks every message)
+            position = self._position(response.opaque)
             if position is None:
                 return []  # a late ack for a message already covered
             released = [self._outstanding.popleft() for _ in range(position + 1)]

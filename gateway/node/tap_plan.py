@@ -7,7 +7,8 @@ in this order of precedence (as ep-engine 2.x did):
 1. a registered client that already holds a position in the vbucket resumes
    there: it continues an unfinished backfill, or streams live from its
    seqno while the store still keeps checkpoints from there on;
-2. DUMP: a backfill of everything, then nothing live;
+2. DUMP: a backfill of everything (wrapped like any backfill), then
+   nothing live;
 3. CHECKPOINT with an entry for the vbucket: live from the end of the
    client's last closed checkpoint, if the store still knows every
    checkpoint after it;
@@ -17,9 +18,10 @@ in this order of precedence (as ep-engine 2.x did):
 
 Whenever a resume point is no longer available the vbucket falls back to a
 full backfill that starts with OPAQUE(INITIAL_VBUCKET_STREAM), so the
-receiver resets it first. The vbuckets are the listed ones (LIST_VBUCKETS)
-or every vbucket ACTIVE at connect time. A CONNECT the node cannot honour
-(an unknown flag, a vbucket out of range, TAKEOVER without a list) raises
+receiver resets it first. The vbuckets are the listed ones (LIST_VBUCKETS
+with a non-empty list) or every vbucket ACTIVE at connect time. Unknown
+flag bits are ignored (see ``adapters.tap.connect``). A CONNECT the node
+cannot honour (a vbucket out of range, TAKEOVER without a list) raises
 ``ProtocolError`` with status NOT_SUPPORTED.
 
 The store keeps each key once, at its latest by_seqno, so "everything after
@@ -69,9 +71,7 @@ class StreamPlan(ConnectView):
 
 def stream_vbuckets(connect: TapConnect, store: Any) -> tuple[int, ...]:
     """The listed vbuckets (in order, once each), or every ACTIVE one."""
-    flags = connect.connect_flags
-    listed = listed_vbuckets(flags)
-    if not listed:
+    if not listed_vbuckets(connect):
         return tuple(vb for vb in range(store.n_vbuckets) if store.state(vb) is VBucketState.ACTIVE)
     for vb in connect.vbuckets:
         if vb >= store.n_vbuckets:
@@ -115,7 +115,7 @@ def _cursor(
     if position is not None:
         return _resume_registered(vb, position, store)
     if flags & ConnectFlags.DUMP:
-        return full_backfill(vb, reset=False)
+        return full_backfill(vb)
     if flags & ConnectFlags.CHECKPOINT and checkpoint is not None:
         after = resume_after_checkpoint(store, vb, checkpoint)
         return full_backfill(vb) if after is None else VbCursor(vb, after, Phase.LIVE)

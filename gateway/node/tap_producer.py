@@ -9,7 +9,9 @@ connection closes. One ``TapStream`` then runs three tasks:
   OPAQUE(ENABLE_AUTO_NACK) with support-ack, OPAQUE(ENABLE_CHECKPOINT_SYNC)
   with checkpoint; for a takeover VBUCKET_SET(pending) per vbucket; the
   backfills, each OPAQUE(INITIAL_VBUCKET_STREAM), the items,
-  OPAQUE(CLOSE_BACKFILL) (a DUMP sends the items alone); then live items,
+  OPAQUE(CLOSE_BACKFILL) (a DUMP too, for every ACTIVE vbucket that holds
+  items, as 2.x's ``registerCursor`` scheduled a dump as a backfill of
+  those; the others send nothing); then live items,
   grouped by the checkpoint each was written in, between CHECKPOINT_START
   and CHECKPOINT_END. A DUMP ends after its backfill; a takeover, once every
   vbucket is caught up and (with support-ack) the client has acked it all,
@@ -17,7 +19,10 @@ connection closes. One ``TapStream`` then runs three tasks:
   VBUCKET_SET(active). Both then wait for every ack and close;
 - the reader (``_read_responses``): acks and nacks go to the sans-IO
   ``TapProducer`` (sequence numbers, ack requests, window, backoff and
-  retransmit, fatal nacks); a malformed packet gets an error and closes;
+  retransmit, fatal nacks); a malformed packet gets an error and closes.
+  Responses are framed by body length alone, as memcached 2.x read them:
+  the classic 2.x client acks with the request's key length and extras
+  length 8 or 16 over an empty body (see ``adapters.mcbp.frames``);
 - the watcher: wakes the producer on any store change.
 
 The producer reads the store in bounded batches and awaits each send, so a
@@ -65,6 +70,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from adapters.tap.connect import connect_refusal
 from adapters.tap.constants import swap32
 from adapters.tap.producer import ProducerState, TapProducer
 from gateway.node.items import Item, VBucketState
@@ -88,10 +94,19 @@ INITIAL_NRU = 2
 
 async def serve_tap_stream(node: Any, conn: PacketConnection, connect: TapConnect) -> None:
     """Run the TAP producer for the rest of the connection."""
+    # From here on the peer is a TAP client: 2.x framed its acks by body length alone.
+    conn.reader.lenient_responses = True
     hub: TapHub = node.tap
     name = hub.connection_name(connect.name)
     registration = None
     if connect.connect_flags & ConnectFlags.REGISTERED_CLIENT:
+        if hub.holds(name):
+            # 2.x refused a registered client whose name was streaming; the first goes on.
+            refused = connect_refusal(
+                f"TAP client {name!r} is already connected", field="key", value=connect.name
+            )
+            await refuse(conn, error_reply(TapOpcode.CONNECT, connect.opaque, refused))
+            raise refused
         registration = hub.registration(name)
     try:
         plan = plan_stream(connect, name, node.store, registration, time.time())
@@ -198,11 +213,14 @@ class TapStream:
     async def _backfill(self, cursor: VbCursor) -> None:
         vb = cursor.vb
         dump = self.plan.dump
-        if cursor.reset and not dump:
+        cursor.backfill_end = end = self.store.high_seqno(vb)
+        if dump and not self._dumps(cursor, end):
+            cursor.phase = Phase.DONE
+            return
+        if cursor.reset:
             await self._emit(
                 TapOpaque(OpaqueCode.INITIAL_VBUCKET_STREAM, vb), VbPosition(0, 0, False)
             )
-        cursor.backfill_end = end = self.store.high_seqno(vb)
         while batch := self.store.items_since(vb, cursor.seqno, end, BATCH):
             for index, item in enumerate(batch):
                 position = VbPosition(item.by_seqno, 0, False)
@@ -211,11 +229,21 @@ class TapStream:
                 cursor.seqno = item.by_seqno
         # Later versions of the rest moved past ``end``: live sends them.
         cursor.seqno = max(cursor.seqno, end)
-        if not dump:
-            await self._emit(
-                TapOpaque(OpaqueCode.CLOSE_BACKFILL, vb), VbPosition(cursor.seqno, 0, True)
-            )
+        await self._emit(
+            TapOpaque(OpaqueCode.CLOSE_BACKFILL, vb), VbPosition(cursor.seqno, 0, True)
+        )
         cursor.phase = Phase.LIVE if not dump else Phase.DONE
+
+    def _dumps(self, cursor: VbCursor, end: int) -> bool:
+        """Whether a DUMP sends this vbucket: 2.x dumped ACTIVE vbuckets holding
+        items and sent nothing at all, not even the OPAQUEs, for the others
+        (a registered client's unfinished dump goes on regardless)."""
+        vb = cursor.vb
+        if not cursor.reset:
+            return True
+        return self.store.state(vb) is VBucketState.ACTIVE and not self._caught_up(
+            vb, cursor.seqno, end
+        )
 
     async def _live(self) -> None:
         """Stream changes; returns only for a takeover, once all is caught up."""

@@ -77,6 +77,7 @@ _NO_RESET_STATES = (VBucketState.ACTIVE, VBucketState.DEAD)
 
 async def receive_tap_stream(node: Any, conn: PacketConnection, first: Frame) -> None:
     """Apply the TAP stream arriving on ``conn``, starting with ``first``."""
+    conn.reader.lenient_responses = True  # a TAP peer's responses: body length frames them
     receiver = TapReceiver(node.store)
     frame: Frame | None = first
     while frame is not None:

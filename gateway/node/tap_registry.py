@@ -5,7 +5,9 @@ which keeps it under its name (an unnamed one gets ``anon_<n>``, as 2.x
 named them) together with a ``trio.CancelScope``. A second connection under
 a name already open cancels the older one, as 2.x dropped a TAP connection
 whose name was reused; a connection unregisters only itself, so the older
-one's late exit cannot remove the newer one.
+one's late exit cannot remove the newer one. A registered client is the
+exception: its CONNECT under a name that is streaming is refused and the
+first keeps streaming (``serve_tap_stream`` asks ``holds``).
 
 A client that connects with REGISTERED_CLIENT gets a ``Registration`` that
 outlives its connections for as long as the node runs: per vbucket the last
@@ -108,6 +110,10 @@ class TapHub:
                 yield scope
         finally:
             self.items_sent_closed += connection.items_sent
+
+    def holds(self, name: str) -> bool:
+        """A connection streams under ``name`` and is not being closed."""
+        return self._named.holds(name)
 
     def get(self, name: str) -> TapConnection | None:
         return self._named.get(name)

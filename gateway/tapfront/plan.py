@@ -6,7 +6,9 @@ precedence a 2.x server used:
 
 1. a registered client that holds a position in the vbucket resumes there
    (same upstream uuid, seqno and snapshot range it last acknowledged);
-2. DUMP: everything up to the high seqno at connect, then the stream ends;
+2. DUMP: everything up to the high seqno at connect, wrapped like any
+   backfill, then the stream ends (an empty or non-ACTIVE vbucket sends
+   nothing, as 2.x dumped only ACTIVE vbuckets holding items);
 3. CHECKPOINT with an entry for the vbucket: after the last closed
    checkpoint the client names, if the gateway still knows where it ended;
 4. BACKFILL with a date now or in the past (0 included): everything; a date
@@ -16,8 +18,10 @@ precedence a 2.x server used:
 A vbucket whose resume point is unknown falls back to a full backfill that
 starts with OPAQUE(INITIAL_VBUCKET_STREAM), so the client resets it first;
 so does one the upstream answers with a rollback (the session's business).
-The vbuckets are the listed ones or every ACTIVE vbucket upstream. A CONNECT
-the gateway cannot honour raises ``ProtocolError`` (status NOT_SUPPORTED).
+The vbuckets are the listed ones (a list of none means all) or every ACTIVE
+vbucket upstream; unknown flag bits are ignored (see ``adapters.tap.connect``).
+A CONNECT the gateway cannot honour raises ``ProtocolError`` (status
+NOT_SUPPORTED).
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def plan_connection(
     checkpoint ended, for clients that resume with the CHECKPOINT flag.
     """
     flags = connect.connect_flags
-    listed = listed_vbuckets(flags)
+    listed = listed_vbuckets(connect)
     if flags & ConnectFlags.TAKEOVER_VBUCKETS and flags & ConnectFlags.DUMP:
         raise connect_refusal(
             "TAKEOVER_VBUCKETS and DUMP exclude each other", field="flags", value=int(flags)
@@ -119,7 +123,8 @@ def plan_connection(
         if position is not None:
             starts.append(VbStart.from_resume(vb, position))
         elif flags & ConnectFlags.DUMP:
-            starts.append(VbStart.full(vb, end=state.high_seqno))
+            # 2.x dumped ACTIVE vbuckets that hold items; an empty stream sends nothing.
+            starts.append(VbStart.full(vb, end=state.high_seqno if state.active else 0))
         elif flags & ConnectFlags.CHECKPOINT and vb in checkpoints:
             ended = checkpoint_ends.get((vb, checkpoints[vb]))
             starts.append(VbStart.full(vb) if ended is None else VbStart.from_resume(vb, ended))

@@ -8,7 +8,9 @@ is decoded (a malformed one gets NOT_SUPPORTED naming the field, and the
 connection closes), the upstream's vbuckets are read with ``STAT vbucket``
 and ``STAT vbucket-seqno``, the CONNECT is planned (``plan``) and a
 ``TapSession`` serves the connection for the rest of its life. A second
-connection under a name already streaming replaces the first, as 2.x did.
+connection under a name already streaming replaces the first, as 2.x did,
+unless it is a registered client: that one is refused (NOT_SUPPORTED) and
+the first keeps streaming, as ep-engine 2.x's ``createTapQueue`` did.
 
 Registered-client positions and checkpoint ends are saved to the state
 directory every ``save_interval`` seconds (packed on the loop, written and
@@ -29,6 +31,7 @@ import trio
 from adapters import tap, upr
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from adapters.tap.connect import connect_refusal
 from gateway.client import McbpClient
 from gateway.named import NamedConnections
 from gateway.stats import GatewayStats
@@ -275,6 +278,15 @@ class TapFront:
             raise failure from None
         registry = self.registry
         registered = connect.connect_flags & tap.ConnectFlags.REGISTERED_CLIENT
+        if registered and self.sessions.holds(name):
+            # As 2.x: a registered name that is streaming is refused; the first goes on.
+            # No checkpoint from here to ``running``, so two cannot both pass.
+            self.stats.protocol_errors_total["tap_front", "refused_connect"] += 1
+            taken = connect_refusal(
+                f"TAP client {name!r} is already connected", field="key", value=connect.name
+            )
+            await refuse(conn, frame, taken)
+            raise taken
         try:
             plan = plan_connection(
                 connect,

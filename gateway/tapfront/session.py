@@ -9,7 +9,9 @@ connection of its own, and runs three tasks:
   time, translates every frame with that vbucket's ``UprToTap``, stamps the
   TAP messages with the sans-IO ``TapProducer`` (sequence numbers, ack
   requests, the unacked window) and writes the whole batch with one send;
-- the reader: acks and nacks from the TAP peer go to the ``TapProducer``;
+- the reader: acks and nacks from the TAP peer go to the ``TapProducer``
+  (framed by body length alone, as memcached 2.x read them, since the
+  classic 2.x client's acks claim a key and extras over an empty body);
   what an ack releases is then settled upstream (see below);
 - the timers: a NOOP on an idle TAP connection, the resend after a busy nack.
 
@@ -27,7 +29,10 @@ bounded by the upstream buffer plus the socket outbox.
 Upstream loss: the pump reconnects with backoff and re-requests every open
 stream from the last seqno sent, within the snapshot it was in; the
 translators continue the checkpoint or backfill that was open, so the TAP
-peer sees neither a gap nor a duplicate. A rollback answer restarts that
+peer sees neither a gap nor a duplicate. Acks keep arriving meanwhile and
+never cost the TAP peer its connection: what they release is settled on
+the TAP side (positions, counters) at once, while the upstream credit and
+replies they carry lapse with the connection they were owed to. A rollback answer restarts that
 vbucket with a full backfill behind OPAQUE(INITIAL_VBUCKET_STREAM).
 """
 
@@ -75,7 +80,6 @@ from gateway.wire import PacketConnection
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
-_BACKFILL_CODES = (OpaqueCode.INITIAL_VBUCKET_STREAM, OpaqueCode.CLOSE_BACKFILL)
 _KINDS: dict[type, str] = {
     TapMutation: "mutation",
     TapDelete: "deletion",
@@ -160,6 +164,8 @@ class TapSession:
         closing_messages: tuple[TapStreamMessage, ...] = (),
     ) -> None:
         self.conn = conn
+        # A TAP peer's acks are framed by body length alone, as 2.x read them.
+        conn.reader.lenient_responses = True
         self.plan = plan
         self.config = config
         self.registry = registry
@@ -407,16 +413,6 @@ class TapSession:
 
     async def _emit(self, message: TapStreamMessage, vb: VbStream | None) -> None:
         """Stamp one message into the batch, waiting for room in the ack window."""
-        if (
-            self.plan.dump
-            and isinstance(message, TapOpaque)
-            and message.opaque_code
-            in (
-                OpaqueCode.INITIAL_VBUCKET_STREAM,
-                OpaqueCode.CLOSE_BACKFILL,
-            )
-        ):
-            return  # a dump sends the items alone, as 2.x did
         if not self.producer.can_send:
             waited_from = time.monotonic()
             while not self.producer.can_send:
@@ -479,9 +475,16 @@ class TapSession:
     async def _settle(self, settlement: Settlement) -> None:
         upstream = self.upstream
         if upstream is not None and settlement.generation == self.generation:
-            await upstream.acknowledge(settlement.credit)
-            if settlement.replies:
-                await upstream.send(b"".join(settlement.replies))
+            try:
+                await upstream.acknowledge(settlement.credit)
+                if settlement.replies:
+                    await upstream.send(b"".join(settlement.replies))
+            except UpstreamError as exc:
+                # The upstream died under an ack: the pump finds out on its next read
+                # and reconnects. Credit and replies were owed to the lost connection
+                # only (a new one starts with an empty window and fresh streams), so
+                # what remains to settle is the TAP side, below, as for any ack.
+                log.info("%s: upstream gone while settling an ack: %s", self.name, exc)
         for vbucket, position in settlement.positions.items():
             progress = self.stats.vbucket(vbucket)
             progress.acked_seqno = max(progress.acked_seqno, position.seqno)
@@ -556,13 +559,15 @@ class TapSession:
                 deadline = min(deadline, retransmit)
             await trio.sleep_until(deadline)
             now = trio.current_time()
+            backing_off = self.producer.state is ProducerState.BACKING_OFF
             again = self.producer.retransmit_due(now)
             if again:
                 log.info("%s: resending %d unacked messages", self.name, len(again))
                 await self.conn.send(b"".join(encode(message) for message in again))
                 self.last_send = now
                 self._update_ack_stats()
-                self._wake.set()
+            if backing_off and self.producer.state is ProducerState.STREAMING:
+                self._wake.set()  # the pump may go on, after the resend (if any)
             elif now >= self.last_send + self.config.noop_interval:
                 await self.conn.send(encode(TapNoop()))
                 self.last_send = now

@@ -104,8 +104,8 @@ def test_connect_without_extras_means_no_flags() -> None:
     [
         (ConnectFlags.BACKFILL, b"\x00" * 4, "backfill_date"),
         (ConnectFlags.LIST_VBUCKETS, b"\x00\x03\x00\x01", "vbuckets"),
+        (ConnectFlags.LIST_VBUCKETS, b"\x00", "vbuckets"),
         (ConnectFlags.CHECKPOINT, b"\x00\x01\x00\x01", "checkpoints"),
-        (ConnectFlags.DUMP, b"junk", "value"),
     ],
 )
 def test_malformed_connect_body_names_the_field(
@@ -118,6 +118,51 @@ def test_malformed_connect_body_names_the_field(
     assert info.value.status == Status.NOT_SUPPORTED
     assert info.value.opcode == 0x40
     assert "CONNECT" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        # CHECKPOINT with no map at all (not even its count).
+        ("8040000404000000000000080000000100000000000000000000004063703031", TapConnect(
+            b"cp01", ConnectFlags.CHECKPOINT, opaque=1)),
+        # CHECKPOINT | REGISTERED_CLIENT and one byte: the byte is the registered one.
+        ("804000040400000000000009000000020000000000000000000000c072656731" + "01",
+         TapConnect(b"reg1", ConnectFlags.CHECKPOINT | ConnectFlags.REGISTERED_CLIENT,
+                    registered_byte=1, opaque=2)),
+        # LIST_VBUCKETS with a count of 0 (every vbucket).
+        ("80400004040000000000000a0000000300000000000000000000000476626c30" + "0000",
+         TapConnect(b"vbl0", ConnectFlags.LIST_VBUCKETS, opaque=3)),
+        # SUPPORT_ACK and a flag 2.x did not know, with data after the known options.
+        ("80400004040000000000000c00000004000000000000000000000210756e6b6e" + "deadbeef",
+         TapConnect(b"unkn", ConnectFlags(0x210), opaque=4)),
+    ],
+)  # fmt: skip
+def test_connects_as_ep_engine_2x_read_them(raw: str, expected: TapConnect) -> None:
+    """ep-engine 2.x ep_engine.cc ``createTapQueue``: the checkpoint map is read
+    only if its count is there, LIST_VBUCKETS may list none, unknown flag bits
+    and bytes after the known options are ignored."""
+    assert decode_all(bytes.fromhex(raw)) == [expected]
+
+
+def test_classic_2x_client_acks_decode() -> None:
+    """The acks ``mc_bin_server.MemcachedBinaryChannel.handle_read`` sends: the
+    request's opcode, key length and opaque, extras length from EXTRA_HDR_SIZES
+    (16 mutation, 8 other TAP messages, 0 checkpoints), body empty; memcached
+    2.x (daemon/memcached.c, ``process_bin_tap_ack``) takes opaque and status."""
+    acks = [
+        (TapOpcode.MUTATION, 9, 16, 100),
+        (TapOpcode.DELETE, 9, 8, 101),
+        (TapOpcode.OPAQUE, 0, 8, 102),
+        (TapOpcode.VBUCKET_SET, 0, 8, 103),
+        (TapOpcode.CHECKPOINT_START, 16, 0, 104),
+        (TapOpcode.CHECKPOINT_END, 14, 0, 105),
+    ]
+    data = b"".join(
+        struct.pack(">BBHBBHIIQ", 0x81, op, keylen, extlen, 0, 0, 0, opaque, 0)
+        for op, keylen, extlen, opaque in acks
+    )
+    assert decode_all(data) == [TapResponse(op, opaque) for op, _, _, opaque in acks]
 
 
 def test_opaque_close_stream_with_header_in_the_value() -> None:

@@ -79,12 +79,21 @@ def test_ack_for_unsent_sequence_number() -> None:
 
 
 def test_without_support_ack_nothing_is_kept() -> None:
-    producer = TapProducer(support_ack=False, ack_interval=1, max_unacked=1)
+    """ep-engine 2.x tapconnection.cc ``TapProducer::processAck`` works the same
+    with or without support-ack: an ack finds nothing in the (empty) ack log,
+    a busy nack suspends the stream, any other nack disconnects."""
+    producer = TapProducer(support_ack=False, ack_interval=1, max_unacked=1, backoff=1)
     for i in range(10):
         assert not producer.stamp(mutation(i)).tap_flags & TapFlags.ACK
     assert producer.unacked == 0 and producer.can_send
-    with pytest.raises(ProtocolError, match="did not ask"):
-        producer.receive(ack(1), now=0)
+    assert producer.receive(ack(1), now=0) == []  # the classic client acks everything
+    assert producer.can_send
+    assert producer.receive(ack(2, Status.BUSY), now=0) == []
+    assert not producer.can_send and producer.next_deadline() == 1
+    assert producer.retransmit_due(1) == [] and producer.can_send
+    with pytest.raises(ProtocolError, match="refused"):
+        producer.receive(ack(3, Status.KEY_EXISTS), now=2)
+    assert producer.state is ProducerState.FAILED
 
 
 class ProducerMachine(RuleBasedStateMachine):

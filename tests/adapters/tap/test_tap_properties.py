@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import struct
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -40,7 +43,7 @@ tap_flags = u16.map(TapFlags)
 
 @st.composite
 def connects(draw: st.DrawFn) -> TapConnect:
-    flags = ConnectFlags(draw(st.integers(0, 0x1FF)))
+    flags = ConnectFlags(draw(st.integers(0, 0x1FF) | u32))  # bits 2.x did not know too
     return TapConnect(
         name=draw(st.binary(max_size=40)),
         connect_flags=flags,
@@ -183,3 +186,28 @@ def test_random_tail_after_valid_events(batch: list[TapEvent], tail: bytes) -> N
     except ProtocolError:
         pass
     assert got[: len(batch)] == batch
+
+
+@given(connects(), st.binary(min_size=1, max_size=30))
+def test_bytes_after_the_connect_options_are_ignored(connect: TapConnect, tail: bytes) -> None:
+    """ep-engine 2.x ep_engine.cc ``createTapQueue`` reads the options it knows
+    from the value and never looks at what is left (data of a later flag, say)."""
+    packet = bytearray(encode(connect) + tail)
+    struct.pack_into(">I", packet, 8, len(packet) - 24)
+    expected = connect
+    if connect.connect_flags & ConnectFlags.REGISTERED_CLIENT and connect.registered_byte is None:
+        expected = dataclasses.replace(connect, registered_byte=tail[0])
+    assert decode_chunks([bytes(packet)]) == [expected]
+
+
+@given(st.sampled_from(TapOpcode), u16, st.integers(0, 16), u32, u16, st.binary(max_size=40))
+def test_acks_with_any_key_and_extras_length_decode(
+    opcode: TapOpcode, keylen: int, extlen: int, opaque: int, status: int, text: bytes
+) -> None:
+    """memcached 2.x daemon/memcached.c ``process_bin_tap_ack``: a TAP response is
+    its opaque and status, whatever key and extras lengths its header claims; the
+    text a nack carries is its body."""
+    packet = struct.pack(
+        ">BBHBBHIIQ", 0x81, opcode, keylen, extlen, 0, status, len(text), opaque, 0
+    )
+    assert decode_chunks([packet + text]) == [TapResponse(opcode, opaque, status, text)]

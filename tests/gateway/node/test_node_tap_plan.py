@@ -79,9 +79,16 @@ def test_precedence_of_the_connect_flags() -> None:
     assert [(c.phase, c.seqno) for c in plan.cursors] == [
         (Phase.LIVE, store.high_seqno(vb)) for vb in (0, 1, 2)
     ]
-    # A dump backfills without resetting the receiver.
+    # A dump is a backfill that resets the receiver (2.x tapconnection.cc, registerCursor).
     plan = plan_stream(connect(F.DUMP | F.LIST_VBUCKETS, vbuckets=(3, 3)), "c", store, None, now)
-    assert [(c.vb, c.phase, c.reset) for c in plan.cursors] == [(3, Phase.BACKFILL, False)]
+    assert [(c.vb, c.phase, c.reset) for c in plan.cursors] == [(3, Phase.BACKFILL, True)]
+    # A list of none is every ACTIVE vbucket, and unknown flag bits change nothing
+    # (2.x ep_engine.cc, createTapQueue; vbucket.hh, VBucketFilter).
+    for flags in (F.BACKFILL | F.LIST_VBUCKETS, F.BACKFILL | ConnectFlags(0x8000_0200)):
+        plan = plan_stream(connect(flags, backfill_date=5), "c", store, None, now)
+        assert [(c.vb, c.phase, c.reset) for c in plan.cursors] == [
+            (vb, Phase.BACKFILL, True) for vb in (0, 1, 2)
+        ]
     # Checkpoints beat backfill; a registered position beats both.
     registration = Registration("c", {1: VbPosition(1, 1)})
     flags = F.BACKFILL | F.CHECKPOINT | F.LIST_VBUCKETS | F.REGISTERED_CLIENT
@@ -115,7 +122,7 @@ def test_registered_position_in_a_backfill_continues_it() -> None:
         connect(F.LIST_VBUCKETS, vbuckets=(4,)),
         connect(F.CHECKPOINT, checkpoints=((9, 1),)),
         connect(F.TAKEOVER_VBUCKETS),
-        connect(ConnectFlags(0x200)),
+        connect(F.TAKEOVER_VBUCKETS | F.LIST_VBUCKETS),
     ],
 )
 def test_connects_the_node_cannot_serve(request_: TapConnect) -> None:

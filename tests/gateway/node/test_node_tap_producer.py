@@ -206,15 +206,32 @@ async def test_future_backfill_date_sends_only_new_changes(nursery: trio.Nursery
     assert not any(isinstance(e, TapOpaque) for e in events)
 
 
-async def test_dump_sends_exactly_the_items_then_closes(nursery: trio.Nursery) -> None:
+async def test_dump_wraps_each_vbucket_like_a_backfill_then_closes(nursery: trio.Nursery) -> None:
+    """ep-engine 2.x tapconnection.cc: ``registerCursor`` schedules a DUMP as a
+    backfill of each ACTIVE vbucket holding items (``scheduleBackfill_UNLOCKED``
+    queues OPAQUE(INITIAL_VBUCKET_STREAM), ``checkBackfillCompletion_UNLOCKED``
+    OPAQUE(CLOSE_BACKFILL)); an empty or replica vbucket sends nothing."""
     store = filled_store()
+    store.set_state(2, VBucketState.REPLICA, now=time.time())
+    store.reset_vbucket(3)  # active and empty
     _, port = await start_node(nursery, store)
+    store_vbs = (0, 1)
+    listed = connect_event(b"dump", F.DUMP | F.LIST_VBUCKETS, vbuckets=(0, 1, 2, 3))
     with trio.fail_after(5):
-        async with await TapClient.open(port, connect_event(b"dump", F.DUMP)) as client:
+        async with await TapClient.open(port, listed) as client:
             events = await client.collect()  # until the node closes
-    assert all(isinstance(e, TapMutation | TapDelete) for e in events)
-    for vb in range(VBUCKETS):
+    opaques = [e for e in events if isinstance(e, TapOpaque)]
+    assert [(e.opaque_code, e.vbucket) for e in opaques] == [
+        (code, vb)
+        for vb in store_vbs
+        for code in (OpaqueCode.INITIAL_VBUCKET_STREAM, OpaqueCode.CLOSE_BACKFILL)
+    ]
+    assert all(isinstance(e, TapMutation | TapDelete | TapOpaque) for e in events)
+    assert {e.vbucket for e in items_of(events)} == set(store_vbs)
+    for vb in store_vbs:
         assert_equals_store(events, store, vb)
+        start, end = backfill_bounds(events, vb)
+        assert all(events.index(e) in range(start, end) for e in items_of(events, vb))
 
 
 async def test_keys_only_and_flag_byte_order(nursery: trio.Nursery) -> None:
@@ -275,7 +292,7 @@ async def test_connect_the_node_cannot_serve_is_refused(nursery: trio.Nursery) -
         connect_event(b"huge", F.LIST_VBUCKETS, vbuckets=(999,)),
         connect_event(b"cp", F.CHECKPOINT, checkpoints=((77, 1),)),
         connect_event(b"tko", F.TAKEOVER_VBUCKETS),
-        connect_event(b"new", ConnectFlags(0x4000)),
+        connect_event(b"tko0", F.TAKEOVER_VBUCKETS | F.LIST_VBUCKETS, vbuckets=()),
     ]
     with trio.fail_after(5):
         for connect in refused:

@@ -65,26 +65,35 @@ def test_an_unreadable_state_file_means_a_backfill_not_a_crash(tmp_path: Path) -
 
 
 @given(
-    flags=st.integers(0, 0x1FF).map(ConnectFlags),
+    flags=st.integers(0, 0xFFFFFFFF).map(ConnectFlags),  # unknown bits included
     date=st.one_of(st.none(), st.just(0), st.just(int(NOW) + 10**6)),
     listed=st.lists(st.integers(0, 3), max_size=4),
 )
 def test_every_planned_start_is_a_valid_stream_request(
     flags: ConnectFlags, date: int | None, listed: list[int]
 ) -> None:
+    """Unknown flag bits change nothing and a list of none means every vbucket, as
+    ep-engine 2.x's ``createTapQueue`` and ``VBucketFilter`` (vbucket.hh) read them."""
     connect = TapConnect(b"c", flags, backfill_date=date, vbuckets=tuple(listed))
     try:
         plan = plan_connection(connect, "c", UPSTREAM, registered=None, checkpoint_ends={}, now=NOW)
     except ProtocolError as exc:
         assert exc.status is not None  # refused with a status, never anything else
+        assert flags & F.TAKEOVER_VBUCKETS  # the one refusal left for known vbuckets
         return
-    expected = listed if flags & F.LIST_VBUCKETS else [0, 1, 2]
+    known = TapConnect(b"c", flags & 0x1FF, backfill_date=date, vbuckets=tuple(listed))
+    assert (
+        plan_connection(known, "c", UPSTREAM, registered=None, checkpoint_ends={}, now=NOW).starts
+        == plan.starts
+    )
+    expected = listed if flags & F.LIST_VBUCKETS and listed else [0, 1, 2]
     assert [s.vbucket for s in plan.starts] == list(dict.fromkeys(expected))
     for start in plan.starts:
         assert start.snap_start <= start.start_seqno <= start.snap_end or start.backfill
         assert start.start_seqno <= start.end_seqno
         if flags & F.DUMP:
-            assert start.backfill and start.end_seqno == UPSTREAM[start.vbucket].high_seqno
+            state = UPSTREAM[start.vbucket]
+            assert start.backfill and start.end_seqno == (state.high_seqno if state.active else 0)
         elif start.backfill:
             assert start.start_seqno == 0 and start.end_seqno == MAX_SEQNO
 
@@ -110,7 +119,7 @@ def test_registered_positions_win_and_checkpoint_resume_uses_the_recorded_end() 
 
 
 def test_refusals_name_what_is_wrong() -> None:
-    with pytest.raises(ProtocolError, match="TAKEOVER_VBUCKETS needs LIST_VBUCKETS"):
+    with pytest.raises(ProtocolError, match="TAKEOVER_VBUCKETS needs a LIST_VBUCKETS list"):
         plan_connection(
             TapConnect(b"c", F.TAKEOVER_VBUCKETS), "c", UPSTREAM,
             registered=None, checkpoint_ends={}, now=NOW,

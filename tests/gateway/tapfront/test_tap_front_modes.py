@@ -40,8 +40,38 @@ async def test_dump_sends_everything_once_then_closes(nursery: trio.Nursery) -> 
     assert replica.items == node_state(store, range(VBUCKETS))
     expected = sum(len(store.items_since(vb, 0)) for vb in range(VBUCKETS))
     assert replica.mutations + replica.deletes == expected
-    codes = [e.opaque_code for e in events if isinstance(e, TapOpaque)]
-    assert OpaqueCode.INITIAL_VBUCKET_STREAM not in codes  # a dump sends the items alone
+    check_brackets(events)
+
+
+async def test_dump_wraps_each_active_vbucket_holding_items(nursery: trio.Nursery) -> None:
+    """ep-engine 2.x tapconnection.cc: ``registerCursor`` turns a DUMP into a
+    backfill of each ACTIVE vbucket holding items, so each comes between
+    OPAQUE(INITIAL_VBUCKET_STREAM) (``scheduleBackfill_UNLOCKED``) and
+    OPAQUE(CLOSE_BACKFILL) (``checkBackfillCompletion_UNLOCKED``); a replica or
+    an empty vbucket sends nothing."""
+    store = filled_store()
+    store.set_state(2, VBucketState.REPLICA, now=time.time())
+    store.reset_vbucket(3)  # active and empty
+    _, node_port = await start_node(nursery, store)
+    _, port = await start_front(nursery, node_port)
+    # The value of a 2.x CONNECT with DUMP | LIST_VBUCKETS: count, then the vbuckets.
+    connect = bytes.fromhex("804000040400000000000012000000000000000000000000")
+    connect += b"\x00\x00\x00\x06" + b"dp0d" + bytes.fromhex("00040000000100020003")
+    with trio.fail_after(20):
+        client = await TapClient.open(port)
+        await client.send(connect)
+        events = await client.collect()  # up to the close
+    opaques = [e for e in events if isinstance(e, TapOpaque)]
+    assert {e.vbucket for e in opaques} == {0, 1}  # the streams interleave
+    for vb in (0, 1):
+        assert [e.opaque_code for e in opaques if e.vbucket == vb] == [
+            OpaqueCode.INITIAL_VBUCKET_STREAM,
+            OpaqueCode.CLOSE_BACKFILL,
+        ]
+    check_brackets(events)
+    replica = Replica()
+    replica.apply(events)
+    assert replica.items == node_state(store, (0, 1))
 
 
 async def test_listed_vbuckets_keys_only_in_network_order(nursery: trio.Nursery) -> None:

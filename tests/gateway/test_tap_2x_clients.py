@@ -1,0 +1,288 @@
+"""Real 2.x TAP clients against the reference node and the TAP front alike.
+
+Every CONNECT and ack here is built byte by byte as the classic 2.x Python
+client sends it (ep-engine management/tap.py ``TapConnection._createTapCall``
+and ``_encodeOpts``; mc_bin_server.py ``MemcachedBinaryChannel.handle_read``
+for the replies), not through the project's encoder, and each test runs on
+both sides: the node is the test peer of the front, so a misreading shared
+by both would otherwise pass.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import pytest
+import trio
+
+from adapters.mcbp import Frame, Magic, Status
+from adapters.tap import (
+    ConnectFlags,
+    OpaqueCode,
+    TapEvent,
+    TapMutation,
+    TapOpaque,
+    TapOpcode,
+    TapResponse,
+    decode_frame,
+)
+from gateway.node.store import Store
+from tests.gateway.tapfront.test_tap_front_stream import check_brackets, closes
+from tests.support.tap_client import TapClient, start_node, until
+from tests.support.tapfront import Replica, node_state, start_front
+
+F = ConnectFlags
+VBUCKETS = 4
+HEADER = struct.Struct(">BBHBBHIIQ")
+EXTRA_HDR_SIZES = {0x41: 16, 0x42: 8, 0x43: 8, 0x44: 8, 0x45: 8}
+"""memcacheConstants.EXTRA_HDR_SIZES for the TAP opcodes (checkpoints: absent, 0)."""
+TAP_OPCODES = frozenset(op.value for op in TapOpcode if op != TapOpcode.CONNECT)
+
+pytestmark = pytest.mark.parametrize("side", ["node", "front"])
+
+
+def classic_connect(name: bytes, opts: dict[int, object]) -> bytes:
+    """tap.py's CONNECT: flags OR'ed in sorted order, each option's data in that
+    order (backfill ">Q", a vbucket list "!H" count then "!H" each, any other
+    option its raw string, most often '')."""
+    flags = 0
+    parts = []
+    for op in sorted(opts):
+        flags |= op
+        data = opts[op]
+        if op == F.BACKFILL:
+            parts.append(struct.pack(">Q", data))
+        elif op == F.LIST_VBUCKETS:
+            vbs = list(data)  # type: ignore[call-overload]
+            parts.append(struct.pack("!H", len(vbs)) + b"".join(struct.pack("!H", v) for v in vbs))
+        else:
+            parts.append(data)  # type: ignore[arg-type]
+    extra = struct.pack(">I", flags)
+    value = b"".join(parts)
+    header = HEADER.pack(0x80, 0x40, len(name), len(extra), 0, 0, len(name) + 4 + len(value), 0, 0)
+    return header + extra + name + value
+
+
+def classic_reply(frame: Frame, status: int = 0, text: bytes = b"") -> bytes:
+    """mc_bin_server's reply to a message: the request's opcode, key length and
+    opaque, the opcode's extras length, a body of just the text (none for an ack)."""
+    extlen = EXTRA_HDR_SIZES.get(frame.opcode, 0)
+    header = HEADER.pack(
+        0x81, frame.opcode, frame.key_length, extlen, 0, status, len(text), frame.opaque, 0
+    )
+    return header + text
+
+
+def asks_for_ack(frame: Frame) -> bool:
+    return frame.opcode in TAP_OPCODES and bool(struct.unpack_from(">H", frame.body, 2)[0] & 1)
+
+
+def filled(items: int) -> Store:
+    store = Store(VBUCKETS)
+    now = time.time()
+    for i in range(items):
+        store.set(i % VBUCKETS, b"key-%06d" % i, b"v%d" % i, now=now)
+    return store
+
+
+async def serve(nursery: trio.Nursery, store: Store, side: str) -> tuple[object, int]:
+    """The node, or a TAP front over it: (the server, its TAP port)."""
+    node, node_port = await start_node(nursery, store)
+    if side == "node":
+        return node, node_port
+    return await start_front(nursery, node_port)
+
+
+async def read_events(client: TapClient, until: object = None) -> list[TapEvent]:
+    """Events up to ``until(events so far)`` or the close, acking as the classic client."""
+    events: list[TapEvent] = []
+    while (frame := await client.next_frame()) is not None:
+        events.append(decode_frame(frame))
+        if asks_for_ack(frame):
+            await client.send(classic_reply(frame))
+        if until is not None and until(events):  # type: ignore[operator]
+            break
+    return events
+
+
+async def test_classic_acks_and_nacks_carry_a_support_ack_dump_to_its_end(
+    nursery: trio.Nursery, side: str
+) -> None:
+    """memcached 2.x daemon/memcached.c: ``dispatch_bin_command`` reads
+    ``bodylen`` bytes of a TAP response and ``process_bin_tap_ack`` passes on
+    its opaque and status, whatever key and extras lengths the header claims.
+    The classic client's replies claim the request's key and the opcode's
+    extras over an empty body (or a nack's text). A busy nack makes the server
+    resend from the first unacked message (tapconnection.cc, ``processAck``)."""
+    items = 5750
+    store = filled(items)
+    _, port = await serve(nursery, store, side)
+    with trio.fail_after(60):
+        client = await TapClient.open(port)
+        await client.send(classic_connect(b"backup", {F.DUMP: b"", F.SUPPORT_ACK: b""}))
+        frames: list[Frame] = []
+        nacked: int | None = None
+        resent_from = None
+        while (frame := await client.next_frame()) is not None:
+            frames.append(frame)
+            if frame.opaque == nacked:
+                resent_from = len(frames) - 1
+            if not asks_for_ack(frame) or (nacked is not None and resent_from is None):
+                continue  # a busy replica acks nothing until the resend comes
+            if nacked is None and frame.opcode == TapOpcode.MUTATION:
+                nacked = frame.opaque  # once: "try again later", sloppy header and a text
+                await client.send(classic_reply(frame, Status.BUSY, b"replica queue full"))
+            else:
+                await client.send(classic_reply(frame))
+        await client.aclose()
+    assert resent_from is not None
+    assert not [f for f in frames if f.magic == Magic.RESPONSE]  # never an error reply
+    # The resend repeats the unacked messages under their sequence numbers; by
+    # sequence number the stream is each key once, each vbucket bracketed once
+    # (tapconnection.cc, registerCursor: a dump is a backfill of each vbucket).
+    by_seqno = {f.opaque: decode_frame(f) for f in frames if f.opcode in TAP_OPCODES}
+    assert len(by_seqno) < sum(f.opcode in TAP_OPCODES for f in frames)
+    stream = [by_seqno[n] for n in sorted(by_seqno)]
+    keys = [e.key for e in stream if isinstance(e, TapMutation)]
+    assert sorted(keys) == [b"key-%06d" % i for i in range(items)]
+    check_brackets(stream)
+    wraps = (OpaqueCode.INITIAL_VBUCKET_STREAM, OpaqueCode.CLOSE_BACKFILL)
+    opaques = [e for e in stream if isinstance(e, TapOpaque) and e.opaque_code in wraps]
+    assert sorted((e.vbucket, e.opaque_code) for e in opaques) == [
+        (vb, code) for vb in range(VBUCKETS) for code in wraps
+    ]
+
+
+async def test_checkpoint_flag_without_a_map_is_served(nursery: trio.Nursery, side: str) -> None:
+    """ep-engine 2.x ep_engine.cc ``createTapQueue`` reads the checkpoint count
+    only if two bytes are left: tap.py sends CHECKPOINT as '' (no map at all)."""
+    store = filled(400)
+    _, port = await serve(nursery, store, side)
+    replica = Replica()
+    with trio.fail_after(20):
+        client = await TapClient.open(port)
+        opts: dict[int, object] = {F.BACKFILL: 0, F.CHECKPOINT: b"", F.SUPPORT_ACK: b""}
+        await client.send(classic_connect(b"cp-nomap", opts))
+        events = await read_events(client, lambda ev: closes(ev) == VBUCKETS)
+        await client.aclose()
+    assert not [e for e in events if isinstance(e, TapResponse)]
+    assert [e.opaque_code for e in events[:2]] == [  # type: ignore[union-attr]
+        OpaqueCode.ENABLE_AUTO_NACK,
+        OpaqueCode.ENABLE_CHECKPOINT_SYNC,
+    ]
+    replica.apply(events)
+    assert replica.items == node_state(store, range(VBUCKETS))
+
+
+async def test_a_registered_name_in_use_is_refused_and_the_first_keeps_streaming(
+    nursery: trio.Nursery, side: str
+) -> None:
+    """ep-engine 2.x ep_engine.cc ``createTapQueue``: a REGISTERED_CLIENT CONNECT
+    under the name of a producer that is connected (and not disconnecting)
+    fails, and memcached answers NOT_SUPPORTED and closes (daemon/memcached.c,
+    ``process_bin_tap_connect``). Without the flag the newcomer takes the name
+    over (tapconnmap.cc ``TapConnMap::newProducer``, "grabbing the channel")."""
+    store = filled(40)
+    _, port = await serve(nursery, store, side)
+    registered = {F.BACKFILL: 0, F.SUPPORT_ACK: b"", F.REGISTERED_CLIENT: b""}
+    with trio.fail_after(20):
+        first = await TapClient.open(port)
+        await first.send(classic_connect(b"replica", registered))
+        await read_events(first, lambda ev: closes(ev) == VBUCKETS)
+        second = await TapClient.open(port)
+        await second.send(classic_connect(b"replica", registered))
+        refusal = await second.next_frame()
+        assert refusal is not None
+        assert (refusal.magic, refusal.opcode, refusal.vbucket_or_status) == (
+            Magic.RESPONSE,
+            TapOpcode.CONNECT,
+            Status.NOT_SUPPORTED,
+        )
+        assert b"replica" in refusal.value and b"already connected" in refusal.value
+        assert await second.next_frame() is None
+        store.set(1, b"after-refusal", b"x", now=time.time())
+        events = await read_events(
+            first, lambda ev: isinstance(ev[-1], TapMutation) and ev[-1].key == b"after-refusal"
+        )
+        assert events[-1].key == b"after-refusal"  # type: ignore[union-attr]
+        # A namesake that is not registered replaces it, as 2.x did.
+        third = await TapClient.open(port)
+        await third.send(classic_connect(b"replica", {F.BACKFILL: 0}))
+        await read_events(third, lambda ev: closes(ev) == VBUCKETS)
+        await read_events(first)  # on to the close
+        assert first.closed
+        for client in (first, second, third):
+            await client.aclose()
+
+
+async def test_a_vbucket_list_of_none_streams_every_vbucket(
+    nursery: trio.Nursery, side: str
+) -> None:
+    """ep-engine 2.x: ``createTapQueue`` takes a LIST_VBUCKETS count of 0 as an
+    empty list and ``VBucketFilter`` (vbucket.hh) accepts every vbucket when its
+    list is empty."""
+    store = filled(200)
+    _, port = await serve(nursery, store, side)
+    replica = Replica()
+    with trio.fail_after(20):
+        client = await TapClient.open(port)
+        await client.send(classic_connect(b"all", {F.BACKFILL: 0, F.LIST_VBUCKETS: []}))
+        events = await read_events(client, lambda ev: closes(ev) == VBUCKETS)
+        await client.aclose()
+    replica.apply(events)
+    assert sorted(replica.resets) == list(range(VBUCKETS))
+    assert replica.items == node_state(store, range(VBUCKETS))
+    check_brackets(events)
+
+
+async def test_unknown_connect_flags_and_their_data_are_ignored(
+    nursery: trio.Nursery, side: str
+) -> None:
+    """ep-engine 2.x ep_engine.cc ``createTapQueue`` never rejects a flag bit it
+    does not know, nor bytes left after the options it reads."""
+    store = filled(120)
+    _, port = await serve(nursery, store, side)
+    replica = Replica()
+    with trio.fail_after(20):
+        client = await TapClient.open(port)
+        opts: dict[int, object] = {F.BACKFILL: 0, 0x200: b"\x00\x07", 0x10000: b"later"}
+        await client.send(classic_connect(b"newer-client", opts))
+        events = await read_events(client, lambda ev: closes(ev) == VBUCKETS)
+        await client.aclose()
+    replica.apply(events)
+    assert replica.items == node_state(store, range(VBUCKETS))
+
+
+async def test_a_busy_nack_without_support_ack_pauses_the_stream_only(
+    nursery: trio.Nursery, side: str
+) -> None:
+    """ep-engine 2.x tapconnection.cc ``TapProducer::processAck`` runs for any
+    response, support-ack or not: a busy nack (a replica that could not apply a
+    message answers unasked) suspends the stream for the backoff, with nothing
+    to resend; then it goes on."""
+    store = filled(800)
+    server, port = await serve(nursery, store, side)
+    replica = Replica()
+    with trio.fail_after(20):
+        client = await TapClient.open(port)
+        await client.send(classic_connect(b"no-acks", {F.BACKFILL: 0}))
+        events: list[TapEvent] = []
+        mutation = None
+        while closes(events) < VBUCKETS:
+            frame = await client.next_frame()
+            assert frame is not None, "the server closed the stream"
+            events.append(decode_frame(frame))
+            mutation = frame if frame.opcode == TapOpcode.MUTATION else mutation
+        assert mutation is not None
+        await client.send(classic_reply(mutation, Status.BUSY, b"cannot apply now"))
+        streams = server.tap if side == "node" else server.sessions  # type: ignore[attr-defined]
+        await until(lambda: streams.get("no-acks").producer.nacks_total == 1)
+        store.set(2, b"after-the-nack", b"x", now=time.time())
+        events += await read_events(
+            client, lambda ev: isinstance(ev[-1], TapMutation) and ev[-1].key == b"after-the-nack"
+        )
+        await client.aclose()
+    replica.apply(events)
+    assert replica.items == node_state(store, range(VBUCKETS))
+    assert replica.mutations == 801  # nothing was sent twice
