@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
+from gateway.cli_args import address, count, float_at_least, fraction, positive, vbucket_count
+
 DIALECTS = ("dcp", "upr-draft")
 
 
@@ -58,22 +60,6 @@ def _run_decode(args: argparse.Namespace) -> int:
     return decode.run(data, args.dialect, sys.stdout, sys.stderr)
 
 
-def _address(text: str) -> tuple[str, int]:
-    from gateway.wire import parse_hostport
-
-    try:
-        return parse_hostport(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
-    return value
-
-
 def _add_verbosity(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
@@ -91,12 +77,14 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     parser.add_argument(
         "--listen",
-        type=_address,
+        type=address,
         default=("127.0.0.1", 11210),
         metavar="HOST:PORT",
         help="address to serve (default 127.0.0.1:11210)",
     )
-    parser.add_argument("--vbuckets", type=int, default=64, help="number of vbuckets (default 64)")
+    parser.add_argument(
+        "--vbuckets", type=vbucket_count, default=64, help="number of vbuckets (default 64)"
+    )
     parser.add_argument("--data-dir", type=Path, help="persist to this directory (msgpack journal)")
     parser.add_argument(
         "--fsync",
@@ -106,17 +94,17 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     parser.add_argument(
         "--max-items",
-        type=int,
+        type=positive,
         default=2_000_000,
         help="items plus tombstones the store may hold (default 2000000)",
     )
     parser.add_argument(
         "--sample-items",
-        type=int,
+        type=count,
         default=0,
         help="write this many sample items at start (keys sample::NNNNNN)",
     )
-    parser.add_argument("--value-size", type=int, default=100, help="sample value size in bytes")
+    parser.add_argument("--value-size", type=count, default=100, help="sample value size in bytes")
     parser.add_argument(
         "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect to speak (default dcp)"
     )
@@ -132,6 +120,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
     from gateway import logs
     from gateway.node.main import NodeOptions, run_node
+    from gateway.startup import StartupError, describe, prepare_directory
 
     logs.configure(args.verbose - args.quiet)
     try:
@@ -140,6 +129,12 @@ def _run_node(args: argparse.Namespace) -> int:
         print(f"node: cannot read users file: {exc}", file=sys.stderr)
         return 2
     host, port = args.listen
+    if args.data_dir is not None:
+        try:
+            prepare_directory("--data-dir", args.data_dir)
+        except StartupError as exc:
+            print(f"node: {exc}", file=sys.stderr)
+            return 1
     options = NodeOptions(
         host=host,
         port=port,
@@ -154,11 +149,14 @@ def _run_node(args: argparse.Namespace) -> int:
     )
     try:
         trio.run(run_node, options)
+    except StartupError as exc:
+        print(f"node: {exc}", file=sys.stderr)
+        return 1
     except (OSError, BaseExceptionGroup) as exc:
         failure = logs.os_error_in(exc)
         if failure is None:
             raise
-        print(f"node: cannot serve {host}:{port}: {failure.strerror or failure}", file=sys.stderr)
+        print(f"node: --listen {host}:{port}: {describe(failure, host)}", file=sys.stderr)
         return 1
     return 0
 
@@ -174,27 +172,29 @@ def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     parser.add_argument(
         "--target",
-        type=_address,
+        type=address,
         default=("127.0.0.1", 11210),
         metavar="HOST:PORT",
         help="node to load (default 127.0.0.1:11210)",
     )
-    parser.add_argument("--items", type=int, required=True, help="keys to write")
-    parser.add_argument("--value-size", type=int, default=100, help="value size in bytes")
+    parser.add_argument("--items", type=count, required=True, help="keys to write")
+    parser.add_argument("--value-size", type=count, default=100, help="value size in bytes")
     parser.add_argument(
         "--ttl-fraction",
-        type=_fraction,
+        type=fraction,
         default=0.0,
         help="fraction of writes with a short TTL (0..1)",
     )
-    parser.add_argument("--ttl", type=int, default=2, help="the short TTL in seconds (default 2)")
+    parser.add_argument(
+        "--ttl", type=positive, default=2, help="the short TTL in seconds (default 2)"
+    )
     parser.add_argument(
         "--delete-fraction",
-        type=_fraction,
+        type=fraction,
         default=0.0,
         help="fraction of non-TTL keys deleted after writing (0..1)",
     )
-    parser.add_argument("--rate", type=float, help="cap on operations per second")
+    parser.add_argument("--rate", type=float_at_least(0.001), help="cap on operations per second")
     parser.add_argument("--prefix", default="load", help="key prefix (default load)")
     parser.add_argument("--user", help="SASL PLAIN user")
     parser.add_argument("--password", default="", help="SASL PLAIN password")

@@ -21,6 +21,7 @@ from adapters.mcbp import Frame, FrameReader, Magic, Opcode, Status
 from adapters.mcbp.constants import status_name
 
 _WHITESPACE = re.compile(rb"\s+")
+_NOT_HEX = re.compile(rb"[^0-9A-Fa-f]")
 
 
 class DecodeError(Exception):
@@ -34,10 +35,26 @@ class DecodeError(Exception):
 def parse_hex(text: bytes) -> bytes:
     """Hex text to bytes, whitespace ignored (and an optional 0x per token)."""
     cleaned = _WHITESPACE.sub(b"", text.replace(b"0x", b"").replace(b"0X", b""))
-    try:
-        return bytes.fromhex(cleaned.decode("ascii"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DecodeError(f"input is not hex text: {exc}", 0) from None
+    bad = _NOT_HEX.search(cleaned)
+    if bad is not None:
+        char = cleaned[bad.start() : bad.start() + 1]
+        raise DecodeError(
+            f"input is not hex text: {char!r} is not a hex digit "
+            f"(hex digit {bad.start()}, whitespace and 0x prefixes not counted)",
+            bad.start() // 2,
+        )
+    if len(cleaned) % 2:
+        raise DecodeError(
+            f"hex text has an odd number of digits ({len(cleaned)}): the last byte is cut short",
+            len(cleaned) // 2,
+        )
+    return bytes.fromhex(cleaned.decode("ascii"))
+
+
+def looks_like_hex_text(data: bytes) -> bool:
+    """Raw input that is really hex text (``--hex`` forgotten): only hex digits and spaces."""
+    sample = _WHITESPACE.sub(b"", data[:4096])
+    return len(sample) >= 2 and _NOT_HEX.search(sample) is None
 
 
 def render_bytes(raw: bytes) -> str:
@@ -149,6 +166,7 @@ def run(data: bytes, dialect_name: str, out: TextIO, err: TextIO) -> int:
             out.write(json.dumps(record) + "\n")
     except DecodeError as exc:
         out.flush()
-        err.write(f"decode: malformed input at byte offset {exc.offset}: {exc}\n")
+        hint = " (the input looks like hex text: pass --hex)" if looks_like_hex_text(data) else ""
+        err.write(f"decode: malformed input at byte offset {exc.offset}: {exc}{hint}\n")
         return 2
     return 0

@@ -17,15 +17,18 @@ state on the way out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
 
+from gateway.startup import prepare_directory, show, start_listener, watch_upstream
 from gateway.stats import GatewayStats
 
 log = logging.getLogger("gateway.serve")
@@ -72,56 +75,92 @@ class Running:
 async def run_serve(
     options: ServeOptions, *, task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED
 ) -> None:
+    """Bind every listener, then announce them; a listener that cannot bind raises
+    ``StartupError`` naming its option before anything is announced."""
     running = Running()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
-        upr_upstream, tap_upstream = options.upr_upstream, options.tap_upstream
-        if upr_upstream is None and tap_upstream is None:
-            embedded = await nursery.start(_run_embedded_node, options)
-            running.embedded_port = embedded
-            upr_upstream = tap_upstream = ("127.0.0.1", embedded)
-        state_dir = options.state_dir
-        if state_dir is None and tap_upstream is not None:
-            state_dir = Path(tempfile.mkdtemp(prefix="tap-upr-gateway-"))
-            log.warning("no --state-dir given: the UPR front's log lives in %s", state_dir)
-        running.state_dir = state_dir
-        if upr_upstream is not None:
-            running.tap_port = await nursery.start(
-                _run_tap_front, options, upr_upstream, state_dir, running.stats
-            )
-            log.info(
-                "TAP front listening on %s:%d, reading UPR from %s:%d",
-                options.tap_listen[0],
-                running.tap_port,
-                *upr_upstream,
-            )
-        if tap_upstream is not None:
-            assert state_dir is not None
-            running.upr_port = await nursery.start(
-                _run_upr_front, options, tap_upstream, state_dir, running.stats
-            )
-            log.info(
-                "UPR front listening on %s:%d, reading TAP from %s:%d (log in %s)",
-                options.upr_listen[0],
-                running.upr_port,
-                *tap_upstream,
-                state_dir,
-            )
-        if options.metrics_listen is not None:
-            from gateway.metrics.server import serve_metrics
+    with contextlib.ExitStack() as cleanup:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            announced = await _start_all(options, running, nursery, cleanup)
+            for line in announced:
+                log.info("%s", line)
+            task_status.started(running)
 
-            host, port = options.metrics_listen
-            running.metrics_port = await nursery.start(
-                lambda task_status: serve_metrics(
+
+async def _start_all(
+    options: ServeOptions,
+    running: Running,
+    nursery: trio.Nursery,
+    cleanup: contextlib.ExitStack,
+) -> list[str]:
+    upr_upstream, tap_upstream = options.upr_upstream, options.tap_upstream
+    if upr_upstream is None and tap_upstream is None:
+        embedded = await nursery.start(_run_embedded_node, options)
+        running.embedded_port = embedded
+        upr_upstream = tap_upstream = ("127.0.0.1", embedded)
+    else:
+        for option, upstream in (
+            ("--upr-upstream", upr_upstream),
+            ("--tap-upstream", tap_upstream),
+        ):
+            if upstream is not None:
+                nursery.start_soon(watch_upstream, option, upstream)
+    if options.capture_dir is not None:
+        prepare_directory("--capture-dir", options.capture_dir)
+    state_dir = options.state_dir
+    if state_dir is not None:
+        prepare_directory("--state-dir", state_dir)
+    elif tap_upstream is not None:
+        temporary = tempfile.TemporaryDirectory(prefix="tap-upr-gateway-")
+        cleanup.enter_context(temporary)
+        state_dir = Path(temporary.name)
+        log.warning(
+            "no --state-dir given: the UPR front's log lives in %s and is removed on exit",
+            state_dir,
+        )
+    running.state_dir = state_dir
+    announced: list[str] = []
+    if upr_upstream is not None:
+        running.tap_port = await start_listener(
+            "--tap-listen",
+            options.tap_listen,
+            partial(nursery.start, _run_tap_front, options, upr_upstream, state_dir, running.stats),
+        )
+        announced.append(
+            f"TAP front listening on {options.tap_listen[0]}:{running.tap_port}, "
+            f"reading UPR from {show(upr_upstream)}"
+        )
+    if tap_upstream is not None:
+        assert state_dir is not None
+        running.upr_port = await start_listener(
+            "--upr-listen",
+            options.upr_listen,
+            partial(nursery.start, _run_upr_front, options, tap_upstream, state_dir, running.stats),
+        )
+        announced.append(
+            f"UPR front listening on {options.upr_listen[0]}:{running.upr_port}, "
+            f"reading TAP from {show(tap_upstream)} (log in {state_dir})"
+        )
+    if options.metrics_listen is not None:
+        from gateway.metrics.server import serve_metrics
+
+        host, port = options.metrics_listen
+        running.metrics_port = await start_listener(
+            "--metrics-listen",
+            options.metrics_listen,
+            partial(
+                nursery.start,
+                partial(
+                    serve_metrics,
                     running.stats,
                     host,
                     port,
                     per_vbucket=options.per_vbucket_metrics,
-                    task_status=task_status,
-                )
-            )
-            log.info("metrics on http://%s:%d/metrics", host, running.metrics_port)
-        task_status.started(running)
+                ),
+            ),
+        )
+        announced.append(f"metrics on http://{host}:{running.metrics_port}/metrics")
+    return announced
 
 
 async def _run_tap_front(

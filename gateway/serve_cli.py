@@ -3,30 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from functools import partial
 from pathlib import Path
 
+from gateway.cli_args import address, count, float_at_least, vbucket_count
 from gateway.serve import (
     DEFAULT_METRICS_LISTEN,
     DEFAULT_TAP_LISTEN,
     DEFAULT_UPR_LISTEN,
     ServeOptions,
 )
+from gateway.startup import StartupError, describe, prepare_directory, startup_error_in
 
 DIALECTS = ("dcp", "upr-draft")
 
 log = logging.getLogger("gateway.serve")
-
-
-def _address(text: str) -> tuple[str, int]:
-    from gateway.wire import parse_hostport
-
-    try:
-        return parse_hostport(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _vbuckets(text: str) -> list[int]:
@@ -65,23 +59,23 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
     parser.add_argument(
         "--tap-listen",
-        type=_address,
+        type=address,
         default=DEFAULT_TAP_LISTEN,
         metavar="HOST:PORT",
         help=f"where TAP clients connect (default {_show(DEFAULT_TAP_LISTEN)})",
     )
     parser.add_argument(
-        "--upr-upstream", type=_address, metavar="HOST:PORT", help="the UPR (3.0) node to read"
+        "--upr-upstream", type=address, metavar="HOST:PORT", help="the UPR (3.0) node to read"
     )
     parser.add_argument(
         "--upr-listen",
-        type=_address,
+        type=address,
         default=DEFAULT_UPR_LISTEN,
         metavar="HOST:PORT",
         help=f"where UPR consumers connect (default {_show(DEFAULT_UPR_LISTEN)})",
     )
     parser.add_argument(
-        "--tap-upstream", type=_address, metavar="HOST:PORT", help="the TAP (2.x) node to read"
+        "--tap-upstream", type=address, metavar="HOST:PORT", help="the TAP (2.x) node to read"
     )
     parser.add_argument(
         "--state-dir",
@@ -104,7 +98,7 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
     parser.add_argument(
         "--metrics-listen",
-        type=_address,
+        type=address,
         default=DEFAULT_METRICS_LISTEN,
         metavar="HOST:PORT",
         help=f"Prometheus /metrics (default {_show(DEFAULT_METRICS_LISTEN)})",
@@ -122,13 +116,15 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="add a vbucket label to per-stream series (many series with 1024 vbuckets)",
     )
     embedded = parser.add_argument_group("embedded upstream (when no upstream is given)")
-    embedded.add_argument("--vbuckets", type=int, default=64, help="vbuckets (default 64)")
     embedded.add_argument(
-        "--sample-items", type=int, default=10_000, help="sample items (default 10000)"
+        "--vbuckets", type=vbucket_count, default=64, help="vbuckets (default 64)"
+    )
+    embedded.add_argument(
+        "--sample-items", type=count, default=10_000, help="sample items (default 10000)"
     )
     embedded.add_argument(
         "--writes-per-second",
-        type=float,
+        type=float_at_least(0.0),
         default=20.0,
         help="live writes to the embedded node (default 20; 0 for none)",
     )
@@ -169,11 +165,15 @@ def run_serve_command(args: argparse.Namespace) -> int:
     )
     try:
         trio.run(run_serve, options)
-    except (OSError, BaseExceptionGroup) as exc:
-        failure = logs.os_error_in(exc)
-        if failure is None:
+    except (OSError, BaseExceptionGroup, StartupError) as exc:
+        failure = startup_error_in(exc)
+        if failure is not None:
+            print(f"serve: {failure}", file=sys.stderr)
+            return 1
+        os_failure = logs.os_error_in(exc)
+        if os_failure is None:
             raise
-        print(f"serve: {failure.strerror or failure}", file=sys.stderr)
+        print(f"serve: {describe(os_failure)}", file=sys.stderr)
         return 1
     return 0
 
@@ -193,10 +193,10 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from-upr", type=_address, metavar="HOST:PORT", help="UPR source node")
-    source.add_argument("--from-tap", type=_address, metavar="HOST:PORT", help="TAP source node")
-    parser.add_argument("--to-tap", type=_address, metavar="HOST:PORT", help="TAP destination")
-    parser.add_argument("--to-upr", type=_address, metavar="HOST:PORT", help="UPR destination")
+    source.add_argument("--from-upr", type=address, metavar="HOST:PORT", help="UPR source node")
+    source.add_argument("--from-tap", type=address, metavar="HOST:PORT", help="TAP source node")
+    parser.add_argument("--to-tap", type=address, metavar="HOST:PORT", help="TAP destination")
+    parser.add_argument("--to-upr", type=address, metavar="HOST:PORT", help="UPR destination")
     parser.add_argument(
         "--vbuckets", type=_vbuckets, required=True, help="comma-separated vbuckets, e.g. 1,2"
     )
@@ -255,20 +255,25 @@ def run_move_command(args: argparse.Namespace) -> int:
 
             from gateway.uprfront import move_tap_to_upr
 
-            state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="tap-upr-move-"))
-            trio.run(
-                partial(
-                    move_tap_to_upr,
-                    args.from_tap,
-                    args.to_upr,
-                    args.vbuckets,
-                    takeover=args.takeover,
-                    state_dir=state_dir,
-                    upstream_user=user,
-                    upstream_password=password,
+            with contextlib.ExitStack() as cleanup:
+                if args.state_dir is not None:
+                    state_dir = prepare_directory("--state-dir", args.state_dir)
+                else:
+                    temporary = tempfile.TemporaryDirectory(prefix="tap-upr-move-")
+                    state_dir = Path(cleanup.enter_context(temporary))
+                trio.run(
+                    partial(
+                        move_tap_to_upr,
+                        args.from_tap,
+                        args.to_upr,
+                        args.vbuckets,
+                        takeover=args.takeover,
+                        state_dir=state_dir,
+                        upstream_user=user,
+                        upstream_password=password,
+                    )
                 )
-            )
-    except (GatewayError, OSError) as exc:
+    except (GatewayError, OSError, StartupError) as exc:
         print(f"move: {exc}", file=sys.stderr)
         return 1
     direction = "UPR -> TAP" if args.from_upr else "TAP -> UPR"

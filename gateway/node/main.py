@@ -12,6 +12,7 @@ import trio
 
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
+from gateway.startup import StartupError, describe
 from gateway.wire import bound_port
 
 log = logging.getLogger("gateway.node")
@@ -53,7 +54,11 @@ async def run_node(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled or signalled; the store is closed (flushed) on the way out."""
-    node = build_node(options)
+    try:
+        node = build_node(options)
+    except OSError as exc:
+        where = f"--data-dir {options.data_dir}" if options.data_dir else "the store"
+        raise StartupError(f"{where}: {describe(exc)}") from None
     try:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(node.serve, options.host, options.port)

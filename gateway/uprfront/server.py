@@ -121,7 +121,7 @@ class UprFront:
                     )
                 )
                 self.port = bound_port(listeners)
-                log.info("UPR front listening on %s:%d", host, self.port)
+                log.debug("UPR front bound %s:%d", host, self.port)  # serve announces
                 task_status.started(self.port)
         finally:
             if close_logs:

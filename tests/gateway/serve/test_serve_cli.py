@@ -101,4 +101,9 @@ def test_a_port_in_use_is_one_clear_line_not_a_traceback(tmp_path: Path) -> None
             timeout=60,
         )
     assert done.returncode == 1
-    assert "Address already in use" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"serve: --tap-listen 127.0.0.1:{port}: address already in use "
+        "(another process listens there)"
+    )
+    assert "Traceback" not in done.stderr
+    assert "listening on" not in done.stderr  # nothing announced before every listener is bound
