@@ -8,7 +8,15 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
-from gateway.cli_args import address, count, float_at_least, fraction, positive, vbucket_count
+from gateway.cli_args import (
+    address,
+    count,
+    float_at_least,
+    fraction,
+    positive,
+    vbucket_count,
+    vbucket_list,
+)
 
 DIALECTS = ("dcp", "upr-draft")
 
@@ -74,6 +82,11 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "(as ep-engine 2.x) and UPR (as 3.0, or the transport draft with --dialect "
             "upr-draft). It is the gateway's default upstream and the peer of the tests."
         ),
+        epilog=(
+            "examples: tap-upr-gateway node --sample-items 10000;  "
+            "tap-upr-gateway node --listen 127.0.0.1:11220 --replica-vbuckets 0-63 "
+            "(a move's destination)"
+        ),
     )
     parser.add_argument(
         "--listen",
@@ -84,6 +97,14 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     parser.add_argument(
         "--vbuckets", type=vbucket_count, default=64, help="number of vbuckets (default 64)"
+    )
+    parser.add_argument(
+        "--replica-vbuckets",
+        type=vbucket_list,
+        default=[],
+        metavar="LIST",
+        help="vbuckets that start as replicas, e.g. 0-63 for a move's destination "
+        "(default: every vbucket active)",
     )
     parser.add_argument("--data-dir", type=Path, help="persist to this directory (msgpack journal)")
     parser.add_argument(
@@ -135,6 +156,14 @@ def _run_node(args: argparse.Namespace) -> int:
         except StartupError as exc:
             print(f"node: {exc}", file=sys.stderr)
             return 1
+    outside = [vb for vb in args.replica_vbuckets if vb >= args.vbuckets]
+    if outside:
+        print(
+            f"node: --replica-vbuckets names vbucket {outside[0]}, but the node has "
+            f"{args.vbuckets} (--vbuckets)",
+            file=sys.stderr,
+        )
+        return 2
     options = NodeOptions(
         host=host,
         port=port,
@@ -146,6 +175,7 @@ def _run_node(args: argparse.Namespace) -> int:
         value_size=args.value_size,
         dialect=args.dialect,
         users=users,
+        replica_vbuckets=tuple(args.replica_vbuckets),
     )
     try:
         trio.run(run_node, options)
@@ -169,6 +199,8 @@ def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "Write --items keys (load::N) to a node over memcached, a fraction with a short TTL "
             "so that expirations happen, then delete a fraction of the others; print ops/s."
         ),
+        epilog="example: tap-upr-gateway load --target 127.0.0.1:11210 --items 100000 "
+        "--ttl-fraction 0.1 --delete-fraction 0.1",
     )
     parser.add_argument(
         "--target",
@@ -241,8 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
             "Translate between TAP (Couchbase 2.x replication) and UPR/DCP (3.0): serve old TAP "
             "clients from UPR nodes and UPR consumers from TAP nodes."
         ),
+        epilog=(
+            "start with `tap-upr-gateway serve` (an embedded upstream with sample data);\n"
+            "`tap-upr-gateway COMMAND --help` explains each command"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from gateway.admin import add_admin_parsers
     from gateway.capture.command import add_capture_parser
     from gateway.serve_cli import add_move_parser, add_serve_parser
     from gateway.uprfront.checklog import add_check_log_parser
@@ -256,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode(commands)
     _add_node(commands)
     _add_load(commands)
+    add_admin_parsers(commands)
     return parser
 
 

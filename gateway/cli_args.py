@@ -71,3 +71,21 @@ def fraction(text: str) -> float:
 vbucket_count = int_between(1, MAX_VBUCKETS)
 count = int_between(0)
 positive = int_between(1)
+
+
+def vbucket_list(text: str) -> list[int]:
+    """``1,2,5-9``: vbucket ids from 0 to 65535, ranges inclusive."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            if not part.strip():
+                continue
+            first, _, last = part.partition("-")
+            out.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a vbucket list such as 1,2 or 0-63"
+        ) from None
+    if not out or any(vb < 0 or vb >= MAX_VBUCKETS for vb in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: vbuckets are numbers from 0 to 65535")
+    return out

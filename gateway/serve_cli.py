@@ -9,7 +9,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from gateway.cli_args import address, count, float_at_least, vbucket_count
+from gateway.cli_args import address, count, float_at_least, vbucket_count, vbucket_list
 from gateway.serve import (
     DEFAULT_METRICS_LISTEN,
     DEFAULT_TAP_LISTEN,
@@ -21,16 +21,6 @@ from gateway.startup import StartupError, describe, prepare_directory, startup_e
 DIALECTS = ("dcp", "upr-draft")
 
 log = logging.getLogger("gateway.serve")
-
-
-def _vbuckets(text: str) -> list[int]:
-    try:
-        out = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers such as 1,2,3") from None
-    if not out or any(vb < 0 or vb > 0xFFFF for vb in out):
-        raise argparse.ArgumentTypeError(f"{text!r}: vbuckets are numbers from 0 to 65535")
-    return out
 
 
 def _show(address: tuple[str, int]) -> str:
@@ -191,6 +181,14 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
             "    consumer connection and requests the streams itself (ADD_STREAM).\n"
             "With --takeover the source ends dead and the destination active."
         ),
+        epilog=(
+            "example (two fresh reference nodes):\n"
+            "  tap-upr-gateway node --listen 127.0.0.1:11210 --sample-items 1000 &\n"
+            "  tap-upr-gateway node --listen 127.0.0.1:11220 --replica-vbuckets 0-63 &\n"
+            "  tap-upr-gateway move --from-tap 127.0.0.1:11210 --to-upr 127.0.0.1:11220 \\\n"
+            "      --vbuckets 1,2 --takeover\n"
+            "  tap-upr-gateway stats 127.0.0.1:11220 vbucket"
+        ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-upr", type=address, metavar="HOST:PORT", help="UPR source node")
@@ -198,7 +196,7 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("--to-tap", type=address, metavar="HOST:PORT", help="TAP destination")
     parser.add_argument("--to-upr", type=address, metavar="HOST:PORT", help="UPR destination")
     parser.add_argument(
-        "--vbuckets", type=_vbuckets, required=True, help="comma-separated vbuckets, e.g. 1,2"
+        "--vbuckets", type=vbucket_list, required=True, help="vbuckets, e.g. 1,2 or 0-15"
     )
     parser.add_argument("--takeover", action="store_true", help="hand the vbuckets over")
     parser.add_argument("--state-dir", type=Path, help="log directory (--from-tap only)")

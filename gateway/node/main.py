@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from gateway.node.items import VBucketState
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
 from gateway.startup import StartupError, describe
@@ -30,6 +31,8 @@ class NodeOptions:
     value_size: int = 100
     dialect: str = "dcp"
     users: dict[str, str] | None = None
+    replica_vbuckets: tuple[int, ...] = ()
+    """Vbuckets that start as replicas (a move's destination); the others are active."""
 
 
 def build_node(options: NodeOptions) -> Node:
@@ -39,6 +42,8 @@ def build_node(options: NodeOptions) -> Node:
         fsync=options.fsync,
         max_items=options.max_items,
     )
+    for vb in options.replica_vbuckets:
+        store.set_state(vb, VBucketState.REPLICA, now=time.time())
     if options.sample_items:
         written = store.populate_sample(
             options.sample_items, value_size=options.value_size, now=time.time()
