@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
+from gateway import logs
 from gateway.cli_args import (
     address,
     count,
@@ -66,11 +67,6 @@ def _run_decode(args: argparse.Namespace) -> int:
             print(f"decode: {exc}", file=sys.stderr)
             return 2
     return decode.run(data, args.dialect, sys.stdout, sys.stderr)
-
-
-def _add_verbosity(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
 
 
 def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -132,7 +128,7 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser.add_argument(
         "--users", metavar="FILE", help="require SASL PLAIN; FILE has user:password lines"
     )
-    _add_verbosity(parser)
+    logs.add_logging_options(parser)
     parser.set_defaults(handler=_run_node)
 
 
@@ -143,7 +139,7 @@ def _run_node(args: argparse.Namespace) -> int:
     from gateway.node.main import NodeOptions, run_node
     from gateway.startup import StartupError, describe, prepare_directory
 
-    logs.configure(args.verbose - args.quiet)
+    logs.configure_from(args)
     try:
         users = logs.read_users(args.users) if args.users else None
     except (OSError, ValueError) as exc:

@@ -1,17 +1,124 @@
-"""Logging set-up shared by the long-running commands."""
+"""Logging set-up shared by the long-running commands.
+
+Lines carry ISO-8601 timestamps with the time zone. ``--log-format json``
+writes one JSON object per line (time, level, logger, message and the
+connection fields) for log shippers. Connection fields come from a context
+variable: the listener binds ``peer`` (and the listener's name) for each
+accepted connection, the protocol code adds ``connection`` once the peer
+names itself (TAP CONNECT, UPR OPEN); trio tasks inherit the context of the
+task that started them, so every line logged on a connection's behalf
+carries them without each call passing them.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextvars
+import json
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+LEVELS = ("debug", "info", "warning", "error")
+_FIELDS: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "log_fields", default=()
+)
 
 
-def configure(verbosity: int) -> None:
-    level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
+@contextmanager
+def bind(**fields: str) -> Iterator[None]:
+    """Add ``fields`` to every line logged in this task and the tasks it starts."""
+    token = _FIELDS.set(_merged(fields))
+    try:
+        yield
+    finally:
+        _FIELDS.reset(token)
+
+
+def name_connection(name: str) -> None:
+    """The peer named itself: later lines of this task (and its new tasks) carry it."""
+    _FIELDS.set(_merged({"connection": name}))
+
+
+def _merged(fields: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple({**dict(_FIELDS.get()), **fields}.items())
+
+
+def _iso(created: float) -> str:
+    local = time.localtime(created)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", local)
+    offset = time.strftime("%z", local)
+    return f"{stamp}.{int(created % 1 * 1000):03d}{offset[:3]}:{offset[3:]}"
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.fields = dict(_FIELDS.get())
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, str] = getattr(record, "fields", {})
+        context = "".join(f" {k}={v}" for k, v in fields.items())
+        line = f"{_iso(record.created)} {record.levelname:<7} {record.name}:{context} "
+        line += record.getMessage()
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": _iso(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **getattr(record, "fields", {}),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def add_logging_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
+    parser.add_argument(
+        "--log-level", choices=LEVELS, help="log level (overrides -v/-q; default info)"
     )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or one JSON object per line for log shippers (default text)",
+    )
+
+
+def configure_from(args: argparse.Namespace) -> None:
+    """``configure`` from the options ``add_logging_options`` added."""
+    configure(
+        args.verbose - args.quiet,
+        level=getattr(args, "log_level", None),
+        fmt=getattr(args, "log_format", "text"),
+    )
+
+
+def configure(verbosity: int, *, level: str | None = None, fmt: str = "text") -> None:
+    if level is not None:
+        numeric = getattr(logging, level.upper())
+    else:
+        numeric = (
+            logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
+        )
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(_ContextFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric)
 
 
 def read_users(path: str) -> dict[str, str]:

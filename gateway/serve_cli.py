@@ -9,6 +9,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from gateway import logs
 from gateway.cli_args import address, count, float_at_least, vbucket_count, vbucket_list
 from gateway.serve import (
     DEFAULT_METRICS_LISTEN,
@@ -118,8 +119,7 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         default=20.0,
         help="live writes to the embedded node (default 20; 0 for none)",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
+    logs.add_logging_options(parser)
     parser.set_defaults(handler=run_serve_command)
 
 
@@ -129,7 +129,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from gateway import logs
     from gateway.serve import run_serve
 
-    logs.configure(args.verbose - args.quiet)
+    logs.configure_from(args)
     try:
         users = logs.read_users(args.users) if args.users else None
     except (OSError, ValueError) as exc:
@@ -205,8 +205,7 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     )
     parser.add_argument("--upstream-user", help="SASL PLAIN user for the source")
     parser.add_argument("--upstream-password", default="", help="SASL PLAIN password")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
+    logs.add_logging_options(parser)
     parser.set_defaults(handler=run_move_command)
 
 
@@ -217,7 +216,7 @@ def run_move_command(args: argparse.Namespace) -> int:
     from adapters.errors import GatewayError
     from gateway import logs
 
-    logs.configure(args.verbose - args.quiet)
+    logs.configure_from(args)
     if args.from_upr and not args.to_tap:
         print("move: --from-upr needs --to-tap", file=sys.stderr)
         return 2

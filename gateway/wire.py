@@ -23,6 +23,7 @@ import trio
 
 from adapters.errors import ProtocolError
 from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, Frame, FrameReader
+from gateway import logs
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +223,11 @@ async def serve_packets(
     """
 
     async def on_connection(stream: trio.SocketStream) -> None:
-        name = f"{label} {peer_name(stream)}"
-        await run_connection(stream, handler, name=name, max_frame_size=max_frame_size)
+        peer = peer_name(stream)
+        with logs.bind(listener=label, peer=peer):
+            await run_connection(
+                stream, handler, name=f"{label} {peer}", max_frame_size=max_frame_size
+            )
 
     listeners = await trio.open_tcp_listeners(port, host=host)
     async with trio.open_nursery() as nursery:

@@ -27,6 +27,7 @@ import trio
 from adapters import tap, upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from gateway import logs
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
 from gateway.wire import PacketConnection, serve_packets
@@ -145,6 +146,7 @@ class Node:
                 await conn.send(error_response(frame, Status.NOT_SUPPORTED, str(exc)))
                 raise
             assert isinstance(connect, tap.TapConnect)
+            logs.name_connection(connect.name.decode("utf-8", "replace"))
             await serve_tap_stream(self, conn, connect)
             return True
         if opcode in _TAP_STREAM_OPCODES:

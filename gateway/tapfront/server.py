@@ -32,6 +32,7 @@ from adapters import tap, upr
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from adapters.tap.connect import connect_refusal
+from gateway import logs
 from gateway.client import McbpClient
 from gateway.named import NamedConnections
 from gateway.stats import GatewayStats
@@ -180,6 +181,7 @@ class TapFront:
                 await conn.send(reply(frame, Status.AUTH_ERROR, value=b"authenticate first"))
                 continue
             if frame.opcode == tap.TapOpcode.CONNECT:
+                logs.name_connection(frame.key.decode("utf-8", "replace"))
                 await self._stream(conn, frame)
                 return
             if frame.opcode == Opcode.SASL_AUTH:

@@ -37,6 +37,7 @@ from adapters import upr
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from adapters.mcbp.constants import VBucketState
+from gateway import logs
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
@@ -236,6 +237,7 @@ class UprFront:
                 )
             )
             return False
+        logs.name_connection(name)
         stream_stats = StreamStats(
             direction=UPR_FRONT, connection=name, upstream=self.ingest.address, created=time.time()
         )
