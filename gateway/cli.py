@@ -262,6 +262,19 @@ def _run_load(args: argparse.Namespace) -> int:
     return 0 if not report.errors else 1
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+CONFIG_HELP = (
+    "TOML file of option values (long names; a [COMMAND] table per command); "
+    "TAP_UPR_GATEWAY_<OPTION> environment variables override it, the command line both"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tap-upr-gateway",
@@ -291,11 +304,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node(commands)
     _add_load(commands)
     add_admin_parsers(commands)
+    parser.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
+    for sub in commands.choices.values():
+        sub.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from gateway import settings
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    commands = _commands(parser)
+    try:
+        settings.load(words, commands)
+    except settings.SettingsError as exc:
+        command = settings.find_command(words, commands)
+        (commands[command] if command else parser).error(str(exc))
+    args = parser.parse_args(words)
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:
