@@ -60,6 +60,8 @@ class PacketConnection:
         self._writer_done = trio.Event()
         self.bytes_received = 0
         self.bytes_sent = 0
+        self.peak_outbox_bytes = 0
+        """The most bytes ever queued at once (what the outbox cost at its fullest)."""
 
     # -- reading -----------------------------------------------------------
 
@@ -91,10 +93,19 @@ class PacketConnection:
     def outbox_bytes(self) -> int:
         return self._outbox_bytes
 
-    async def send(self, data: bytes) -> None:
-        """Queue ``data``; waits while the outbox is over its limit."""
+    @property
+    def outbox_room(self) -> int:
+        """Bytes that may be queued before ``send`` waits (0: full)."""
+        return max(0, self.max_outbox_bytes - self._outbox_bytes)
+
+    async def wait_for_room(self) -> None:
+        """Wait while the outbox is over its limit (or until the connection closes)."""
         while self._outbox_bytes >= self.max_outbox_bytes and not self._closing:
             await self._room_event().wait()
+
+    async def send(self, data: bytes) -> None:
+        """Queue ``data``; waits while the outbox is over its limit."""
+        await self.wait_for_room()
         self.send_nowait(data)
 
     def send_nowait(self, data: bytes) -> None:
@@ -103,6 +114,8 @@ class PacketConnection:
             raise ConnectionClosed(self.name)
         self._outbox.append(data)
         self._outbox_bytes += len(data)
+        if self._outbox_bytes > self.peak_outbox_bytes:
+            self.peak_outbox_bytes = self._outbox_bytes
         self._has_data.set()
 
     async def drain(self) -> None:
@@ -216,6 +229,7 @@ async def serve_packets(
     label: str,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    max_outbox_bytes: int = DEFAULT_MAX_OUTBOX_BYTES,
 ) -> None:
     """Listen on ``host:port`` (0: any free port) and serve each connection.
 
@@ -226,7 +240,11 @@ async def serve_packets(
         peer = peer_name(stream)
         with logs.bind(listener=label, peer=peer):
             await run_connection(
-                stream, handler, name=f"{label} {peer}", max_frame_size=max_frame_size
+                stream,
+                handler,
+                name=f"{label} {peer}",
+                max_frame_size=max_frame_size,
+                max_outbox_bytes=max_outbox_bytes,
             )
 
     listeners = await trio.open_tcp_listeners(port, host=host)

@@ -119,6 +119,7 @@ class UprFront:
                         port,
                         label="upr-front",
                         max_frame_size=self.config.max_frame_size,
+                        max_outbox_bytes=self.config.max_outbox_bytes,
                     )
                 )
                 self.port = bound_port(listeners)
