@@ -86,7 +86,7 @@ class UprConnection(UprProducerBase):
         # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
         self._in_flight: deque[tuple[int, int, int, float]] = deque()
         self.streams_waiting = 0
-        """Streams blocked in ``send_budget`` (all of them: the consumer stalls us)."""
+        """Streams blocked for room in the window or the outbox (all of them: stalled)."""
         self.recording: UprRecording | None = None
         """Records what this connection sends (``capture_dir``); set by the front."""
 
@@ -121,7 +121,13 @@ class UprConnection(UprProducerBase):
         start, count = 0, len(messages)
         in_flight = self._in_flight
         while start < count:
-            await self._wait_for_room()
+            if not window.can_send:
+                # The framing of a batch read up to the budget may overshoot the window.
+                self.streams_waiting += 1
+                try:
+                    await self._wait_for_room()
+                finally:
+                    self.streams_waiting -= 1
             end = start
             # Whole messages while there is room: the last one may overshoot
             # the buffer, as a producer stops only once it is full.
