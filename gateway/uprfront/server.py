@@ -40,6 +40,7 @@ from adapters.mcbp.constants import VBucketState
 from gateway import logs
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
+from gateway.memory import TrimAfterCloses
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
 from gateway.upr_producer_base import error_reply
 from gateway.uprfront.compaction import compact_log
@@ -85,6 +86,8 @@ class UprFront:
         )
         self.ingest = Ingest(config, self.logs, self.stats)
         self.connections: dict[str, UprConnection] = {}
+        self.trimmer = TrimAfterCloses()
+        """Gives the heap of closed connections back to the system."""
         self._scopes: dict[str, trio.CancelScope] = {}
         self.taken_over: set[int] = set()
         self.port = 0
@@ -110,6 +113,7 @@ class UprFront:
                 nursery.start_soon(self.ingest.run)
                 if self.config.compact_interval > 0:
                     nursery.start_soon(self._compaction_loop)
+                nursery.start_soon(self.trimmer.run)
                 host, port = self.config.listen
                 listeners = await nursery.start(
                     partial(
@@ -254,6 +258,7 @@ class UprFront:
             finally:
                 if self.connections.get(name) is producer:
                     del self.connections[name]
+                self.trimmer.connection_closed()
         return True
 
     # -- captures ---------------------------------------------------------------
