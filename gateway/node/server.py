@@ -28,6 +28,7 @@ from adapters import tap, upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from gateway import logs
+from gateway.memory import TrimAfterCloses
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
 from gateway.wire import PacketConnection, serve_packets
@@ -80,6 +81,8 @@ class Node:
         self.upr = UprHub(self)
         self.started_at = trio.current_time() if _in_trio() else 0.0
         self.connections = 0
+        self.trimmer = TrimAfterCloses()
+        """Gives the heap of closed connections (their outboxes) back to the system."""
 
     # -- serving -------------------------------------------------------------
 
@@ -93,6 +96,7 @@ class Node:
         """Listen and serve until cancelled; ``task_status`` gets the listeners."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._housekeeping)
+            nursery.start_soon(self.trimmer.run)
             listeners = await nursery.start(
                 partial(
                     serve_packets,

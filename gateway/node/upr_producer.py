@@ -62,10 +62,13 @@ async def serve_upr_producer(
         name = "upr-draft:" + conn.name.rpartition(" ")[2]
     flags = opened.flags if opened is not None else upr.OpenFlags(0)
     producer = ProducerConnection(node, conn, name, flags)
-    with node.upr.running(producer):
-        if opened is not None:
-            await producer.respond(upr.Response(upr.Command.OPEN, opened.opaque, _OK))
-        await producer.run(first)
+    try:
+        with node.upr.running(producer):
+            if opened is not None:
+                await producer.respond(upr.Response(upr.Command.OPEN, opened.opaque, _OK))
+            await producer.run(first)
+    finally:
+        node.trimmer.connection_closed()
 
 
 class ProducerConnection(UprProducerBase):
