@@ -10,7 +10,10 @@ OpenMetrics when asked for; ``prometheus_client``'s ``choose_encoder``) and
 the body is gzipped when the scraper accepts it. Connections are bounded in
 number, in request-head size and in time (idle, head and write timeouts);
 bad requests get a specific 4xx/5xx and a closed connection (see
-``gateway.metrics.http``).
+``gateway.metrics.http``). At the connection cap, a new connection closes
+the longest-idle keep-alive connection instead of being refused, so idle
+scrapers (or anyone holding sockets open) never lock a scrape out; only when
+every connection is in the middle of a request does a new one get 503.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 32
 MAX_REQUESTS_PER_CONNECTION = 1000
-IDLE_TIMEOUT = 75.0
-"""Longer than common scrape intervals, so a scraper's keep-alive connection survives."""
+IDLE_TIMEOUT = 30.0
+"""Keeps a 15 s scraper's connection; longer idlers are closed (and yield at the cap anyway)."""
 HEAD_TIMEOUT = 10.0
 WRITE_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
@@ -78,22 +81,43 @@ class MetricsServer:
         self.registry = registry
         self.collector = collector
         self.render_limiter = trio.CapacityLimiter(1)
-        self.open_connections = 0
         self.scrapes_total = 0
+        self.idle_closed_total = 0
+        """Keep-alive connections closed to make room for a new one."""
+        self._open: set[object] = set()
+        self._idle: dict[object, trio.CancelScope] = {}
+        """Connections waiting for their next request, the longest-waiting first."""
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def _close_oldest_idle(self) -> bool:
+        """Make room: end the longest-idle connection's wait (it closes quietly)."""
+        if not self._idle:
+            return False
+        token, scope = next(iter(self._idle.items()))
+        del self._idle[token]
+        self._open.discard(token)
+        scope.cancel()
+        self.idle_closed_total += 1
+        return True
 
     async def handle(self, stream: trio.abc.Stream) -> None:
+        token = object()
         try:
-            if self.open_connections >= MAX_CONNECTIONS:
-                busy = HttpError(503, f"more than {MAX_CONNECTIONS} connections open")
+            if len(self._open) >= MAX_CONNECTIONS and not self._close_oldest_idle():
+                busy = HttpError(503, f"all {MAX_CONNECTIONS} connections are mid-request")
                 with trio.move_on_after(WRITE_TIMEOUT):
                     await stream.send_all(error_response(busy))
                 await _linger(stream)
                 return
-            self.open_connections += 1
+            self._open.add(token)
             try:
-                await self._serve(stream)
+                await self._serve(stream, token)
             finally:
-                self.open_connections -= 1
+                self._open.discard(token)
+                self._idle.pop(token, None)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the scraper went away; nothing to answer
         finally:
@@ -101,11 +125,11 @@ class MetricsServer:
                 scope.shield = True
                 await stream.aclose()
 
-    async def _serve(self, stream: trio.abc.Stream) -> None:
+    async def _serve(self, stream: trio.abc.Stream, token: object) -> None:
         buffer = bytearray()
         for served in range(1, MAX_REQUESTS_PER_CONNECTION + 1):
             try:
-                request = await self._read_request(stream, buffer)
+                request = await self._read_request(stream, buffer, token)
             except HttpError as error:
                 with trio.move_on_after(WRITE_TIMEOUT):
                     await stream.send_all(error_response(error))
@@ -122,8 +146,11 @@ class MetricsServer:
                     await _linger(stream)
                 return
 
-    async def _read_request(self, stream: trio.abc.Stream, buffer: bytearray) -> Request | None:
-        """The next request head, or ``None`` at a clean close or an idle timeout."""
+    async def _read_request(
+        self, stream: trio.abc.Stream, buffer: bytearray, token: object
+    ) -> Request | None:
+        """The next request head, or ``None`` at a clean close, an idle timeout, or
+        when a new connection needed this one's place while it was idle."""
         deadline = trio.current_time() + (HEAD_TIMEOUT if buffer else IDLE_TIMEOUT)
         while True:
             end = find_head_end(buffer)
@@ -134,7 +161,12 @@ class MetricsServer:
                 del buffer[:end]
                 return parse_request_head(head)
             with trio.move_on_at(deadline) as scope:
-                data = await stream.receive_some(RECEIVE_SIZE)
+                if not buffer.strip():
+                    self._idle[token] = scope
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                finally:
+                    self._idle.pop(token, None)
             if scope.cancelled_caught:
                 if buffer.strip():
                     raise HttpError(408, f"request head not complete in {HEAD_TIMEOUT:g} s")
