@@ -305,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load(commands)
     add_admin_parsers(commands)
     parser.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
+    from gateway.version import describe
+
+    parser.add_argument("--version", action="version", version=describe())
     for sub in commands.choices.values():
         sub.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
     return parser

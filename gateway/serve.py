@@ -30,6 +30,7 @@ import trio
 
 from gateway.startup import prepare_directory, show, start_listener, watch_upstream
 from gateway.stats import GatewayStats
+from gateway.version import describe
 
 log = logging.getLogger("gateway.serve")
 
@@ -82,6 +83,7 @@ async def run_serve(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             announced = await _start_all(options, running, nursery, cleanup)
+            log.info("%s serving", describe())
             for line in announced:
                 log.info("%s", line)
             task_status.started(running)
