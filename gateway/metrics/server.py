@@ -19,13 +19,17 @@ every connection is in the middle of a request does a new one get 503.
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import time
+from functools import cache
+from importlib import resources
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
+from gateway.health import Health
 from gateway.metrics.collector import Clock, GatewayCollector, register_gateway_metrics
 from gateway.metrics.families import gateway_families
 from gateway.metrics.http import (
@@ -39,8 +43,10 @@ from gateway.metrics.http import (
     response,
 )
 from gateway.metrics.render import OPENMETRICS_CONTENT_PREFIX, render
+from gateway.metrics.status import BackfillTracker, status_json
 from gateway.metrics.view import StatsView
 from gateway.stats import GatewayStats
+from gateway.version import version
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +63,15 @@ LINGER_BYTES = 1 << 20
 GZIP_LEVEL = 1
 """Fast: metrics text compresses well even at the lowest level."""
 
-INDEX = b"tap-upr-gateway: metrics at /metrics\n"
+PAGES = ("/", "/metrics", "/healthz", "/readyz", "/status.json")
+JSON = "application/json"
+NO_STORE = (("Cache-Control", "no-store"),)
+
+
+@cache
+def status_page() -> bytes:
+    """The status page (one self-contained file: no CDN, no build step)."""
+    return resources.files("gateway.metrics").joinpath("status.html").read_bytes()
 
 
 async def _linger(stream: trio.abc.Stream) -> None:
@@ -77,9 +91,16 @@ async def _linger(stream: trio.abc.Stream) -> None:
 class MetricsServer:
     """Answers HTTP requests for one registry (``handle`` per TCP connection)."""
 
-    def __init__(self, registry: CollectorRegistry, collector: GatewayCollector) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        collector: GatewayCollector,
+        health: Health | None = None,
+    ) -> None:
         self.registry = registry
         self.collector = collector
+        self.health = health
+        self.backfills = BackfillTracker()
         self.render_limiter = trio.CapacityLimiter(1)
         self.scrapes_total = 0
         self.idle_closed_total = 0
@@ -181,14 +202,15 @@ class MetricsServer:
         """The response bytes, and whether the connection must close after them."""
         head_only = request.method == "HEAD"
         try:
-            if request.path not in ("/metrics", "/"):
-                raise HttpError(404, f"no page {request.path[:100]!r}; metrics are at /metrics")
+            if request.path not in PAGES:
+                pages = ", ".join(PAGES)
+                raise HttpError(404, f"no page {request.path[:100]!r}; pages: {pages}")
             if request.method not in ("GET", "HEAD"):
                 raise HttpError(405, f"method {request.method} on {request.path}")
         except HttpError as error:
             return error_response(error, head_only=head_only), True
-        if request.path == "/":
-            return response(200, INDEX, head_only=head_only, close=close), False
+        if request.path != "/metrics":
+            return await self._other_page(request.path, head_only=head_only, close=close)
         view = self.collector.capture()
         use_gzip = accepts_gzip(request.header("accept-encoding"))
         try:
@@ -206,6 +228,37 @@ class MetricsServer:
             headers.append(("Content-Encoding", "gzip"))
         reply = response(
             200, body, content_type=content_type, headers=tuple(headers),
+            head_only=head_only, close=close,
+        )  # fmt: skip
+        return reply, False
+
+    async def _other_page(self, path: str, *, head_only: bool, close: bool) -> tuple[bytes, bool]:
+        status = 200
+        content_type = JSON
+        if path == "/":
+            body, content_type = status_page(), "text/html; charset=utf-8"
+        elif path == "/healthz":
+            # Answering at all is the proof: the event loop runs.
+            body = json.dumps({"alive": True, "version": version()}).encode()
+        elif path == "/readyz":
+            ready = {"ready": True, "not_ready": []} if self.health is None else (
+                self.health.readiness()
+            )  # fmt: skip
+            status = 200 if ready["ready"] else 503
+            body = json.dumps(ready).encode()
+        else:
+            view = self.collector.capture()
+            health = None if self.health is None else self.health.snapshot(view.now)
+            try:
+                body = await trio.to_thread.run_sync(
+                    status_json, view, health, self.backfills, limiter=self.render_limiter
+                )
+            except Exception:
+                log.exception("building /status.json failed")
+                failed = HttpError(500, "building the status failed; see the gateway's log")
+                return error_response(failed, head_only=head_only), True
+        reply = response(
+            status, body, content_type=content_type, headers=NO_STORE,
             head_only=head_only, close=close,
         )  # fmt: skip
         return reply, False
@@ -231,9 +284,12 @@ async def serve_metrics(
     per_vbucket: bool = False,
     registry: CollectorRegistry | None = None,
     clock: Clock = time.time,
+    health: Health | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/metrics`` for ``stats`` on ``host:port`` (0: a free port) until cancelled.
+    """Serve ``/metrics`` for ``stats`` on ``host:port`` (0: a free port) until cancelled,
+    with ``/healthz``, ``/readyz`` (from ``health``), ``/status.json`` and the status
+    page at ``/``.
 
     ``task_status.started`` receives the bound port. Without ``registry`` a
     fresh one is made, with the process collector (CPU, memory, open files)
@@ -245,7 +301,7 @@ async def serve_metrics(
         ProcessCollector(registry=registry)
     collector = register_gateway_metrics(registry, stats, per_vbucket=per_vbucket, clock=clock)
     try:
-        server = MetricsServer(registry, collector)
+        server = MetricsServer(registry, collector, health)
         listeners = await trio.open_tcp_listeners(port, host=host)
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, server.handle, listeners)
