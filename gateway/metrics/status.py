@@ -22,6 +22,8 @@ from typing import Any
 from gateway.metrics.view import StatsView, StreamKey, figures_by_stream
 from gateway.version import python_version, version
 
+STALLED_AFTER = 5.0
+"""Seconds a backfill seen without progress is called stalled rather than estimated."""
 MAX_BACKFILL_ROWS = 64
 """Per stream; the rest are counted (``backfills_not_shown``), not listed."""
 
@@ -35,9 +37,10 @@ class BackfillTracker:
 
     def rate_and_eta(
         self, seen: dict[tuple[StreamKey, int], tuple[int, int]], now: float
-    ) -> dict[tuple[StreamKey, int], tuple[float | None, float | None]]:
-        """Items/s and seconds left for each (stream, vbucket) -> (sent, remaining)."""
-        out: dict[tuple[StreamKey, int], tuple[float | None, float | None]] = {}
+    ) -> dict[tuple[StreamKey, int], tuple[float | None, float | None, bool]]:
+        """Items/s, seconds left and whether it is stalled, for each
+        (stream, vbucket) -> (sent, remaining) backfilling now."""
+        out: dict[tuple[StreamKey, int], tuple[float | None, float | None, bool]] = {}
         with self._lock:
             first = {key: self._first.get(key, (now, sent)) for key, (sent, _) in seen.items()}
             self._first = first
@@ -45,10 +48,10 @@ class BackfillTracker:
             since, start = first[key]
             elapsed = now - since
             if elapsed <= 0 or sent <= start:
-                out[key] = (None, None)
+                out[key] = (None, None, elapsed >= STALLED_AFTER)
                 continue
             rate = (sent - start) / elapsed
-            out[key] = (rate, remaining / rate)
+            out[key] = (rate, remaining / rate, False)
         return out
 
 
@@ -75,7 +78,7 @@ def status(
             if not row.backfilling:
                 continue
             end = ends[key, vb]
-            rate, eta = estimates[key, vb]
+            rate, eta, stalled = estimates[key, vb]
             rows.append({
                 "vbucket": vb,
                 "sent_seqno": row.sent_seqno,
@@ -84,6 +87,7 @@ def status(
                 "percent": round(100.0 * row.sent_seqno / end, 1) if end else 100.0,
                 "items_per_second": None if rate is None else round(rate, 1),
                 "eta_seconds": None if eta is None else round(eta, 1),
+                "stalled": stalled,
             })  # fmt: skip
         streams.append({
             "direction": direction,
