@@ -286,7 +286,10 @@ def process_families(view: StatsView, *, per_vbucket: bool) -> list[Family]:
 def gateway_families(view: StatsView, *, per_vbucket: bool = False) -> list[Family]:
     """Every metric family of one scrape of ``view``."""
     streams = figures_by_stream(view, per_vbucket=per_vbucket)
+    from gateway.metrics.listeners import listener_families
+
     return [
         *process_families(view, per_vbucket=per_vbucket),
         *stream_families(streams, per_vbucket=per_vbucket),
+        *listener_families(view.listeners),
     ]
