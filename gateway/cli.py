@@ -140,10 +140,12 @@ def _run_node(args: argparse.Namespace) -> int:
     from gateway.startup import StartupError, describe, prepare_directory
 
     logs.configure_from(args)
+    from gateway.auth import UsersFileError, read_users
+
     try:
-        users = logs.read_users(args.users) if args.users else None
-    except (OSError, ValueError) as exc:
-        print(f"node: cannot read users file: {exc}", file=sys.stderr)
+        users = read_users(args.users) if args.users else None
+    except UsersFileError as exc:
+        print(f"node: {exc}", file=sys.stderr)
         return 2
     host, port = args.listen
     if args.data_dir is not None:

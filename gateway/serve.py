@@ -28,6 +28,7 @@ from pathlib import Path
 
 import trio
 
+from gateway.auth import Users
 from gateway.health import FrontInfo, Health
 from gateway.startup import prepare_directory, show, start_listener, watch_upstream
 from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
@@ -52,7 +53,7 @@ class ServeOptions:
     dialect: str = "dcp"
     upstream_user: str | None = None
     upstream_password: str | None = None
-    users: dict[str, str] | None = None
+    users: Users | dict[str, str] | None = None
     fsync: str = "batch"
     capture_dir: Path | None = None
     """Record what every front connection receives and sends (``gateway.capture``)."""

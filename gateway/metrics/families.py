@@ -293,8 +293,11 @@ def build_info() -> Family:
 def gateway_families(view: StatsView, *, per_vbucket: bool = False) -> list[Family]:
     """Every metric family of one scrape of ``view``."""
     streams = figures_by_stream(view, per_vbucket=per_vbucket)
+    from gateway.metrics.listeners import listener_families
+
     return [
         build_info(),
         *process_families(view, per_vbucket=per_vbucket),
         *stream_families(streams, per_vbucket=per_vbucket),
+        *listener_families(view.listeners),
     ]

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -34,7 +35,9 @@ from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from adapters.mcbp.constants import status_name
 from adapters.tap.connect import connect_refusal
 from gateway import logs
+from gateway.auth import Authenticator, Users
 from gateway.client import McbpClient, RequestFailed
+from gateway.limits import ConnectionLimits
 from gateway.named import NamedConnections
 from gateway.startup import describe, show
 from gateway.stats import GatewayStats
@@ -46,6 +49,7 @@ from gateway.wire import PacketConnection, bound_port, serve_packets
 
 log = logging.getLogger(__name__)
 
+LABEL = "tap-front"
 REFUSAL_FLUSH_SECONDS = 2.0
 UPSTREAM_QUERY_TIMEOUT = 10.0
 UPSTREAM_STAT_GROUPS = frozenset({"vbucket", "vbucket-seqno"})
@@ -80,8 +84,11 @@ class TapFrontConfig:
     dialect: str = "dcp"
     upstream_user: str | None = None
     upstream_password: str | None = None
-    users: dict[str, str] | None = None
+    users: Users | dict[str, str] | None = None
     """SASL PLAIN credentials TAP clients must present (None: no authentication)."""
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    ssl_context: ssl.SSLContext | None = None
+    """Serve TLS (None: plain TCP)."""
     buffer_size: int = 8 * 1024 * 1024
     ack_interval: int = 1000
     max_unacked: int = 10_000
@@ -162,6 +169,7 @@ class TapFront:
         self.config = config
         self.stats = stats or GatewayStats()
         self.registry = registry or Registry.open(config.state_dir)
+        self.users = Users.of(config.users)
         self.sessions: NamedConnections[TapSession] = NamedConnections("TAP front")
         self._anonymous = itertools.count(1)
 
@@ -170,7 +178,17 @@ class TapFront:
         try:
             async with trio.open_nursery() as nursery:
                 listeners = await nursery.start(
-                    partial(serve_packets, self.handle, host, port, label="tap-front")
+                    partial(
+                        serve_packets,
+                        self.handle,
+                        host,
+                        port,
+                        label=LABEL,
+                        limits=self.config.limits,
+                        auth_required=self.users is not None,
+                        counters=self.stats.listeners,
+                        ssl_context=self.config.ssl_context,
+                    )
                 )
                 nursery.start_soon(self._save_periodically)
                 task_status.started(bound_port(listeners))
@@ -187,7 +205,16 @@ class TapFront:
     # -- one connection ------------------------------------------------------
 
     async def handle(self, conn: PacketConnection) -> None:
-        authenticated = self.config.users is None
+        auth = Authenticator(
+            self.users,
+            label=LABEL,
+            peer=conn.name.rpartition(" ")[2],
+            counters=self.stats.listeners,
+            max_failures=self.config.limits.max_auth_failures,
+            failure_delay=self.config.limits.auth_failure_delay,
+        )
+        conn.authority = auth
+        authenticated = self.users is None
         while (frame := await conn.receive_frame()) is not None:
             if frame.magic != Magic.REQUEST:
                 self.stats.protocol_errors_total["tap_front", "malformed"] += 1
@@ -202,27 +229,26 @@ class TapFront:
                 continue
             if frame.opcode == tap.TapOpcode.CONNECT:
                 logs.name_connection(frame.key.decode("utf-8", "replace"))
-                await self._stream(conn, frame)
+                conn.streaming()
+                await self._stream(conn, frame, auth)
                 return
             if frame.opcode == Opcode.SASL_AUTH:
-                authenticated = await self._sasl_auth(conn, frame) or authenticated
+                authenticated = await self._sasl_auth(conn, frame, auth) or authenticated
             else:
-                await self._command(conn, frame)
+                await self._command(conn, frame, auth)
 
-    async def _sasl_auth(self, conn: PacketConnection, frame: Frame) -> bool:
-        fields = frame.value.split(b"\x00")
-        users = self.config.users or {}
-        if frame.key != b"PLAIN" or len(fields) != 3:
-            await conn.send(reply(frame, Status.AUTH_ERROR, value=b"only SASL PLAIN is supported"))
+    async def _sasl_auth(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
+        outcome = await auth.authenticate(frame)
+        if outcome.user is None:
+            await conn.send(reply(frame, Status.AUTH_ERROR, value=outcome.message.encode()))
+            if outcome.closing is not None:
+                raise outcome.closing
             return False
-        user, password = (f.decode("utf-8", "replace") for f in fields[1:])
-        if self.config.users is not None and users.get(user) != password:
-            await conn.send(reply(frame, Status.AUTH_ERROR, value=b"authentication failed"))
-            return False
+        conn.authenticated()
         await conn.send(reply(frame, value=b"Authenticated"))
         return True
 
-    async def _command(self, conn: PacketConnection, frame: Frame) -> None:
+    async def _command(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
         opcode = frame.opcode
         if opcode == Opcode.NOOP:
             await conn.send(reply(frame))
@@ -242,6 +268,10 @@ class TapFront:
                 + reply(frame)
             )
         elif opcode == Opcode.DEREGISTER_TAP_CLIENT:
+            if not auth.may_administer():
+                message = auth.refuse_admin("DEREGISTER_TAP_CLIENT")
+                await conn.send(reply(frame, Status.AUTH_ERROR, value=message.encode()))
+                return
             name = frame.key.decode("utf-8", "replace")
             self.registry.forget(name)
             self.sessions.close(name)
@@ -283,7 +313,7 @@ class TapFront:
             log.warning("STAT %s: %s", group, message)
             raise StatRefused(Status.TEMPORARY_FAILURE, message) from None
 
-    async def _stream(self, conn: PacketConnection, frame: Frame) -> None:
+    async def _stream(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
         try:
             connect = tap.decode_frame(frame)
         except ProtocolError as exc:
@@ -295,6 +325,12 @@ class TapFront:
             )
             raise
         assert isinstance(connect, tap.TapConnect)
+        if connect.connect_flags & tap.ConnectFlags.TAKEOVER_VBUCKETS and not auth.may_administer():
+            denied = ProtocolError(
+                auth.refuse_admin("TAP takeover"), opcode=frame.opcode, status=Status.AUTH_ERROR
+            )
+            await refuse(conn, frame, denied)
+            raise denied
         config = self.config
         name = connect.name.decode("utf-8", "replace") or f"anon_{next(self._anonymous)}"
         try:
