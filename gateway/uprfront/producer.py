@@ -77,10 +77,13 @@ class UprConnection(UprProducerBase):
         flags: upr.OpenFlags,
         stream_stats: StreamStats,
     ) -> None:
-        super().__init__(conn, name, front.dialect, front.config.noop_interval)
+        delete_times = bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES)
+        super().__init__(
+            conn, name, front.dialect, front.config.noop_interval, delete_times=delete_times
+        )
         self.front = front
         self.draft = upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes
-        self.settings = Settings(delete_times=bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES))
+        self.settings = Settings(delete_times=delete_times)
         self.streams: dict[int, LogStream] = {}
         self.stream_stats = stream_stats
         # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
