@@ -219,7 +219,7 @@ class UprConnection(UprProducerBase):
 
     def connection_stats(self) -> list[tuple[str, str]]:
         window = self.window
-        prefix = f"eq_dcpq:{self.name}:"
+        prefix = f"{self.name}:"  # STAT dcp adds eq_dcpq: (and eq_uprq:)
         out = [
             ("type", "producer"),
             ("items_sent", str(sum(s.items_sent for s in self.streams.values()))),

@@ -186,3 +186,108 @@ async def test_expiry_opcode_only_with_delete_times(
         else:  # TAP carries no delete time: the front keeps the delete's arrival
             assert delete_time > 0
         await timed.aclose()
+
+
+async def test_stat_failovers_lists_the_failover_log_as_the_wire_gives_it(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``doVbIdFailoverLogStats`` /
+    ``doAllFailoverLogStats`` and src/failover-table.cc ``addStats``:
+    ``vb_N:num_entries``, then ``vb_N:M:id`` and ``vb_N:M:seq``, newest first,
+    the same entries GET_FAILOVER_LOG returns."""
+    store = filled(16)
+    store.failover(1)  # a second history entry
+    store.set(1, b"after", b"x", now=time.time())
+    _, port = await serve(nursery, store, side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"fo")
+        await client.send(dcp.frame(dcp.FAILOVER_LOG, vbucket=1, opaque=9))
+        got = await client.response(9)
+        wire = [struct.unpack_from(">QQ", got.value, i) for i in range(0, len(got.value), 16)]
+        await client.aclose()
+        status, pairs = await stats(port, b"failovers 1")
+        assert status == 0
+        expected = {"vb_1:num_entries": str(len(wire))}
+        for i, (uuid, seqno) in enumerate(wire):
+            expected |= {f"vb_1:{i}:id": str(uuid), f"vb_1:{i}:seq": str(seqno)}
+        assert pairs == expected
+        status, every = await stats(port, b"failovers")
+        assert status == 0
+        assert [k for k in every if k.endswith(":num_entries")] == [
+            f"vb_{vb}:num_entries" for vb in range(VBUCKETS)
+        ]
+        assert (await stats(port, b"failovers x"))[0] == EINVAL
+
+
+async def test_stat_vbucket_seqno_refuses_a_bad_or_foreign_vbucket(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``doSeqnoStats``: an argument that is not
+    a number is ENGINE_EINVAL (0x04), a vbucket the node does not have
+    ENGINE_NOT_MY_VBUCKET (0x07)."""
+    server, port = await serve(nursery, filled(16), side, tmp_path)
+    with trio.fail_after(20):
+        status, pairs = await stats(port, b"vbucket-seqno 1")
+        assert status == 0 and pairs["vb_1:high_seqno"] == str(high_seqno(server, 1))
+        assert (await stats(port, b"vbucket-seqno one"))[0] == EINVAL
+        assert (await stats(port, b"vbucket-seqno 99"))[0] == NOT_MY_VBUCKET
+        assert (await stats(port, b"vbucket-seqno"))[0] == 0
+
+
+async def test_stat_dcp_has_its_totals_with_no_consumer_attached(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``doDcpStats``: the ``ep_dcp_*`` totals
+    are always there; ``eq_dcpq:<name>:*`` follow per connection."""
+    _, port = await serve(nursery, filled(16), side, tmp_path)
+    totals = ["count", "producer_count", "items_remaining", "items_sent", "total_bytes"]
+    with trio.fail_after(20):
+        for group in (b"dcp", b"upr"):
+            status, pairs = await stats(port, group)
+            assert status == 0
+            assert {f"ep_dcp_{t}": "0" for t in totals}.items() <= pairs.items()
+        client = await producer(port, b"watcher")
+        await client.send(dcp.stream_req(1, opaque=10))
+        assert (await client.response(10)).status == 0
+        status, pairs = await stats(port, b"dcp")
+        assert pairs["ep_dcp_count"] == "1" and pairs["ep_dcp_producer_count"] == "1"
+        assert pairs["eq_dcpq:watcher:type"] == "producer"
+        await client.aclose()
+
+
+async def test_stat_dcp_vbtakeover_under_its_3_0_names(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``getStats``: ``dcp-vbtakeover <vb>
+    <name>`` (and ``upr-vbtakeover``) runs ``doDcpVbTakeoverStats``; our
+    ``vbucket-takeover`` stays as an alias."""
+    server, port = await serve(nursery, filled(16), side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"mover")
+        await client.send(dcp.stream_req(1, opaque=10))
+        assert (await client.response(10)).status == 0
+        items = 0
+        while items < high_seqno(server, 1):
+            got = await client.next()
+            assert got is not None
+            items += got.opcode == dcp.MUTATION
+        for group in (b"dcp-vbtakeover", b"upr-vbtakeover", b"vbucket-takeover"):
+            status, pairs = await stats(port, group + b" 1 mover")
+            assert status == 0, group
+            assert pairs["estimate"] == "0" and pairs["status"] == "in-memory", group
+        assert (await stats(port, b"dcp-vbtakeover 1 nobody"))[0] == KEY_ENOENT
+        assert (await stats(port, b"dcp-vbtakeover one mover"))[0] == EINVAL
+        assert (await stats(port, b"dcp-vbtakeover 1"))[0] == EINVAL
+        await client.aclose()
+
+
+async def test_stat_vbucket_names_each_vbucket_state(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``doVBucketStats``: ``vb_N`` and its
+    state, which orchestrators read on the UPR port as well."""
+    _, port = await serve(nursery, filled(16), side, tmp_path)
+    with trio.fail_after(20):
+        status, pairs = await stats(port, b"vbucket")
+        assert status == 0
+        assert pairs == {f"vb_{vb}": "active" for vb in range(VBUCKETS)}
