@@ -105,8 +105,8 @@ async def _stat(node: Node, _s: Session, conn: PacketConnection, frame: Frame) -
     group = frame.key.decode("utf-8", "replace")
     try:
         pairs = stats.collect(node, group)
-    except stats.UnknownStatGroup as exc:
-        await conn.send(error_response(frame, Status.KEY_NOT_FOUND, str(exc)))
+    except stats.StatError as exc:
+        await conn.send(error_response(frame, exc.status, str(exc)))
         return
     parts = [response(frame, key=k.encode(), value=v.encode()) for k, v in pairs]
     parts.append(response(frame))

@@ -2,7 +2,9 @@
 
 Theory of operation. Every connection starts as a memcached command
 connection, as on a 2.x node: SASL (required when ``users`` is set), NOOP,
-VERSION, STAT and DEREGISTER_TAP_CLIENT are answered; anything else but a
+VERSION, STAT (``tap``, ``tap-vbtakeover <vb> <name>``, ``upr``/``dcp`` about
+its upstream UPR connections, and the upstream's vbucket groups) and
+DEREGISTER_TAP_CLIENT are answered; anything else but a
 TAP CONNECT gets UNKNOWN_COMMAND and the connection stays open. A CONNECT
 is decoded (a malformed one gets NOT_SUPPORTED naming the field, and the
 connection closes), the upstream's vbuckets are read with ``STAT vbucket``
@@ -40,7 +42,15 @@ from gateway.client import McbpClient, RequestFailed
 from gateway.limits import ConnectionLimits
 from gateway.named import NamedConnections
 from gateway.startup import describe, show
-from gateway.stats import GatewayStats
+from gateway.stat_replies import (
+    TAP_TAKEOVER_GROUPS,
+    StatError,
+    UnknownStatGroup,
+    dcp_group,
+    takeover_arguments,
+    vbucket_argument,
+)
+from gateway.stats import TAP_FRONT, GatewayStats
 from gateway.tapfront.plan import UpstreamVbucket, plan_connection
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.session import SessionConfig, TapSession
@@ -56,14 +66,6 @@ UPSTREAM_STAT_GROUPS = frozenset({"vbucket", "vbucket-seqno"})
 _OPEN_OPCODES = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
 )
-
-
-class StatRefused(Exception):
-    """A STAT group the front cannot answer: the status and the message for the client."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def upstream_trouble(address: tuple[str, int], exc: BaseException) -> str:
@@ -257,11 +259,10 @@ class TapFront:
         elif opcode == Opcode.SASL_LIST_MECHS:
             await conn.send(reply(frame, value=b"PLAIN"))
         elif opcode == Opcode.STAT:
-            group = frame.key.decode("utf-8", "replace")
             try:
-                pairs = await self.stat_pairs(group)
-            except StatRefused as refused:
-                await conn.send(reply(frame, refused.status, value=str(refused).encode()))
+                pairs = await self.stat_pairs(frame.key.decode("utf-8", "replace"))
+            except StatError as exc:
+                await conn.send(reply(frame, exc.status, value=str(exc).encode()))
                 return
             await conn.send(
                 b"".join(reply(frame, key=k.encode(), value=v.encode()) for k, v in pairs)
@@ -282,18 +283,23 @@ class TapFront:
             )
 
     async def stat_pairs(self, group: str) -> list[tuple[str, str]]:
-        """``STAT tap`` from the gateway's own figures; the vbucket groups, which TAP
-        tools read to pick their vbuckets, from the upstream node as it answers them.
-        Raises ``StatRefused`` saying why a group cannot be answered."""
+        """``STAT tap`` and ``tap-vbtakeover`` from the gateway's own figures,
+        ``upr``/``dcp`` about the front's upstream UPR connections; the vbucket
+        groups, which TAP tools read to pick their vbuckets, from the upstream
+        node as it answers them. A refusal raises ``StatError`` saying why."""
         from gateway.metrics.stat_groups import tap_stat_pairs
 
-        if group in ("", "tap"):
+        name, *args = group.split() or [""]
+        if name in ("", "tap"):
             return tap_stat_pairs(self.stats)
-        if group.split(" ")[0] not in UPSTREAM_STAT_GROUPS:
-            known = ", ".join(sorted({"tap", *UPSTREAM_STAT_GROUPS}))
-            raise StatRefused(
-                Status.KEY_NOT_FOUND, f"unknown stat group {group!r} (known: {known})"
-            )
+        if name in TAP_TAKEOVER_GROUPS:
+            return self._takeover_pairs(name, args)
+        if name in ("upr", "dcp"):
+            return self._upstream_dcp_pairs()
+        if name not in UPSTREAM_STAT_GROUPS:
+            served = {"tap", "upr", "dcp", *TAP_TAKEOVER_GROUPS, *UPSTREAM_STAT_GROUPS}
+            known = ", ".join(sorted(served))
+            raise UnknownStatGroup(f"unknown stat group {name!r} (known: {known})")
         config = self.config
         try:
             with trio.fail_after(UPSTREAM_QUERY_TIMEOUT):
@@ -307,11 +313,54 @@ class TapFront:
             # The upstream's own answer (e.g. a vbucket it does not have), passed on.
             where = show(config.upr_upstream)
             detail = exc.text.decode("utf-8", "replace") or status_name(exc.status)
-            raise StatRefused(exc.status, f"UPR upstream {where}: {detail}") from None
+            raise StatError(f"UPR upstream {where}: {detail}", exc.status) from None
         except (OSError, GatewayError, trio.TooSlowError) as exc:
             message = upstream_trouble(config.upr_upstream, exc)
             log.warning("STAT %s: %s", group, message)
-            raise StatRefused(Status.TEMPORARY_FAILURE, message) from None
+            raise StatError(message, Status.TEMPORARY_FAILURE) from None
+
+    def _takeover_pairs(self, group: str, args: list[str]) -> list[tuple[str, str]]:
+        """``tap-vbtakeover <vb> <name>`` (ep-engine v2.5.1 src/ep_engine.cc
+        ``doTapVbTakeoverStats``): what that TAP connection has still to send."""
+        vb_arg, name = takeover_arguments(group, args)
+        session = self.sessions.get(name)
+        progress = session.stats.vbuckets.get(int(vb_arg)) if vb_arg.isdigit() and session else None
+        if progress is None:
+            vbucket_argument(vb_arg, lambda _vb: True)  # EINVAL if not a number
+            raise StatError(f"no TAP stream named {name!r} on vbucket {vb_arg}")
+        backfill = progress.backfill_remaining
+        return [
+            ("name", f"eq_tapq:{name}"),
+            ("status", "backfilling" if progress.backfilling else "in-memory"),
+            ("estimate", str(progress.lag_sent)),
+            ("backfill_remaining", str(backfill)),
+            ("chk_items", str(max(0, progress.lag_sent - backfill))),
+        ]
+
+    def _upstream_dcp_pairs(self) -> list[tuple[str, str]]:
+        """``STAT dcp``: each TAP client's UPR connection to the upstream node,
+        where the front is the consumer (what it has sent is the TAP side's)."""
+        sessions = sorted(self.stats.active(TAP_FRONT), key=lambda s: s.connection)
+        totals = [
+            ("count", len(sessions)),
+            ("producer_count", 0),
+            ("consumer_count", len(sessions)),
+            ("total_bytes", 0),
+            ("items_sent", 0),
+            ("items_remaining", 0),
+        ]
+        per_connection: list[tuple[str, str]] = []
+        for fig in sessions:
+            values: list[tuple[str, object]] = [
+                ("type", "consumer"),
+                ("upstream", fig.upstream),
+                ("created", int(fig.created)),
+                ("max_buffer_bytes", fig.buffer_size),
+                ("unacked_bytes", fig.unacked_bytes),
+                ("num_streams", len(fig.vbuckets)),
+            ]
+            per_connection += [(f"{fig.connection}:{k}", str(v)) for k, v in values]
+        return dcp_group(totals, per_connection)
 
     async def _stream(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
         try:

@@ -4,8 +4,8 @@ Theory of operation. ``UprFront.run`` opens the logs found in the state
 directory, starts the ingest (one TAP connection upstream) and a compaction
 timer, and listens for UPR consumers. Each connection starts as a memcached
 command connection: SASL PLAIN (required first when ``users`` is set),
-NOOP, VERSION and STAT (``vbucket-seqno [vb]``, ``upr``/``dcp``,
-``vbucket-takeover <vb> <name>``) are answered there; OPEN with the
+NOOP, VERSION and STAT (``vbucket``, ``vbucket-seqno [vb]``, ``failovers``,
+``upr``/``dcp``, ``dcp-vbtakeover <vb> <name>``) are answered there; OPEN with the
 producer flag (or, in the draft dialect, a first STREAM_REQ or
 GET_FAILOVER_LOG) turns it into a ``UprConnection`` for the rest of its
 life. Reopening a name closes the older connection of that name.
@@ -48,7 +48,7 @@ from gateway.uprfront.config import UprFrontConfig, UprFrontError
 from gateway.uprfront.ingest import Ingest
 from gateway.uprfront.logset import LogOptions, LogSet
 from gateway.uprfront.producer import UprConnection, delete_kind
-from gateway.uprfront.stat_groups import UnknownStatGroup, collect
+from gateway.uprfront.stat_groups import StatError, collect
 from gateway.uprfront.streams import LogStream
 from gateway.version import version
 from gateway.wire import PacketConnection, bound_port, serve_packets
@@ -212,8 +212,8 @@ class UprFront:
         request = frame.key.decode("utf-8", "replace")
         try:
             pairs = collect(self, request)
-        except UnknownStatGroup as exc:
-            await conn.send(error_reply(frame, Status.KEY_NOT_FOUND, str(exc)))
+        except StatError as exc:
+            await conn.send(error_reply(frame, exc.status, str(exc)))
             return
         out = [_response(frame, key=k.encode(), value=v.encode()) for k, v in pairs]
         out.append(_response(frame))

@@ -73,7 +73,10 @@ async def test_unknown_group_says_which_groups_are_served(nursery: trio.Nursery)
     _, port = await start_front(nursery, node_port)
     failed = await stat_failure(port, "hash")
     assert failed.status == Status.KEY_NOT_FOUND
-    assert failed.text == b"unknown stat group 'hash' (known: tap, vbucket, vbucket-seqno)"
+    assert failed.text == (
+        b"unknown stat group 'hash' (known: dcp, tap, tap-vbtakeover, upr, vbucket, "
+        b"vbucket-seqno, vbucket-takeover)"
+    )
 
 
 async def test_upstream_refusal_is_passed_on(nursery: trio.Nursery) -> None:
