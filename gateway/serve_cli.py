@@ -225,7 +225,17 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect (default dcp)"
     )
     parser.add_argument("--upstream-user", help="SASL PLAIN user for the source")
-    parser.add_argument("--upstream-password", default="", help="SASL PLAIN password")
+    parser.add_argument(
+        "--upstream-password-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding the source's password (or set $TAP_UPR_GATEWAY_UPSTREAM_PASSWORD)",
+    )
+    parser.add_argument(
+        "--upstream-password",
+        default="",
+        help="the source's password (visible in ps: prefer the file or the variable)",
+    )
     logs.add_logging_options(parser)
     parser.set_defaults(handler=run_move_command)
 
@@ -245,7 +255,11 @@ def run_move_command(args: argparse.Namespace) -> int:
         print("move: --from-tap needs --to-upr", file=sys.stderr)
         return 2
     user = args.upstream_user
-    password = args.upstream_password if user else None
+    try:
+        password = upstream_password_from(args)
+    except StartupError as exc:
+        print(f"move: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.from_upr:
             from gateway.tapfront.move import move_upr_to_tap

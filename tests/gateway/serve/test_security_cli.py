@@ -178,3 +178,44 @@ async def test_a_locked_down_deployment_end_to_end(tmp_path: Path) -> None:
     assert len(modes) > 3  # the UPR front's log was written
     for path, mode in modes.items():
         assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+GONE = "/nonexistent"
+UNREADABLE = "cannot read it: No such file or directory"
+MOVE = ["move", "--from-tap", "127.0.0.1:1", "--to-upr", "127.0.0.1:2", "--vbuckets", "1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["serve", "--tls-cert", f"{GONE}/c.pem"], f"serve: --tls-cert {GONE}/c.pem: no such file"),
+        (["node", "--tls-cert", f"{GONE}/c.pem"], f"node: --tls-cert {GONE}/c.pem: no such file"),
+        (["serve", "--tls-key", "/tmp/k.pem"], "serve: --tls-key /tmp/k.pem: needs --tls-cert"),
+        (
+            ["serve", "--upstream-ca", "/tmp/ca.pem"],
+            "serve: --upstream-ca /tmp/ca.pem: needs --upstream-tls",
+        ),
+        (
+            ["serve", "--upstream-tls", "--upstream-ca", f"{GONE}/ca.pem"],
+            f"serve: --upstream-ca {GONE}/ca.pem: no such file",
+        ),
+        (
+            ["serve", "--upstream-user", "u", "--upstream-password-file", f"{GONE}/pw"],
+            f"serve: --upstream-password-file {GONE}/pw: {UNREADABLE}",
+        ),
+        (
+            [*MOVE, "--upstream-user", "u", "--upstream-password-file", f"{GONE}/pw"],
+            f"move: --upstream-password-file {GONE}/pw: {UNREADABLE}",
+        ),
+        (["serve", "--max-connections", "0"], "argument --max-connections: 0 is not at least 1"),
+        (
+            ["serve", "--handshake-timeout", "-1"],
+            "argument --handshake-timeout: -1 is not at least 0.001",
+        ),
+    ],
+)
+def test_unusable_security_options_are_refused_in_one_line(args: list[str], expected: str) -> None:
+    code, _, stderr = run(*args)
+    assert code == 2
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].endswith(expected)
