@@ -2,10 +2,13 @@
 proved themselves: frame sizes by stage, handshake, idle and per-frame timeouts,
 and the number of open connections.
 
-memcached 1.4 / 3.0 (daemon/memcached.c, ``try_read_command``) closes a
-connection whose header declares a body over its item limit, before reading
-it; the stage limits here apply the same rule with smaller sizes until the
-peer has authenticated (SASL) and opened a stream (TAP CONNECT / UPR OPEN).
+memcached of the 2.x/3.0 servers (daemon/memcached.c) caps connections at 1000 by
+default (``settings_init``: ``settings.maxconns``), the default of
+``--max-connections`` here, and bounds a SASL mechanism name before reading a
+SASL body (``process_bin_sasl_auth``: MAX_SASL_MECH_LEN). The stage limits go
+further: until a peer has authenticated (SASL) and opened a stream (TAP
+CONNECT / UPR OPEN) only small frames are read at all, each refused from its
+header before any of its body is buffered.
 """
 
 from __future__ import annotations
