@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import ssl
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import trio
 
 from gateway.auth import Users
 from gateway.health import FrontInfo, Health
+from gateway.limits import ConnectionLimits
 from gateway.startup import prepare_directory, show, start_listener, watch_upstream
 from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.version import describe
@@ -57,6 +59,11 @@ class ServeOptions:
     fsync: str = "batch"
     capture_dir: Path | None = None
     """Record what every front connection receives and sends (``gateway.capture``)."""
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    tls: ssl.SSLContext | None = None
+    """Serve both fronts over TLS (None: plain TCP)."""
+    upstream_tls: ssl.SSLContext | None = None
+    """Connect to the upstream nodes over TLS (None: plain TCP)."""
     # The embedded upstream (only without --upr-upstream/--tap-upstream).
     embedded_vbuckets: int = 64
     embedded_sample_items: int = 10_000
@@ -211,6 +218,9 @@ async def _run_tap_front(
             upstream_password=options.upstream_password,
             users=options.users,
             capture_dir=options.capture_dir,
+            limits=options.limits,
+            ssl_context=options.tls,
+            upstream_ssl=options.upstream_tls,
         ),
         stats,
     )
@@ -237,6 +247,9 @@ async def _run_upr_front(
         users=options.users,
         fsync=options.fsync,
         capture_dir=options.capture_dir,
+        limits=options.limits,
+        ssl_context=options.tls,
+        upstream_ssl=options.upstream_tls,
     )
 
     async def serve(task_status: trio.TaskStatus[int]) -> None:

@@ -99,6 +99,16 @@ def prepare_directory(option: str, path: Path) -> Path:
         raise StartupError(f"{option} {path}: cannot create it: {describe(exc)}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise StartupError(f"{option} {path}: not writable by this user")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        try:
+            path.chmod(0o700)
+        except OSError as exc:
+            raise StartupError(
+                f"{option} {path}: open to other users (mode {mode:o}) and cannot be made "
+                f"private: {describe(exc)}"
+            ) from None
+        log.warning("%s %s was open to other users (mode %o): made it 0700", option, path, mode)
     return path
 
 

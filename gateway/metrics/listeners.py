@@ -23,7 +23,7 @@ def listener_families(counters: ListenerCounters) -> list[Family]:
     timeouts = counter(
         "listener_timeouts_total",
         "Connections closed for taking too long: to authenticate (handshake), to send a "
-        "TAP CONNECT or UPR OPEN (idle), to finish a frame (frame) or a TLS handshake (tls).",
+        "TAP CONNECT or UPR OPEN (idle), to finish a frame (frame); failed TLS handshakes (tls).",
     )
     for (listener, kind), count in sorted(counters.timeouts_total.items()):
         timeouts.add(Labels.of(listener=listener, kind=kind), count, "_total")

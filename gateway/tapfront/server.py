@@ -91,6 +91,8 @@ class TapFrontConfig:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     ssl_context: ssl.SSLContext | None = None
     """Serve TLS (None: plain TCP)."""
+    upstream_ssl: ssl.SSLContext | None = None
+    """TLS to the UPR upstream (None: plain TCP)."""
     buffer_size: int = 8 * 1024 * 1024
     ack_interval: int = 1000
     max_unacked: int = 10_000
@@ -113,6 +115,7 @@ class TapFrontConfig:
             noop_interval=self.noop_interval,
             reconnect_attempts=self.reconnect_attempts,
             capture_dir=self.capture_dir,
+            ssl_context=self.upstream_ssl,
         )
 
 
@@ -138,11 +141,16 @@ async def refuse(conn: PacketConnection, frame: Frame, exc: ProtocolError) -> No
 
 
 async def read_upstream_vbuckets(
-    address: tuple[str, int], user: str | None, password: str | None
+    address: tuple[str, int],
+    user: str | None,
+    password: str | None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> dict[int, UpstreamVbucket]:
     """Each upstream vbucket's state, uuid and high seqno."""
     with trio.fail_after(UPSTREAM_QUERY_TIMEOUT):
-        async with await McbpClient.connect(*address, name="upstream stats") as client:
+        async with await McbpClient.connect(
+            *address, name="upstream stats", ssl_context=ssl_context
+        ) as client:
             if user is not None:
                 await client.sasl_plain(user, password or "")
             states = await client.stats("vbucket")
@@ -303,7 +311,9 @@ class TapFront:
         config = self.config
         try:
             with trio.fail_after(UPSTREAM_QUERY_TIMEOUT):
-                async with await McbpClient.connect(*config.upr_upstream) as client:
+                async with await McbpClient.connect(
+                    *config.upr_upstream, ssl_context=config.upstream_ssl
+                ) as client:
                     if config.upstream_user is not None:
                         await client.sasl_plain(
                             config.upstream_user, config.upstream_password or ""
@@ -384,7 +394,10 @@ class TapFront:
         name = connect.name.decode("utf-8", "replace") or f"anon_{next(self._anonymous)}"
         try:
             upstream = await read_upstream_vbuckets(
-                config.upr_upstream, config.upstream_user, config.upstream_password
+                config.upr_upstream,
+                config.upstream_user,
+                config.upstream_password,
+                config.upstream_ssl,
             )
         except (OSError, GatewayError, trio.TooSlowError) as exc:
             failure = ProtocolError(

@@ -39,6 +39,7 @@ vbucket with a full backfill behind OPAQUE(INITIAL_VBUCKET_STREAM).
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ class SessionConfig:
     """Consecutive failed reconnects before giving up (None: never give up)."""
     capture_dir: Path | None = None
     """Record what each connection receives and sends there (see ``gateway.capture``)."""
+    ssl_context: ssl.SSLContext | None = None
+    """TLS to the upstream (None: plain TCP)."""
 
 
 @dataclass
@@ -290,6 +293,7 @@ class TapSession:
             buffer_size=config.buffer_size,
             user=config.user,
             password=config.password,
+            ssl_context=config.ssl_context,
         )
         self.stats.buffer_size = upstream.buffer_size
         return upstream

@@ -33,6 +33,8 @@ class UprFrontConfig:
     """Frame sizes, timeouts and connection count of the listener (``gateway.limits``)."""
     ssl_context: ssl.SSLContext | None = None
     """Serve TLS (None: plain TCP)."""
+    upstream_ssl: ssl.SSLContext | None = None
+    """TLS to the TAP upstream (None: plain TCP)."""
     fsync: str = "batch"
     """"always" (per TAP message), "batch" (per ingested batch, before its acks) or "never"."""
     tap_name: str = "upr-front"

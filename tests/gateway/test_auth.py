@@ -222,3 +222,33 @@ async def test_upr_takeover_streams_are_kept_for_admins(
         finally:
             await client.aclose()
     assert listener.counters.admin_refusals_total[kind] == 1
+
+
+user_names = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp"), blacklist_characters=":#"),
+    min_size=1,
+    max_size=12,
+).filter(lambda name: name != "admin" and name.strip() == name)
+secrets = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=20).filter(
+    lambda secret: secret.strip() == secret
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(user_names, st.tuples(secrets, st.booleans()), min_size=1, max_size=5))
+def test_a_users_file_reads_back_what_was_written(
+    tmp_path_factory: pytest.TempPathFactory, entries: dict[str, tuple[str, bool]]
+) -> None:
+    path = tmp_path_factory.mktemp("users") / "users"
+    path.write_text(
+        "".join(
+            ("admin " if admin else "") + f"{name}:{secret}\n"
+            for name, (secret, admin) in entries.items()
+        )
+    )
+    users = read_users(path)
+    assert len(users) == len(entries)
+    for name, (secret, admin) in entries.items():
+        assert users.verify(name, secret) is not None
+        assert users.verify(name, secret + "x") is None
+        assert users.users[name].admin == admin

@@ -2,10 +2,13 @@
 proved themselves: frame sizes by stage, handshake, idle and per-frame timeouts,
 and the number of open connections.
 
-memcached 1.4 / 3.0 (daemon/memcached.c, ``try_read_command``) closes a
-connection whose header declares a body over its item limit, before reading
-it; the stage limits here apply the same rule with smaller sizes until the
-peer has authenticated (SASL) and opened a stream (TAP CONNECT / UPR OPEN).
+memcached of the 2.x/3.0 servers (daemon/memcached.c) caps connections at 1000 by
+default (``settings_init``: ``settings.maxconns``), the default of
+``--max-connections`` here, and bounds a SASL mechanism name before reading a
+SASL body (``process_bin_sasl_auth``: MAX_SASL_MECH_LEN). The stage limits go
+further: until a peer has authenticated (SASL) and opened a stream (TAP
+CONNECT / UPR OPEN) only small frames are read at all, each refused from its
+header before any of its body is buffered.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from adapters.errors import ProtocolError
 from adapters.mcbp import HEADER_SIZE, Magic, Opcode, encode_frame
 from adapters.tap import ConnectFlags, TapOpcode, encode
 from gateway.client import McbpClient
@@ -248,3 +255,46 @@ async def test_stages_set_the_frame_limit_of_a_connection() -> None:
                 await stream.aclose()
         nursery.cancel_scope.cancel()
     assert limits.frame_size(Stage.AUTH) == 100
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("frame"), st.integers(0, 3000)),
+        st.tuples(st.sampled_from(["authenticated", "streaming"]), st.just(0)),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps)
+def test_a_frame_passes_exactly_when_its_stage_allows_its_size(
+    plan: list[tuple[str, int]],
+) -> None:
+    """Stage moves in any order: each frame is read whole or refused from its header."""
+    limits = ConnectionLimits(pre_auth_frame_size=500, command_frame_size=1500)
+
+    async def run() -> None:
+        left, right = trio.testing.memory_stream_pair()
+        conn = PacketConnection(left, limits=limits, stage=Stage.AUTH)
+        stage = Stage.AUTH
+        for action, size in plan:
+            if action == "authenticated":
+                conn.authenticated()
+                stage = Stage.COMMAND if stage is Stage.AUTH else stage
+                continue
+            if action == "streaming":
+                conn.streaming()
+                stage = Stage.STREAM
+                continue
+            await right.send_all(request(Opcode.NOOP, value=b"v" * size))
+            if size <= limits.frame_size(stage):
+                frame = await conn.receive_frame()
+                assert frame is not None and len(frame.body) == size
+            else:
+                with pytest.raises(ProtocolError, match="are limited to"):
+                    await conn.receive_frame()
+                return
+        assert conn.stage is stage
+
+    trio.run(run)
