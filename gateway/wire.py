@@ -94,6 +94,8 @@ class PacketConnection:
         self._writer_done = trio.Event()
         self.bytes_received = 0
         self.bytes_sent = 0
+        self.peak_outbox_bytes = 0
+        """The most bytes ever queued at once (what the outbox cost at its fullest)."""
 
     # -- stages ------------------------------------------------------------
 
@@ -202,10 +204,19 @@ class PacketConnection:
     def outbox_bytes(self) -> int:
         return self._outbox_bytes
 
-    async def send(self, data: bytes) -> None:
-        """Queue ``data``; waits while the outbox is over its limit."""
+    @property
+    def outbox_room(self) -> int:
+        """Bytes that may be queued before ``send`` waits (0: full)."""
+        return max(0, self.max_outbox_bytes - self._outbox_bytes)
+
+    async def wait_for_room(self) -> None:
+        """Wait while the outbox is over its limit (or until the connection closes)."""
         while self._outbox_bytes >= self.max_outbox_bytes and not self._closing:
             await self._room_event().wait()
+
+    async def send(self, data: bytes) -> None:
+        """Queue ``data``; waits while the outbox is over its limit."""
+        await self.wait_for_room()
         self.send_nowait(data)
 
     def send_nowait(self, data: bytes) -> None:
@@ -214,6 +225,8 @@ class PacketConnection:
             raise ConnectionClosed(self.name)
         self._outbox.append(data)
         self._outbox_bytes += len(data)
+        if self._outbox_bytes > self.peak_outbox_bytes:
+            self.peak_outbox_bytes = self._outbox_bytes
         self._has_data.set()
 
     async def drain(self) -> None:
@@ -342,6 +355,7 @@ async def serve_packets(
     auth_required: bool = False,
     counters: ListenerCounters | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    max_outbox_bytes: int = DEFAULT_MAX_OUTBOX_BYTES,
 ) -> None:
     """Listen on ``host:port`` (0: any free port) and serve each connection.
 
@@ -380,6 +394,7 @@ async def serve_packets(
                     handler,
                     name=f"{label} {peer}",
                     max_frame_size=max_frame_size,
+                    max_outbox_bytes=max_outbox_bytes,
                     limits=limits,
                     stage=stage,
                     label=label,

@@ -126,6 +126,7 @@ class UprFront:
                         auth_required=self.users is not None,
                         counters=self.stats.listeners,
                         ssl_context=self.config.ssl_context,
+                        max_outbox_bytes=self.config.max_outbox_bytes,
                     )
                 )
                 self.port = bound_port(listeners)
