@@ -27,7 +27,6 @@ one side recorded is "in flight", counted and listed, never a failure.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -37,8 +36,6 @@ import trio
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.records import CaptureRecord, Kind, cut_record
 from gateway.capture.session import CaptureOptions, CaptureResult
-
-log = logging.getLogger(__name__)
 
 DEFAULT_CUT_TIMEOUT = 120.0
 _BACKFILL_START = int(Kind.BACKFILL_START)
@@ -213,7 +210,7 @@ async def capture_both(
                             cut_record(vb, cas=cas, seqno=w.max_seqno.get(vb, 0), arrival=now)
                         )
         tap_result.stopped = upr_result.stopped = result.stopped
+        for w, side in ((tap_watch, tap_result), (upr_watch, upr_result)):
+            side.caught_up = {vb for vb, cas in result.cut.items() if w.reached(vb, cas)}
         nursery.cancel_scope.cancel()
-    if result.cut:
-        log.info("capture: %s", result.summary().splitlines()[-1])
     return result

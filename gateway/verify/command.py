@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.verify.inputs import INSTALL_HINT
+
 EXIT_AGREE = 0
 EXIT_DISAGREE = 1
 EXIT_INPUT = 2
@@ -80,19 +82,43 @@ def add_verify_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.A
             "final state (live with the same CAS, rev_seqno, flags, expiration and value, or "
             "deleted), keys missing or extra, deletions vs expirations, order within each "
             "stream, snapshot and checkpoint boundaries, and the latency between the sides. "
-            "Prints a summary (progress on stderr while Spark runs). Exit status: 0 the sides "
-            "agree, 1 they disagree, 2 bad usage or unreadable input."
+            "Captures of a live bucket made by one `capture --tap A --upr B` carry a cut per "
+            "vbucket: each vbucket is compared up to it, and a difference that comes only "
+            "from changes past the cut is reported as in flight (counted and listed, not a "
+            "failure). Prints a summary (progress on stderr while Spark runs).\n\n"
+            "Needs the pipeline extra (" + INSTALL_HINT + ") and Java 17 or newer "
+            "(java on PATH or JAVA_HOME). Capture files are checked before Spark starts. "
+            "On a cluster the job ships its own code to the executors and, unless "
+            "PYSPARK_PYTHON or spark.pyspark.python is set, runs them with this interpreter.\n\n"
+            "Exit status: 0 the sides agree, 1 they disagree, 2 could not check (bad usage, "
+            "missing or foreign capture files, a damaged segment, no pipeline extra or Java)."
         ),
-        epilog="example: tap-upr-gateway verify cap/tap cap/upr --report report.json "
-        "--mismatches bad/",
+        epilog="examples:\n  tap-upr-gateway verify cap/tap cap/upr --report report.json "
+        "--mismatches bad/\n  tap-upr-gateway verify cap/tap cap/upr --master spark://HOST:7077",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return configure_parser(parser)
 
 
 def run_verify_command(args: argparse.Namespace, spark: Any = None) -> int:
-    from gateway.verify.job import InputError, VerifyConfig, run_verify
-    from gateway.verify.report import dumps, summary
+    from gateway.verify.inputs import InputError, capture_files, check_java, check_pipeline
 
+    # Everything that can be checked without Spark is, so a bad input is one line in seconds.
+    try:
+        check_pipeline()
+        capture_files(args.left, "LEFT")
+        capture_files(args.right, "RIGHT")
+        if spark is None:
+            check_java()
+    except InputError as exc:
+        print(f"verify: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    try:
+        from gateway.verify.job import VerifyConfig, run_verify
+        from gateway.verify.report import dumps, summary
+    except ImportError as exc:
+        print(f"verify: needs the pipeline extra: {INSTALL_HINT}: {exc}", file=sys.stderr)
+        return EXIT_INPUT
     config = VerifyConfig(
         left=args.left,
         right=args.right,
@@ -113,9 +139,7 @@ def run_verify_command(args: argparse.Namespace, spark: Any = None) -> int:
         print(f"verify: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except ImportError as exc:
-        print(
-            f"verify: needs the pipeline extra (pip install '.[pipeline]'): {exc}", file=sys.stderr
-        )
+        print(f"verify: needs the pipeline extra: {INSTALL_HINT}: {exc}", file=sys.stderr)
         return EXIT_INPUT
     report = result.report
     if config.report:
