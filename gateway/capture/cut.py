@@ -38,6 +38,7 @@ from gateway.capture.records import CaptureRecord, Kind, cut_record
 from gateway.capture.session import CaptureOptions, CaptureResult
 
 DEFAULT_CUT_TIMEOUT = 120.0
+REACHED = "cut reached"
 _BACKFILL_START = int(Kind.BACKFILL_START)
 _BACKFILL_END = int(Kind.BACKFILL_END)
 
@@ -92,7 +93,8 @@ class TwoSidedResult:
 
     @property
     def complete(self) -> bool:
-        return bool(self.cut) and not any(self.behind.values())
+        """Both sides reached the cut in every vbucket and carry its CUT records."""
+        return self.stopped == REACHED
 
     def summary(self) -> str:
         lines = [self.tap.summary(), self.upr.summary()]
@@ -196,7 +198,7 @@ async def capture_both(
 
             with trio.move_on_after(cut_timeout):
                 ok = await _until(watches, reached, None)
-                result.stopped = "cut reached" if ok else "a side ended before the cut"
+                result.stopped = REACHED if ok else "a side ended before the cut"
             if result.stopped == "running":
                 result.stopped = f"cut not reached within {cut_timeout:g} s"
             result.behind = {
