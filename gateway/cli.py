@@ -140,10 +140,12 @@ def _run_node(args: argparse.Namespace) -> int:
     from gateway.startup import StartupError, describe, prepare_directory
 
     logs.configure_from(args)
+    from gateway.auth import UsersFileError, read_users
+
     try:
-        users = logs.read_users(args.users) if args.users else None
-    except (OSError, ValueError) as exc:
-        print(f"node: cannot read users file: {exc}", file=sys.stderr)
+        users = read_users(args.users) if args.users else None
+    except UsersFileError as exc:
+        print(f"node: {exc}", file=sys.stderr)
         return 2
     host, port = args.listen
     if args.data_dir is not None:
@@ -305,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load(commands)
     add_admin_parsers(commands)
     parser.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
+    from gateway.version import describe
+
+    parser.add_argument("--version", action="version", version=describe())
     for sub in commands.choices.values():
         sub.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
     return parser

@@ -130,10 +130,12 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from gateway.serve import run_serve
 
     logs.configure_from(args)
+    from gateway.auth import UsersFileError, read_users
+
     try:
-        users = logs.read_users(args.users) if args.users else None
-    except (OSError, ValueError) as exc:
-        print(f"serve: cannot read users file: {exc}", file=sys.stderr)
+        users = read_users(args.users) if args.users else None
+    except UsersFileError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
         return 2
     options = ServeOptions(
         tap_listen=args.tap_listen,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from gateway.auth import Users
 from gateway.node.items import VBucketState
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
@@ -30,7 +31,7 @@ class NodeOptions:
     sample_items: int = 0
     value_size: int = 100
     dialect: str = "dcp"
-    users: dict[str, str] | None = None
+    users: Users | dict[str, str] | None = None
     replica_vbuckets: tuple[int, ...] = ()
     """Vbuckets that start as replicas (a move's destination); the others are active."""
 

@@ -204,7 +204,7 @@ async def test_idle_connection_closed_silently(
     assert client.buffer == b""
 
 
-async def test_connection_limit_answers_503(
+async def test_connection_limit_answers_503_when_all_are_mid_request(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
@@ -212,12 +212,49 @@ async def test_connection_limit_answers_503(
     held = [await connect(port) for _ in range(2)]
     for client in held:
         assert (await client.request(get())).status == 200
+        await client.stream.send_all(b"GET /metrics HTTP/1.1\r\n")  # a head under way
     extra = await connect(port)
     reply = await extra.reply()
     assert reply.status == 503
+    assert b"mid-request" in reply.body
     await held[0].stream.aclose()
-    await trio.sleep(0.05)
+    newcomer = await connect(port)
+    # The closed one's place frees as soon as the server sees the close.
+    while (reply := await newcomer.request(get())).status == 503:
+        newcomer = await connect(port)
+    assert reply.status == 200
+
+
+async def test_idle_keep_alives_yield_to_a_new_scrape(nursery: trio.Nursery) -> None:
+    """More idle keep-alive connections than the cap never lock a scrape out: each
+    newcomer closes the longest-idle one (server.py ``MetricsServer._close_oldest_idle``)."""
+    limit = server_module.MAX_CONNECTIONS
+    port = await start(nursery, busy_stats())
+    idlers = []
+    for _ in range(limit + 8):
+        client = await connect(port)
+        assert (await client.request(get())).status == 200
+        idlers.append(client)
+    scraper = await connect(port)
+    for _ in range(3):
+        reply = await scraper.request(get())
+        assert reply.status == 200
+        assert b"tapupr_active_connections" in reply.body
+    # The first ones (idle longest) were closed quietly, with no bytes; the newest live on.
+    for client in idlers[:9]:
+        assert await client.closed()
+        assert client.buffer == b""
+    assert (await idlers[-1].request(get())).status == 200
+
+
+async def test_connections_that_never_send_yield_too(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 4)
+    port = await start(nursery, busy_stats())
+    silent = [await connect(port) for _ in range(10)]
     assert (await (await connect(port)).request(get())).status == 200
+    assert await silent[0].closed()
 
 
 async def test_render_failure_is_500_not_a_crash(nursery: trio.Nursery) -> None:
