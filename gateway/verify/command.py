@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,11 @@ from gateway.verify.inputs import INSTALL_HINT
 EXIT_AGREE = 0
 EXIT_DISAGREE = 1
 EXIT_INPUT = 2
+
+
+def _paragraphs(text: str) -> str:
+    """Help text wrapped per paragraph (the raw formatter keeps the blank lines between)."""
+    return "\n\n".join(textwrap.fill(p, 79) for p in text.split("\n\n"))
 
 
 def _conf(text: str) -> tuple[str, str]:
@@ -77,7 +83,7 @@ def add_verify_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.A
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "verify",
         help="reconcile two captures (e.g. TAP and UPR views) on Spark; exit 0 if they agree",
-        description=(
+        description=_paragraphs(
             "Read two capture directories with Spark and compare them per vbucket and key: "
             "final state (live with the same CAS, rev_seqno, flags, expiration and value, or "
             "deleted), keys missing or extra, deletions vs expirations, order within each "
