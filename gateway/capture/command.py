@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -56,6 +57,11 @@ def _positive(text: str) -> int:
     return value
 
 
+def _paragraphs(text: str) -> str:
+    """Help text wrapped per paragraph (the raw formatter keeps the blank lines between)."""
+    return "\n\n".join(textwrap.fill(p, 79) for p in text.split("\n\n"))
+
+
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_USAGE = 2
@@ -65,7 +71,7 @@ def add_capture_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "capture",
         help="record every vbucket of a TAP and/or UPR endpoint to capture segments",
-        description=(
+        description=_paragraphs(
             "Connect to a TAP or UPR endpoint (a node or the gateway) and record, without "
             "translating, a full backfill of every active vbucket and then live changes, as "
             "msgpack records in size-rotated segment files under --out. Stops on SIGTERM or "

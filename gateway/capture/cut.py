@@ -27,7 +27,6 @@ one side recorded is "in flight", counted and listed, never a failure.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -38,9 +37,8 @@ from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.records import CaptureRecord, Kind, cut_record
 from gateway.capture.session import CaptureOptions, CaptureResult
 
-log = logging.getLogger(__name__)
-
 DEFAULT_CUT_TIMEOUT = 120.0
+REACHED = "cut reached"
 _BACKFILL_START = int(Kind.BACKFILL_START)
 _BACKFILL_END = int(Kind.BACKFILL_END)
 
@@ -95,7 +93,8 @@ class TwoSidedResult:
 
     @property
     def complete(self) -> bool:
-        return bool(self.cut) and not any(self.behind.values())
+        """Both sides reached the cut in every vbucket and carry its CUT records."""
+        return self.stopped == REACHED
 
     def summary(self) -> str:
         lines = [self.tap.summary(), self.upr.summary()]
@@ -199,7 +198,7 @@ async def capture_both(
 
             with trio.move_on_after(cut_timeout):
                 ok = await _until(watches, reached, None)
-                result.stopped = "cut reached" if ok else "a side ended before the cut"
+                result.stopped = REACHED if ok else "a side ended before the cut"
             if result.stopped == "running":
                 result.stopped = f"cut not reached within {cut_timeout:g} s"
             result.behind = {
@@ -213,7 +212,7 @@ async def capture_both(
                             cut_record(vb, cas=cas, seqno=w.max_seqno.get(vb, 0), arrival=now)
                         )
         tap_result.stopped = upr_result.stopped = result.stopped
+        for w, side in ((tap_watch, tap_result), (upr_watch, upr_result)):
+            side.caught_up = {vb for vb, cas in result.cut.items() if w.reached(vb, cas)}
         nursery.cancel_scope.cancel()
-    if result.cut:
-        log.info("capture: %s", result.summary().splitlines()[-1])
     return result
