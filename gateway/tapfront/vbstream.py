@@ -143,6 +143,20 @@ class VbStream:
             progress.backfilling = False
         return out
 
+    def advance_item(self, item: upr.Mutation | upr.Deletion | upr.Expiration) -> bool:
+        """The fast path's ``translate`` of an item: true when it ends the open snapshot."""
+        self.items_in_snap += 1
+        progress = self.progress
+        progress.sent_seqno = item.by_seqno
+        if item.by_seqno > progress.upstream_high_seqno:
+            progress.upstream_high_seqno = item.by_seqno
+        return self.translator.advance(item.by_seqno)
+
+    def item_done(self) -> None:
+        """After an item of the fast path (and the close it caused)."""
+        if self.progress.backfilling and not self.translator.in_backfill:
+            self.progress.backfilling = False
+
     def reply_due(self, event: upr.UprEvent) -> upr.Response | None:
         """The reply ``event`` makes due, once what was sent so far is acked."""
         ok = Status.SUCCESS.value
