@@ -48,7 +48,7 @@ import trio
 
 from adapters import upr
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Status
+from adapters.mcbp import HEADER_SIZE, Frame, Magic, Status
 from adapters.tap import (
     ConnectFlags,
     OpaqueCode,
@@ -66,7 +66,12 @@ from adapters.tap import (
     encode,
 )
 from adapters.tap.producer import ProducerState, TapProducer
-from adapters.translate.upr_to_tap_fast import stamped_item
+from adapters.translate.upr_to_tap_fast import (
+    DCP_MUTATION,
+    FAST_OPCODES,
+    item_from_frame,
+    stamped_item,
+)
 from adapters.upr.flow_control import is_counted
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import open_recorder
@@ -81,6 +86,7 @@ from gateway.wire import PacketConnection
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
+_REQUEST = Magic.REQUEST.value
 _KINDS: dict[type, str] = {
     TapMutation: "mutation",
     TapDelete: "deletion",
@@ -261,8 +267,7 @@ class TapSession:
                 failures = 0
                 await self._request_streams()
                 while not all(vb.ended for vb in self.vbuckets.values()):
-                    for frame in await self.upstream.receive_batch():
-                        await self._on_upstream_frame(frame)
+                    await self._on_upstream_batch(await self.upstream.receive_batch())
                     await self._flush()
             except UpstreamError as exc:
                 failures += 1
@@ -328,6 +333,76 @@ class TapSession:
         await upstream.send(b"".join(requests))
 
     # -- upstream messages ---------------------------------------------------
+
+    async def _on_upstream_batch(self, frames: list[Frame]) -> None:
+        """One socket read's frames: runs of items take the fast path, the rest the events'."""
+        upstream = self.upstream
+        assert upstream is not None
+        fast = self.captured_out is None and upstream.dialect is upr.DCP
+        index, count = 0, len(frames)
+        while index < count:
+            if fast:
+                index, closing = self._fast_items(frames, index)
+                if closing is not None:
+                    for message in closing.translator.close():
+                        await self._emit(message, closing)
+                    closing.item_done()
+                    continue
+                if index == count:
+                    break
+            await self._on_upstream_frame(frames[index])
+            index += 1
+
+    def _fast_items(self, frames: list[Frame], index: int) -> tuple[int, VbStream | None]:
+        """Translate the run of items from ``index`` frame to frame, with the bookkeeping
+        of ``_on_upstream_frame`` and ``_emit`` done once per run. Stops before a frame
+        the event path must take (or with no room in the ack window), and after an item
+        that ends its snapshot: returns where it stopped and that item's stream."""
+        producer = self.producer
+        by_opaque = self.by_opaque
+        batch = self._batch
+        touched = self._settling.touched
+        credit = mutations = deletions = 0
+        count = len(frames)
+        closing = None
+        while index < count:
+            frame = frames[index]
+            if frame[0] != _REQUEST or frame[1] not in FAST_OPCODES:
+                break
+            vb = by_opaque.get(frame[6])
+            if vb is None or vb.awaits_marker_reply or not producer.can_send:
+                break
+            result = item_from_frame(frame, vb.translator, producer)
+            if result is None:
+                break
+            data, by_seqno, closes = result
+            batch.append(data)
+            credit += HEADER_SIZE + len(frame[8])
+            if frame[1] == DCP_MUTATION:
+                mutations += 1
+            else:
+                deletions += 1
+            vb.took_item(by_seqno)
+            touched[vb.vbucket] = vb
+            index += 1
+            if closes:
+                closing = vb
+                break
+            vb.item_done()
+        if credit:
+            upstream = self.upstream
+            assert upstream is not None
+            upstream.unacked_bytes += credit
+            settling = self._settling
+            settling.credit += credit
+            if not settling.arrival:
+                settling.arrival = time.time()
+            items_sent = self.stats.items_sent
+            if mutations:
+                items_sent["mutation"] += mutations
+            if deletions:
+                items_sent["deletion"] += deletions
+        return index, closing
 
     async def _on_upstream_frame(self, frame: Frame) -> None:
         upstream = self.upstream

@@ -3,9 +3,9 @@
 The event path (``UprToTap.feed``, ``TapProducer.stamp``, the TAP codec) is
 the reference: for any generated UPR stream of a few vbuckets, cut into
 socket reads at any byte (mid-frame included), the fast path
-(``UprToTap.advance``, ``stamped_item``) must produce the same TAP bytes per
-read, ask for acks on the same messages, and keep a retransmit window that
-encodes to the same bytes.
+(``item_from_frame``, else ``UprToTap.advance`` and ``stamped_item``) must
+produce the same TAP bytes per read, ask for acks on the same messages, and
+keep a retransmit window that encodes to the same bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from adapters.mcbp import Frame, FrameReader, Status
 from adapters.tap import TapFlags, TapOpcode, TapResponse, decode_frame, encode
 from adapters.tap.producer import TapProducer
 from adapters.translate.upr_to_tap import UprToTap
-from adapters.translate.upr_to_tap_fast import stamped_item
+from adapters.translate.upr_to_tap_fast import FAST_OPCODES, item_from_frame, stamped_item
 from adapters.upr import SnapshotFlags
 
 ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
@@ -61,6 +61,14 @@ class Path:
         while (frame := reader.next_frame()) is not None:
             event = upr.decode_frame(frame)
             translator = self.translators[frame.vbucket_or_status]
+            if fast and frame.is_request and frame.opcode in FAST_OPCODES:
+                done = item_from_frame(frame, translator, self.producer)
+                if done is not None:
+                    data, _, closes = done
+                    batch.append(data)
+                    closing = translator.close() if closes else []
+                    batch.extend(encode(self.producer.stamp(message)) for message in closing)
+                    continue
             if fast and type(event) in ITEMS:
                 closes = translator.advance(event.by_seqno)  # type: ignore[union-attr]
                 batch.append(stamped_item(event, translator, self.producer))  # type: ignore[arg-type]
@@ -116,11 +124,15 @@ def streams(draw: st.DrawFn) -> list[upr.UprEvent]:
                         lock_time=draw(st.integers(0, 2**32 - 1)),
                         nru=draw(st.integers(0, 255)),
                         datatype=draw(st.integers(0, 255)),
+                        meta=draw(st.binary(max_size=3)),
                         **common,
                     )
                 )
             else:
-                events.append(item(**common))
+                # A delete time takes the newer layout: the event path's alone.
+                delete_time = draw(st.none() | st.integers(0, 2**32 - 1))
+                meta = draw(st.binary(max_size=3)) if delete_time is None else b""
+                events.append(item(delete_time=delete_time, meta=meta, **common))
         last[vb] = start + count - 1
     return events
 
