@@ -606,7 +606,9 @@ class TapSession:
         elif not full and stats.blocked_since is not None:
             stats.blocked_seconds = stats.blocked_total()
             stats.blocked_since = None
-        oldest = min((s.arrival for s in self._pending.values() if s.arrival), default=0.0)
+        # Settlements are held in the order they were made, so the first with an
+        # arrival is the oldest (a scan of all of them on every ack was quadratic).
+        oldest = next((s.arrival for s in self._pending.values() if s.arrival), 0.0)
         stats.oldest_unacked_time = oldest or None
 
     async def _settle_all(self) -> None:
