@@ -132,9 +132,10 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
     with (
         upr_source(0, 100, vbuckets, rate) as (source_proc, source),
         relay(source) as (_, relay_port),
-        gateway_tap_front(source) as (_, tap_port),
+        gateway_tap_front(source) as (gateway, tap_port),
     ):
         highs = {vb: 0 for vb in range(vbuckets)}
+        cpu_before = cpu_seconds(gateway.pid)
         expected = int(rate * seconds)
         via_gateway: list[float] = []
         via_relay: list[float] = []
@@ -160,6 +161,7 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
 
         started = time.perf_counter()
         trio.run(both)
+        cpu = cpu_seconds(gateway.pid) - cpu_before
         got_gateway, got_relay = len(via_gateway), len(via_relay)
         elapsed = time.perf_counter() - started
         if len(via_gateway) < 10 or len(via_relay) < 10:
@@ -170,7 +172,8 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
             f"  TAP front live {rate:>7,.0f}/s: got {got_gateway:,}/{expected:,} "
             f"(relay {got_relay:,}) in {elapsed:.1f}s; added p50 {(g[0] - r[0]) * 1e3:+.2f} ms, "
             f"p99 {(g[1] - r[1]) * 1e3:+.2f} ms, p99.9 {(g[2] - r[2]) * 1e3:+.2f} ms "
-            f"(relay p50 {r[0] * 1e3:.2f} p99 {r[1] * 1e3:.2f} ms)",
+            f"(relay p50 {r[0] * 1e3:.2f} p99 {r[1] * 1e3:.2f} ms); "
+            f"gateway CPU {cpu / max(1, got_gateway) * 1e6:.1f} us/item",
             flush=True,
         )
 
