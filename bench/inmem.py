@@ -23,11 +23,11 @@ import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
-from adapters import upr
+from adapters import tap, upr
 from adapters.mcbp import FrameReader, Magic, Opcode, encode_frame
 
 RECEIVE = 256 * 1024
@@ -335,7 +335,101 @@ async def upr_source_main(items: int, value_size: int, vbuckets: int, rate: floa
         await trio.sleep_forever()
 
 
-if __name__ == "__main__":
+class TapSource:
+    """A TAP producer over one pre-encoded stream: every vbucket's backfill in turn.
+
+    The stream is stamped once (sequence numbers from 1, ACK on every opaque
+    message and every ``ACK_INTERVAL`` messages, as 2.x asked), so a CONNECT
+    only sends slices of it; like 2.x it stops once ``ACK_WINDOW`` messages are
+    unacked and goes on as acks come back."""
+
+    ACK_INTERVAL = 1000
+    ACK_WINDOW = 10_000
+
+    def __init__(self, items: int, value_size: int, vbuckets: int) -> None:
+        self.vbuckets = vbuckets
+        self.highs = {vb: items // vbuckets + (vb < items % vbuckets) for vb in range(vbuckets)}
+        value = b"v" * value_size
+        messages: list[tap.TapStreamMessage] = []
+        for vb in range(vbuckets):
+            messages.append(tap.TapOpaque(tap.OpaqueCode.INITIAL_VBUCKET_STREAM, vbucket=vb))
+            messages.extend(
+                tap.TapMutation(
+                    item_key(vb, seqno), value, vbucket=vb, cas=seqno, rev_seqno=1, nru=0
+                )
+                for seqno in range(1, self.highs[vb] + 1)
+            )
+            messages.append(tap.TapOpaque(tap.OpaqueCode.CLOSE_BACKFILL, vbucket=vb))
+        frames = []
+        for seqno, message in enumerate(messages, 1):
+            ack = type(message) is tap.TapOpaque or seqno % self.ACK_INTERVAL == 0
+            flags = tap.TapFlags.ACK if ack else tap.TapFlags(0)
+            frames.append(tap.encode(replace(message, opaque=seqno, tap_flags=flags)))
+        self.frames = frames
+
+    def stats(self, group: bytes) -> list[tuple[bytes, bytes]]:
+        if group == b"vbucket":
+            return [(b"vb_%d" % vb, b"active") for vb in range(self.vbuckets)]
+        if group == b"vbucket-seqno":
+            return [(b"vb_%d:high_seqno" % vb, b"%d" % h) for vb, h in self.highs.items()]
+        return []
+
+
+async def serve_tap(source: TapSource, stream: trio.SocketStream) -> None:
+    """One connection to the in-memory TAP producer."""
+    reader = FrameReader(lenient_responses=True)
+    acked = 0
+    room = trio.Event()
+
+    async def produce() -> None:
+        frames = source.frames
+        sent = 0
+        while sent < len(frames):
+            while sent - acked >= TapSource.ACK_WINDOW:
+                await room.wait()
+            upto = min(len(frames), sent + 500, acked + TapSource.ACK_WINDOW)
+            await stream.send_all(b"".join(frames[sent:upto]))
+            sent = upto
+
+    async with trio.open_nursery() as nursery:
+        while data := await stream.receive_some(RECEIVE):
+            reader.receive_data(data)
+            while (frame := reader.next_frame()) is not None:
+                if not frame.is_request:
+                    if frame.opaque > acked:  # an ack of everything up to it
+                        acked = frame.opaque
+                        room.set()
+                        room = trio.Event()
+                elif frame.opcode == Opcode.STAT:
+                    pairs = source.stats(frame.key)
+                    await stream.send_all(
+                        b"".join(
+                            _reply(Opcode.STAT, frame.opaque, key=k, value=v) for k, v in pairs
+                        )
+                        + _reply(Opcode.STAT, frame.opaque)
+                    )
+                elif frame.opcode == tap.TapOpcode.CONNECT:
+                    nursery.start_soon(produce)
+                else:  # NOOP, DEREGISTER and the like: accepted
+                    await stream.send_all(_reply(frame.opcode, frame.opaque))
+        nursery.cancel_scope.cancel()
+
+
+async def tap_source_main(items: int, value_size: int, vbuckets: int) -> None:
+    source = TapSource(items, value_size, vbuckets)
+
+    async def handler(stream: trio.SocketStream) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await serve_tap(source, stream)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, handler, 0)
+        print(f"tap source on {listeners[0].socket.getsockname()[1]}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1] == "tap":
+    trio.run(tap_source_main, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+elif __name__ == "__main__":
     trio.run(
         upr_source_main, int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
         float(sys.argv[4]) if len(sys.argv) > 4 else 0.0,

@@ -20,6 +20,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,6 +74,43 @@ def gateway_tap_front(upstream: int):  # type: ignore[no-untyped-def]
         "--tap-listen", "127.0.0.1:0", "--no-metrics",
     ]  # fmt: skip
     return process(command, r"TAP front listening on 127\.0\.0\.1:(\d+)")
+
+
+def tap_source(items: int, value_size: int, vbuckets: int):  # type: ignore[no-untyped-def]
+    command = [sys.executable, os.path.join(HERE, "inmem.py"), "tap", str(items),
+               str(value_size), str(vbuckets)]  # fmt: skip
+    return process(command, r"tap source on (\d+)")
+
+
+def gateway_upr_front(upstream: int, state_dir: str):  # type: ignore[no-untyped-def]
+    command = [
+        sys.executable, "-m", "gateway", "serve", "--tap-upstream", f"127.0.0.1:{upstream}",
+        "--upr-listen", "127.0.0.1:0", "--state-dir", state_dir, "--no-metrics",
+    ]  # fmt: skip
+    return process(command, r"UPR front listening on 127\.0\.0\.1:(\d+)")
+
+
+def upr_front(items: int, vbuckets: int, runs: int) -> None:
+    """A consumer reading while the gateway ingests, then a second one from the log."""
+    highs = {vb: items // vbuckets + (vb < items % vbuckets) for vb in range(vbuckets)}
+    via_relay: list[tuple[int, int, float]] = []
+    ingest: list[tuple[int, int, float]] = []
+    from_log: list[tuple[int, int, float]] = []
+    with tap_source(items, 100, vbuckets) as (_, source), relay(source) as (_, relay_port):
+        for run in range(runs):
+            via_relay.append(
+                trio.run(
+                    partial(tap_read, relay_port, name=b"relay%d" % run, dump=False, expected=items)
+                )
+            )
+            with (
+                tempfile.TemporaryDirectory() as state,
+                gateway_upr_front(source, state) as (_, port),
+            ):
+                ingest.append(trio.run(partial(upr_read, port, highs, name=b"ingest")))
+                from_log.append(trio.run(partial(upr_read, port, highs, name=b"log")))
+    row("UPR front, consumer while ingesting", best(ingest), best(via_relay))
+    row("UPR front, from the log, 1 consumer", best(from_log), best(via_relay))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -132,9 +170,10 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
     with (
         upr_source(0, 100, vbuckets, rate) as (source_proc, source),
         relay(source) as (_, relay_port),
-        gateway_tap_front(source) as (_, tap_port),
+        gateway_tap_front(source) as (gateway, tap_port),
     ):
         highs = {vb: 0 for vb in range(vbuckets)}
+        cpu_before = cpu_seconds(gateway.pid)
         expected = int(rate * seconds)
         via_gateway: list[float] = []
         via_relay: list[float] = []
@@ -160,6 +199,7 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
 
         started = time.perf_counter()
         trio.run(both)
+        cpu = cpu_seconds(gateway.pid) - cpu_before
         got_gateway, got_relay = len(via_gateway), len(via_relay)
         elapsed = time.perf_counter() - started
         if len(via_gateway) < 10 or len(via_relay) < 10:
@@ -170,7 +210,8 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
             f"  TAP front live {rate:>7,.0f}/s: got {got_gateway:,}/{expected:,} "
             f"(relay {got_relay:,}) in {elapsed:.1f}s; added p50 {(g[0] - r[0]) * 1e3:+.2f} ms, "
             f"p99 {(g[1] - r[1]) * 1e3:+.2f} ms, p99.9 {(g[2] - r[2]) * 1e3:+.2f} ms "
-            f"(relay p50 {r[0] * 1e3:.2f} p99 {r[1] * 1e3:.2f} ms)",
+            f"(relay p50 {r[0] * 1e3:.2f} p99 {r[1] * 1e3:.2f} ms); "
+            f"gateway CPU {cpu / max(1, got_gateway) * 1e6:.1f} us/item",
             flush=True,
         )
 
@@ -183,7 +224,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--rates", default="2000,20000")
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--only", default="tap-backfill,tap-large,tap-live")
+    parser.add_argument("--only", default="tap-backfill,tap-large,upr,tap-live")
     args = parser.parse_args()
     only = set(args.only.split(","))
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
@@ -191,6 +232,8 @@ def main() -> None:
         tap_backfill(args.items, 100, args.vbuckets, args.runs)
     if "tap-large" in only:
         tap_backfill(args.large_items, 4096, args.vbuckets, args.runs)
+    if "upr" in only:
+        upr_front(args.items, args.vbuckets, args.runs)
     if "tap-live" in only:
         for rate in args.rates.split(","):
             tap_live(float(rate), args.vbuckets, args.seconds)
