@@ -1,4 +1,6 @@
-"""``/metrics`` over HTTP/1.1 on trio, rendered off the event loop.
+"""``/metrics`` over HTTP/1.1 on trio, rendered off the event loop; beside it
+``/healthz`` and ``/readyz`` (``gateway.health``), ``/status.json``
+(``gateway.metrics.status``) and the status page at ``/`` (``status.html``).
 
 Each scrape captures a ``StatsView`` on the trio thread (a copy of the stream
 list and process counters: cheap, and consistent with the fronts, which

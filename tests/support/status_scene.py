@@ -62,11 +62,16 @@ async def _upr_consumer(port: int) -> None:
 
 
 async def start_scene(
-    nursery: trio.Nursery, state_dir: Path, *, sample_items: int = 40_000
+    nursery: trio.Nursery,
+    state_dir: Path,
+    *,
+    sample_items: int = 40_000,
+    per_vbucket_metrics: bool = False,
 ) -> Running:
     options = ServeOptions(
         tap_listen=ANY_PORT, upr_listen=ANY_PORT, metrics_listen=ANY_PORT, state_dir=state_dir,
         embedded_vbuckets=16, embedded_sample_items=sample_items, embedded_writes_per_second=20,
+        per_vbucket_metrics=per_vbucket_metrics,
     )  # fmt: skip
     running: Running = await nursery.start(run_serve, options)
     assert running.tap_port and running.upr_port

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import urllib.request
 from dataclasses import dataclass
 
@@ -304,3 +305,45 @@ async def test_scrapes_while_streams_churn(nursery: trio.Nursery) -> None:
         assert reply.status == 200
         parse(reply.body.decode())  # well formed, no duplicate series
     done.set()
+
+
+async def test_health_status_and_page_routes(nursery: trio.Nursery) -> None:
+    """Without a ``Health`` (a bare metrics server) there is nothing to wait for."""
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    alive = await client.request(get("/healthz"))
+    assert alive.status == 200 and alive.headers["content-type"] == "application/json"
+    assert json.loads(alive.body)["alive"] is True
+    ready = await client.request(get("/readyz"))
+    assert (ready.status, json.loads(ready.body)) == (200, {"ready": True, "not_ready": []})
+    doc = json.loads((await client.request(get("/status.json"))).body)
+    assert [s["connection"] for s in doc["streams"]] == ["replica-1"]
+    assert doc["streams"][0]["send_lag_items"] == 9
+    page = await client.request(get("/"))
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
+    assert b"/status.json" in page.body and b"<script" in page.body
+    assert b"http://" not in page.body and b"https://" not in page.body  # nothing external
+    head = await client.request(b"HEAD /readyz HTTP/1.1\r\nHost: t\r\n\r\n", head_only=True)
+    assert head.status == 200 and int(head.headers["content-length"]) > 0
+    missing = await (await connect(port)).request(get("/health"))
+    assert missing.status == 404 and b"/healthz" in missing.body
+
+
+async def test_readyz_is_503_naming_what_is_not_ready(nursery: trio.Nursery) -> None:
+    from gateway.health import Health
+
+    health = Health()
+    health.upstream("--tap-upstream", "node1:11210").record(False, "host unreachable")
+    port: int = await nursery.start(lambda task_status: serve_metrics(
+        busy_stats(), "127.0.0.1", 0, health=health, task_status=task_status
+    ))  # fmt: skip
+    client = await connect(port)
+    reply = await client.request(get("/readyz"))
+    assert reply.status == 503
+    assert json.loads(reply.body)["not_ready"] == [
+        "listeners are still being bound",
+        "--tap-upstream node1:11210 is unreachable: host unreachable",
+    ]
+    # A 503 here is an answer, not a refusal: the connection stays open.
+    assert "connection" not in reply.headers
+    assert (await client.request(get("/healthz"))).status == 200

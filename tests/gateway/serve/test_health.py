@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway import startup
 from gateway.health import Health
@@ -114,3 +116,20 @@ def test_not_ready_reasons_one_sentence_each() -> None:
     upstream.record(True, "answers", now=30.0)
     assert health.problems() == [] and upstream.since == 30.0
     assert health.readiness()["ready"] is True
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 1e6, allow_nan=False)), max_size=30))
+def test_upstream_health_since_marks_the_last_change(checks: list[tuple[bool, float]]) -> None:
+    health = Health(listeners_bound=True)
+    upstream = health.upstream("--upr-upstream", "node3:11210")
+    state: bool | None = None
+    since = upstream.since
+    now = 0.0
+    for reachable, step in checks:
+        now += step
+        upstream.record(reachable, "answers" if reachable else "timed out", now=now)
+        if reachable != state:
+            state, since = reachable, now
+        assert (upstream.reachable, upstream.since, upstream.checked) == (state, since, now)
+        assert health.readiness()["ready"] is reachable
+        assert len(health.problems()) == (0 if reachable else 1)
