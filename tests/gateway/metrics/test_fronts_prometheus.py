@@ -151,6 +151,8 @@ class Lagger:
     acking: bool = True
     held: list[TapStreamMessage] = field(default_factory=list)
     received: int = 0
+    # The reading loop and resume() both send acks: one at a time on the socket.
+    sending: trio.Lock = field(default_factory=trio.Lock)
 
     async def run(self) -> None:
         while (event := await self.client.next_event()) is not None:
@@ -159,7 +161,8 @@ class Lagger:
                 continue
             assert isinstance(event, TapStreamMessage)
             if self.acking:
-                await self.client.ack(event)
+                async with self.sending:
+                    await self.client.ack(event)
             else:
                 self.held.append(event)
 
@@ -167,8 +170,10 @@ class Lagger:
         """Ack again: the last message held covers everything sent before it."""
         self.acking = True
         if self.held:
-            await self.client.ack(self.held[-1])
+            last = self.held[-1]
             self.held.clear()
+            async with self.sending:
+                await self.client.ack(last)
 
 
 async def consume(client: UprClient) -> None:
