@@ -10,7 +10,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+
+# The pipeline extra (pip install -e '.[pipeline]'): without it these tests skip.
+pytest.importorskip("pyarrow", reason="needs the pipeline extra")
+pytest.importorskip("pyspark", reason="needs the pipeline extra")
 
 from adapters.mcbp.vbucket import vbucket_of
 from gateway.capture import read_capture
