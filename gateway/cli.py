@@ -324,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_parsers(commands)
     add_hash_password_parser(commands)
     parser.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
+    from gateway.version import describe
+
+    parser.add_argument("--version", action="version", version=describe())
     for sub in commands.choices.values():
         sub.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
     return parser

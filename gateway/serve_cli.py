@@ -101,7 +101,10 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         type=address,
         default=DEFAULT_METRICS_LISTEN,
         metavar="HOST:PORT",
-        help=f"Prometheus /metrics (default {_show(DEFAULT_METRICS_LISTEN)})",
+        help=(
+            "Prometheus /metrics, /healthz, /readyz and the status page at / "
+            f"(default {_show(DEFAULT_METRICS_LISTEN)})"
+        ),
     )
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     parser.add_argument(

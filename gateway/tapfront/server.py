@@ -32,21 +32,23 @@ import trio
 from adapters import tap, upr
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from adapters.mcbp.constants import status_name
 from adapters.tap.connect import connect_refusal
 from gateway import logs
 from gateway.auth import Authenticator, Users
-from gateway.client import McbpClient
+from gateway.client import McbpClient, RequestFailed
 from gateway.limits import ConnectionLimits
 from gateway.named import NamedConnections
+from gateway.startup import describe, show
 from gateway.stats import GatewayStats
 from gateway.tapfront.plan import UpstreamVbucket, plan_connection
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.session import SessionConfig, TapSession
+from gateway.version import version
 from gateway.wire import PacketConnection, bound_port, serve_packets
 
 log = logging.getLogger(__name__)
 
-VERSION = "tap-upr-gateway 0.1.0 (TAP front)"
 LABEL = "tap-front"
 REFUSAL_FLUSH_SECONDS = 2.0
 UPSTREAM_QUERY_TIMEOUT = 10.0
@@ -54,6 +56,24 @@ UPSTREAM_STAT_GROUPS = frozenset({"vbucket", "vbucket-seqno"})
 _OPEN_OPCODES = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
 )
+
+
+class StatRefused(Exception):
+    """A STAT group the front cannot answer: the status and the message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def upstream_trouble(address: tuple[str, int], exc: BaseException) -> str:
+    """Why the UPR upstream could not be used, naming it, for a client and the log."""
+    where = show(address)
+    if isinstance(exc, trio.TooSlowError):
+        return f"UPR upstream {where} is unreachable: no answer in {UPSTREAM_QUERY_TIMEOUT:g} s"
+    if isinstance(exc, OSError):
+        return f"UPR upstream {where} is unreachable: {describe(exc, address[0])}"
+    return f"UPR upstream {where} failed: {exc}"
 
 
 @dataclass
@@ -241,13 +261,15 @@ class TapFront:
         if opcode == Opcode.NOOP:
             await conn.send(reply(frame))
         elif opcode == Opcode.VERSION:
-            await conn.send(reply(frame, value=VERSION.encode()))
+            await conn.send(reply(frame, value=f"tap-upr-gateway {version()} (TAP front)".encode()))
         elif opcode == Opcode.SASL_LIST_MECHS:
             await conn.send(reply(frame, value=b"PLAIN"))
         elif opcode == Opcode.STAT:
-            pairs = await self.stat_pairs(frame.key.decode("utf-8", "replace"))
-            if pairs is None:
-                await conn.send(reply(frame, Status.KEY_NOT_FOUND, value=b"unknown stat group"))
+            group = frame.key.decode("utf-8", "replace")
+            try:
+                pairs = await self.stat_pairs(group)
+            except StatRefused as refused:
+                await conn.send(reply(frame, refused.status, value=str(refused).encode()))
                 return
             await conn.send(
                 b"".join(reply(frame, key=k.encode(), value=v.encode()) for k, v in pairs)
@@ -267,15 +289,19 @@ class TapFront:
                 reply(frame, Status.UNKNOWN_COMMAND, value=b"unknown command 0x%02x" % opcode)
             )
 
-    async def stat_pairs(self, group: str) -> list[tuple[str, str]] | None:
+    async def stat_pairs(self, group: str) -> list[tuple[str, str]]:
         """``STAT tap`` from the gateway's own figures; the vbucket groups, which TAP
-        tools read to pick their vbuckets, from the upstream node as it answers them."""
+        tools read to pick their vbuckets, from the upstream node as it answers them.
+        Raises ``StatRefused`` saying why a group cannot be answered."""
         from gateway.metrics.stat_groups import tap_stat_pairs
 
         if group in ("", "tap"):
             return tap_stat_pairs(self.stats)
         if group.split(" ")[0] not in UPSTREAM_STAT_GROUPS:
-            return None
+            known = ", ".join(sorted({"tap", *UPSTREAM_STAT_GROUPS}))
+            raise StatRefused(
+                Status.KEY_NOT_FOUND, f"unknown stat group {group!r} (known: {known})"
+            )
         config = self.config
         try:
             with trio.fail_after(UPSTREAM_QUERY_TIMEOUT):
@@ -287,9 +313,15 @@ class TapFront:
                             config.upstream_user, config.upstream_password or ""
                         )
                     return list((await client.stats(group)).items())
+        except RequestFailed as exc:
+            # The upstream's own answer (e.g. a vbucket it does not have), passed on.
+            where = show(config.upr_upstream)
+            detail = exc.text.decode("utf-8", "replace") or status_name(exc.status)
+            raise StatRefused(exc.status, f"UPR upstream {where}: {detail}") from None
         except (OSError, GatewayError, trio.TooSlowError) as exc:
-            log.warning("STAT %s: the upstream did not answer: %r", group, exc)
-            return None
+            message = upstream_trouble(config.upr_upstream, exc)
+            log.warning("STAT %s: %s", group, message)
+            raise StatRefused(Status.TEMPORARY_FAILURE, message) from None
 
     async def _stream(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
         try:
@@ -319,9 +351,8 @@ class TapFront:
                 config.upstream_ssl,
             )
         except (OSError, GatewayError, trio.TooSlowError) as exc:
-            where = "{}:{}".format(*config.upr_upstream)
             failure = ProtocolError(
-                f"UPR upstream {where} unavailable: {exc!r}",
+                upstream_trouble(config.upr_upstream, exc),
                 opcode=frame.opcode,
                 status=Status.TEMPORARY_FAILURE,
             )

@@ -50,11 +50,11 @@ from gateway.uprfront.logset import LogOptions, LogSet
 from gateway.uprfront.producer import UprConnection, delete_kind
 from gateway.uprfront.stat_groups import UnknownStatGroup, collect
 from gateway.uprfront.streams import LogStream
+from gateway.version import version
 from gateway.wire import PacketConnection, bound_port, serve_packets
 
 log = logging.getLogger(__name__)
 
-VERSION = "tap-upr-gateway upr-front"
 LABEL = "upr-front"
 _OPEN_WITHOUT_AUTH = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.NOOP, Opcode.VERSION}
@@ -182,7 +182,9 @@ class UprFront:
             elif frame.opcode == Opcode.NOOP:
                 await conn.send(_response(frame))
             elif frame.opcode == Opcode.VERSION:
-                await conn.send(_response(frame, value=VERSION.encode()))
+                await conn.send(
+                    _response(frame, value=f"tap-upr-gateway {version()} (UPR front)".encode())
+                )
             elif frame.opcode == Opcode.STAT:
                 await self._stat(conn, frame)
             elif frame.opcode in self.dialect.commands:

@@ -184,6 +184,12 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
                 "rank", F.row_number().over(Window.partitionBy("check").orderBy("vbucket", "key"))
             )
             samples = ranked.filter(F.col("rank") <= config.samples).drop("rank").collect()
+            in_flight = (
+                results.filter("row_type = 'in_flight'")
+                .orderBy("vbucket", "key")
+                .limit(config.samples)
+                .collect()
+            )
             if config.mismatches:
                 keep = [
                     c
@@ -206,6 +212,7 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
         diagnostics=[r.asDict() for r in diagnostics],
         counts=[r.asDict() for r in counts],
         samples=[r.asDict() for r in samples],
+        in_flight=[r.asDict() for r in in_flight],
         segments={"left": len(left_files), "right": len(right_files)},
         timing=timing,
         memory={
