@@ -2,9 +2,12 @@
 
 Theory of operation. ``UprProducerBase.run`` reads the consumer's requests in
 order and answers each at once: CONTROL (``connection_buffer_size``,
-``enable_noop``, ``set_noop_interval``, ``enable_expiry_opcode``; any other
-key is INVALID_ARGUMENTS), BUFFER_ACKNOWLEDGEMENT (credited to the
-flow-control ``window``, waking every stream blocked on it), NOOP, and the
+``enable_noop``, ``set_noop_interval``, ``enable_expiry_opcode`` (only on a
+connection opened with include-delete-times); known keys we do not implement,
+such as ``stream_buffer_size``, are NOT_SUPPORTED, any other key
+INVALID_ARGUMENTS), BUFFER_ACKNOWLEDGEMENT (credited to the flow-control
+``window``, waking every stream blocked on it; never answered, and more than
+is outstanding just empties it), NOOP, and the
 responses a producer waits for (NOOP, SET_VBUCKET_STATE, acked snapshot
 markers), which go to the stream with that opaque. A NOOP task sends one
 NOOP per interval once enabled and drops the connection when the previous
@@ -34,6 +37,17 @@ log = logging.getLogger(__name__)
 
 OK = Status.SUCCESS.value
 _TRUE_FALSE = {b"true": True, b"false": False}
+NOT_SUPPORTED_CONTROLS = frozenset(
+    {
+        b"stream_buffer_size",
+        b"set_priority",
+        b"enable_ext_metadata",
+        b"enable_value_compression",
+        b"supports_cursor_dropping",
+    }
+)
+"""CONTROL keys a producer knows but does not implement: NOT_SUPPORTED (0x83),
+as 3.0 answers stream_buffer_size; any other unknown key is EINVAL (0x04)."""
 
 
 class AnsweringStream(Protocol):
@@ -66,7 +80,13 @@ class UprProducerBase:
     """By vbucket: the subclass's streams (each with ``opaque``, ``live``, ``on_response``)."""
 
     def __init__(
-        self, conn: PacketConnection, name: str, dialect: upr.Dialect, noop_interval: float
+        self,
+        conn: PacketConnection,
+        name: str,
+        dialect: upr.Dialect,
+        noop_interval: float,
+        *,
+        delete_times: bool = False,
     ) -> None:
         self.conn = conn
         self.name = name
@@ -74,6 +94,8 @@ class UprProducerBase:
         self.window = ProducerWindow()
         self._room = trio.Event()
         self.expiry_opcode = False
+        self.delete_times = delete_times
+        """OPEN flag INCLUDE_DELETE_TIMES (0x20)."""
         self.noop_enabled = False
         self.noop_interval = noop_interval
         self._noop_changed = trio.Event()
@@ -108,7 +130,16 @@ class UprProducerBase:
         if event.IS_RESPONSE:
             self._on_response(event)  # type: ignore[arg-type]
         elif isinstance(event, upr.StreamRequest):
-            await self._stream_request(event)
+            authority = self.conn.authority
+            if (
+                event.flags & upr.StreamFlags.TAKEOVER
+                and authority is not None
+                and not authority.may_administer()
+            ):
+                denied = authority.refuse_admin("UPR takeover stream")
+                await self._refuse(event, Status.NO_ACCESS, denied)
+            else:
+                await self._stream_request(event)
         elif isinstance(event, upr.Control):
             await self._control(event)
         elif isinstance(event, upr.BufferAcknowledgement):
@@ -157,26 +188,35 @@ class UprProducerBase:
     # -- flow control and settings ---------------------------------------------
 
     async def _buffer_ack(self, ack: upr.BufferAcknowledgement) -> None:
+        # memcached 3.0 never answers a buffer ack (upr-producer.cc
+        # ``bufferAcknowledgement`` returns success, and success is silent).
         if not self.window.enabled:
             return  # nothing was counted, so there is nothing to credit
-        try:
-            self.window.acknowledged(ack.buffer_bytes)
-        except ProtocolError as exc:
-            await self._refuse(ack, Status.INVALID_ARGUMENTS, str(exc))
-            raise
+        self.window.acknowledged(ack.buffer_bytes)
         self._on_acknowledged()
         self._room.set()
 
     async def _control(self, req: upr.Control) -> None:
-        error = self._apply_control(req.key, req.value.rstrip(b"\x00"))
+        key = req.key
+        if key in NOT_SUPPORTED_CONTROLS:
+            # upr-producer.cc ``control``: stream_buffer_size is ENGINE_ENOTSUP.
+            text = f"control key {key.decode()!r} is not supported by this producer"
+            await self._refuse(req, Status.NOT_SUPPORTED, text)
+            return
+        error = self._apply_control(key, req.value.rstrip(b"\x00"))
         if error is None:
             await self.respond(upr.Response(upr.Command.CONTROL, req.opaque, OK))
         else:
             await self._refuse(req, Status.INVALID_ARGUMENTS, error)
 
     def _apply_control(self, key: bytes, value: bytes) -> str | None:
-        """Apply one CONTROL setting; the error text if it is refused."""
+        """Apply one CONTROL setting; the error text if it is refused (EINVAL)."""
         shown = value.decode("utf-8", "replace")
+        if key == b"enable_expiry_opcode" and value == b"true" and not self.delete_times:
+            # Servers that know the expiry opcode send EXPIRATION only in the
+            # delete-time layout, so they refuse it on a connection without
+            # OPEN flag 0x20 (kv_engine dcp/producer.cc ``control``).
+            return "enable_expiry_opcode needs a connection opened with include-delete-times (0x20)"
         if key == b"connection_buffer_size":
             if not value.isdigit():
                 return f"connection_buffer_size must be a decimal number, not {shown!r}"

@@ -15,8 +15,6 @@ stream message the same way.
 
 from __future__ import annotations
 
-from adapters.errors import ProtocolError
-
 COUNTED_MESSAGES = frozenset(
     {
         "MUTATION",
@@ -78,16 +76,15 @@ class ProducerWindow:
         self.total_sent += size
 
     def acknowledged(self, size: int) -> None:
-        """BUFFER_ACKNOWLEDGEMENT from the consumer."""
-        if size > self.unacked_bytes:
-            raise ProtocolError(
-                f"consumer acknowledged {size} bytes but only {self.unacked_bytes} are outstanding",
-                opcode=BUFFER_ACK_OPCODE,
-                field="buffer_bytes",
-                value=size,
-            )
-        self.unacked_bytes -= size
-        self.total_acked += size
+        """BUFFER_ACKNOWLEDGEMENT from the consumer.
+
+        More than is outstanding leaves nothing outstanding: ep-engine 3.0
+        (upr-producer.cc, ``BufferLog::free``) clamps at zero and neither
+        answers nor disconnects. ``total_acked`` counts only what was freed.
+        """
+        freed = min(size, self.unacked_bytes)
+        self.unacked_bytes -= freed
+        self.total_acked += freed
 
 
 class ConsumerAcker:

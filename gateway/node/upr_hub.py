@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import trio
 
 from gateway.named import NamedConnections
+from gateway.stat_replies import dcp_group
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +82,12 @@ class UprHub:
             ("items_sent", sum(c.items_sent for c in producers)),
             ("items_remaining", sum(c.items_remaining for c in producers)),
         ]
-        out = [(f"ep_dcp_{name}", str(value)) for name, value in totals]
         per_connection: list[tuple[str, str]] = []
         for conn in sorted(conns, key=lambda c: c.name):
             per_connection.extend(
                 (f"{conn.name}:{stat}", value) for stat, value in conn.connection_stats()
             )
-        out.extend((f"eq_dcpq:{key}", value) for key, value in per_connection)
-        # Pre-release names, still read by tools written against 3.0 betas.
-        out.extend((f"ep_upr_{name}", str(value)) for name, value in totals)
-        out.extend((f"eq_uprq:{key}", value) for key, value in per_connection)
-        return out
+        return dcp_group(totals, per_connection)
 
     def takeover_stats(self, vbucket: int, name: str) -> dict[str, str] | None:
         conn = self.get(name)

@@ -75,10 +75,13 @@ class ProducerConnection(UprProducerBase):
     kind = "producer"
 
     def __init__(self, node: Any, conn: PacketConnection, name: str, flags: upr.OpenFlags) -> None:
-        super().__init__(conn, name, node.dialect, node.config.upr_noop_interval)
+        delete_times = bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES)
+        super().__init__(
+            conn, name, node.dialect, node.config.upr_noop_interval, delete_times=delete_times
+        )
         self.node = node
         self.settings = StreamSettings(
-            delete_times=bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES),
+            delete_times=delete_times,
             draft=upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes,
         )
         self.streams: dict[int, ProducerStream] = {}

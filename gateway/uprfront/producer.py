@@ -77,10 +77,13 @@ class UprConnection(UprProducerBase):
         flags: upr.OpenFlags,
         stream_stats: StreamStats,
     ) -> None:
-        super().__init__(conn, name, front.dialect, front.config.noop_interval)
+        delete_times = bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES)
+        super().__init__(
+            conn, name, front.dialect, front.config.noop_interval, delete_times=delete_times
+        )
         self.front = front
         self.draft = upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes
-        self.settings = Settings(delete_times=bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES))
+        self.settings = Settings(delete_times=delete_times)
         self.streams: dict[int, LogStream] = {}
         self.stream_stats = stream_stats
         # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
@@ -248,7 +251,7 @@ class UprConnection(UprProducerBase):
 
     def connection_stats(self) -> list[tuple[str, str]]:
         window = self.window
-        prefix = f"eq_dcpq:{self.name}:"
+        prefix = f"{self.name}:"  # STAT dcp adds eq_dcpq: (and eq_uprq:)
         out = [
             ("type", "producer"),
             ("items_sent", str(sum(s.items_sent for s in self.streams.values()))),

@@ -1,9 +1,12 @@
 """STAT groups on the UPR port, with the names 3.0 orchestrators poll.
 
+``vbucket`` (each vbucket's state here: active, or dead once taken over),
 ``vbucket-seqno [vb]`` (from the gateway's own log: uuid, high seqno, purge
-seqno), ``upr``/``dcp`` (every consumer connection and stream),
-``vbucket-takeover <vb> <name>`` (items left for that connection's stream)
-and ``""`` (general).
+seqno), ``failovers [vb]`` (the gateway's own failover logs),
+``upr``/``dcp`` (the ``ep_dcp_*`` totals, then every consumer connection
+and stream), ``dcp-vbtakeover <vb> <name>`` (aliases ``upr-vbtakeover``,
+``vbucket-takeover``: items left for that connection's stream) and ``""``
+(general). Refusals follow ``gateway.stat_replies``.
 """
 
 from __future__ import annotations
@@ -11,26 +14,39 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from gateway.stat_replies import (
+    UPR_TAKEOVER_GROUPS,
+    Pairs,
+    StatError,
+    UnknownStatGroup,
+    dcp_group,
+    failover_pairs,
+    takeover_arguments,
+    vbucket_argument,
+)
+
 if TYPE_CHECKING:
     from gateway.uprfront.server import UprFront
 
-Pairs = list[tuple[str, str]]
-
-
-class UnknownStatGroup(Exception):
-    pass
+__all__ = ["StatError", "UnknownStatGroup", "collect"]
 
 
 def _vbuckets(front: UprFront, args: list[str]) -> list[int]:
+    """Every vbucket of the log, or the one named (one taken over still answers)."""
     if not args:
         return sorted(front.logs.logs)
-    try:
-        vb = int(args[0])
-    except ValueError:
-        raise UnknownStatGroup(f"vbucket {args[0]!r} is not a number") from None
-    if vb not in front.logs.logs:
-        raise UnknownStatGroup(f"no vbucket {vb}")
-    return [vb]
+    return [vbucket_argument(args[0], front.logs.logs.__contains__)]
+
+
+def _vbucket_states(front: UprFront, args: list[str]) -> Pairs:
+    return [(f"vb_{vb}", "active" if front.serves(vb) else "dead") for vb in _vbuckets(front, args)]
+
+
+def _failovers(front: UprFront, args: list[str]) -> Pairs:
+    out: Pairs = []
+    for vb in _vbuckets(front, args):
+        out += failover_pairs(vb, front.logs.logs[vb].failover.entries)
+    return out
 
 
 def _general(front: UprFront, _args: list[str]) -> Pairs:
@@ -61,29 +77,41 @@ def _vbucket_seqno(front: UprFront, args: list[str]) -> Pairs:
 
 
 def _upr(front: UprFront, _args: list[str]) -> Pairs:
-    out: Pairs = []
-    for connection in list(front.connections.values()):
-        out.extend(connection.connection_stats())
-    return out
+    """The totals always come, with no consumer attached too (as the node's)."""
+    connections = sorted(front.connections.values(), key=lambda c: c.name)
+    streams = [s for c in connections for s in c.streams.values()]
+    totals = [
+        ("count", len(connections)),
+        ("producer_count", len(connections)),
+        ("consumer_count", 0),
+        ("total_bytes", sum(c.stream_stats.bytes_sent for c in connections)),
+        ("items_sent", sum(s.items_sent for s in streams)),
+        ("items_remaining", sum(s.items_remaining() for s in streams)),
+    ]
+    per_connection: Pairs = []
+    for connection in connections:
+        per_connection.extend(connection.connection_stats())
+    return dcp_group(totals, per_connection)
 
 
 def _takeover(front: UprFront, args: list[str]) -> Pairs:
-    if len(args) != 2:
-        raise UnknownStatGroup("usage: vbucket-takeover <vbucket> <stream name>")
-    vb = _vbuckets(front, args[:1])[0]
-    connection = front.connections.get(args[1])
+    vb_arg, name = takeover_arguments("dcp-vbtakeover", args)
+    vb = _vbuckets(front, [vb_arg])[0]
+    connection = front.connections.get(name)
     stream = connection.streams.get(vb) if connection is not None else None
     if stream is None:
-        raise UnknownStatGroup(f"no stream named {args[1]!r} on vbucket {vb}")
+        raise StatError(f"no stream named {name!r} on vbucket {vb}")
     return list(stream.takeover_stats().items())
 
 
 GROUPS = {
     "": _general,
+    "vbucket": _vbucket_states,
     "vbucket-seqno": _vbucket_seqno,
+    "failovers": _failovers,
     "upr": _upr,
     "dcp": _upr,
-    "vbucket-takeover": _takeover,
+    **dict.fromkeys(UPR_TAKEOVER_GROUPS, _takeover),
 }
 
 

@@ -29,6 +29,7 @@ from adapters.tap import (
 )
 from gateway.node.store import Store
 from tests.gateway.tapfront.test_tap_front_stream import check_brackets, closes
+from tests.support.raw_dcp import RawDcp
 from tests.support.tap_client import TapClient, start_node, until
 from tests.support.tapfront import Replica, node_state, start_front
 
@@ -286,3 +287,34 @@ async def test_a_busy_nack_without_support_ack_pauses_the_stream_only(
     replica.apply(events)
     assert replica.items == node_state(store, range(VBUCKETS))
     assert replica.mutations == 801  # nothing was sent twice
+
+
+async def test_tap_vbtakeover_and_stat_upr_on_the_tap_side(
+    nursery: trio.Nursery, side: str
+) -> None:
+    """ep-engine v2.5.1 src/ep_engine.cc ``getStats``: ``tap-vbtakeover <vb>
+    <name>`` (``doTapVbTakeoverStats``) tells how much that TAP connection has
+    still to send (our ``vbucket-takeover`` stays an alias). ``STAT upr`` on
+    the TAP front answers about its upstream UPR connections, the ``ep_dcp_*``
+    totals as v3.0.0 ``doDcpStats`` names them."""
+    store = filled(80)
+    _, port = await serve(nursery, store, side)
+    with trio.fail_after(20):
+        client = await TapClient.open(port)
+        await client.send(classic_connect(b"mover", {F.BACKFILL: 0}))
+        await read_events(client, lambda ev: closes(ev) == VBUCKETS)
+        admin = await RawDcp.connect(port)
+        for group in (b"tap-vbtakeover", b"vbucket-takeover"):
+            status, pairs = await admin.stats(group + b" 1 mover")
+            assert status == 0, group
+            assert pairs["estimate"] == "0" and pairs["name"] == "eq_tapq:mover", group
+        assert (await admin.stats(b"tap-vbtakeover 1 nobody"))[0] == Status.KEY_NOT_FOUND
+        assert (await admin.stats(b"tap-vbtakeover x mover"))[0] == Status.INVALID_ARGUMENTS
+        status, pairs = await admin.stats(b"upr")
+        assert status == 0
+        consumers = "1" if side == "front" else "0"  # the front's upstream connection
+        assert pairs["ep_dcp_count"] == pairs["ep_dcp_consumer_count"] == consumers
+        if side == "front":
+            assert pairs["eq_dcpq:mover:type"] == "consumer"
+        await admin.aclose()
+        await client.aclose()

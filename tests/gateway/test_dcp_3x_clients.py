@@ -1,0 +1,293 @@
+"""3.0-era DCP clients against the reference node and the UPR front alike.
+
+Every request here is packed byte by byte as a 3.0-era Python DCP client
+packs it (``tests.support.raw_dcp``), not through the project's encoder, and
+each test runs on both sides: the node is the test peer of the front, so a
+misreading shared by both would otherwise pass. Each test names the
+ep-engine v3.0.0 / memcached source it follows.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.node.store import Store
+from tests.gateway.uprfront.support import caught_up, start_front
+from tests.support import raw_dcp as dcp
+from tests.support.raw_dcp import RawDcp, Reply
+from tests.support.upr_client import start_node, until
+
+VBUCKETS = 4
+EINVAL, NOT_MY_VBUCKET, KEY_ENOENT, NOT_SUPPORTED = 0x04, 0x07, 0x01, 0x83
+
+pytestmark = pytest.mark.parametrize("side", ["node", "front"])
+
+
+def filled(items: int, *, removals: bool = False) -> Store:
+    store = Store(VBUCKETS)
+    now = time.time()
+    for i in range(items):
+        store.set(i % VBUCKETS, b"key-%06d" % i, b"v%d" % i, now=now)
+    if removals:
+        store.set(0, b"expires", b"x", expiration=int(now), now=now)
+        store.delete(0, b"key-%06d" % 0, now=now)
+    return store
+
+
+async def serve(nursery: trio.Nursery, store: Store, side: str, tmp_path: Path) -> tuple[Any, int]:
+    """The node, or a UPR front caught up with it: (the server, its port)."""
+    node, node_port = await start_node(nursery, store)
+    if side == "node":
+        return node, node_port
+    front, port, _ = await start_front(nursery, tmp_path, node_port)
+    with trio.fail_after(20):
+        await until(lambda: caught_up(front, store))
+    return front, port
+
+
+def high_seqno(server: Any, vbucket: int) -> int:
+    """The vbucket's high seqno as ``server`` numbers it (the front keeps its own)."""
+    logs = getattr(server, "logs", None)
+    if logs is not None:
+        return int(logs.logs[vbucket].high_seqno)
+    return int(server.store.high_seqno(vbucket))
+
+
+async def producer(port: int, name: bytes, flags: int = dcp.PRODUCER) -> RawDcp:
+    client = await RawDcp.connect(port)
+    await client.send(dcp.open_producer(name, flags, opaque=1))
+    assert (await client.response(1)).status == 0
+    return client
+
+
+async def stats(port: int, group: bytes) -> tuple[int, dict[str, str]]:
+    """``STAT group`` on a connection of its own, as cbstats asks."""
+    admin = await RawDcp.connect(port)
+    try:
+        return await admin.stats(group)
+    finally:
+        await admin.aclose()
+
+
+async def read_stream(client: RawDcp, opaque: int, *, answer_acks: bool = True) -> list[Reply]:
+    """One stream's messages up to its STREAM_END, answering what a consumer answers."""
+    out: list[Reply] = []
+    while True:
+        got = await client.next()
+        assert got is not None, "the server closed the connection"
+        if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
+            await client.send(dcp.reply(got))
+            continue
+        if got.opaque != opaque:
+            continue
+        out.append(got)
+        if got.magic == dcp.REQ and got.opcode == dcp.SET_VBUCKET_STATE:
+            await client.send(dcp.reply(got))
+        if answer_acks and got.opcode == dcp.MARKER and got.marker_flags & dcp.ACK:
+            await client.send(dcp.reply(got))
+        if got.opcode == dcp.STREAM_END:
+            return out
+
+
+async def test_buffer_ack_beyond_what_is_outstanding_empties_the_window_silently(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/upr-producer.cc ``BufferLog::free`` clamps at zero and
+    ``UprProducer::bufferAcknowledgement`` returns success, which memcached
+    v3.0.0 daemon/memcached.c answers with nothing at all."""
+    server, port = await serve(nursery, filled(40), side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"greedy")
+        await client.send(dcp.control(b"connection_buffer_size", b"4096", opaque=2))
+        assert (await client.response(2)).status == 0
+        await client.send(dcp.stream_req(1, opaque=10, end=high_seqno(server, 1)))
+        assert (await client.response(10)).status == 0
+        sent = sum(m.size for m in await read_stream(client, 10))
+        await client.send(dcp.buffer_ack(sent + 1000, opaque=77), dcp.frame(dcp.NOOP, opaque=78))
+        answer = await client.next()  # the NOOP's answer: nothing for the ack before it
+        assert answer is not None and (answer.opcode, answer.opaque) == (dcp.NOOP, 78)
+        status, pairs = await stats(port, b"dcp")
+        assert status == 0 and pairs["eq_dcpq:greedy:unacked_bytes"] == "0"
+        await client.send(
+            dcp.stream_req(2, opaque=11, end=high_seqno(server, 2))
+        )  # still streaming
+        assert (await client.response(11)).status == 0
+        assert len(await read_stream(client, 11)) == 12  # marker, 10 items, end
+        await client.aclose()
+
+
+async def test_control_keys_known_but_unsupported_are_not_supported(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/upr-producer.cc ``UprProducer::control``:
+    stream_buffer_size is ENGINE_ENOTSUP (0x83), a key it does not know
+    ENGINE_EINVAL (0x04); neither closes the connection."""
+    _, port = await serve(nursery, filled(8), side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"ctl")
+        for opaque, key, value, status in [
+            (2, b"stream_buffer_size", b"1024", NOT_SUPPORTED),
+            (3, b"no_such_key", b"1", EINVAL),
+            (4, b"connection_buffer_size", b"1024", 0),
+        ]:
+            await client.send(dcp.control(key, value, opaque))
+            got = await client.response(opaque)
+            assert (got.opcode, got.status) == (dcp.CONTROL, status), key
+            assert status == 0 or key in got.value
+        await client.aclose()
+
+
+async def test_expiry_opcode_only_with_delete_times(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """Servers that know ``enable_expiry_opcode`` accept it only on a connection
+    opened with include-delete-times (0x20), else EINVAL (kv_engine
+    dcp/producer.cc ``DcpProducer::control``); EXPIRATION then has 20 bytes of
+    extras and DELETION 21 (by_seqno, rev_seqno, delete_time, one unused byte).
+    Without the flag the v3.0.0 layouts stay (upr-producer.cc ``step``: 18)."""
+    store = filled(8, removals=True)
+    server, port = await serve(nursery, store, side, tmp_path)
+    with trio.fail_after(20):
+        # It expires once the front knows its expiry time: TAP tells a front
+        # nothing else, and a tombstone from a backfill is a plain delete.
+        assert len(store.expire(time.time() + 10)) == 1
+        if side == "front":
+            await until(lambda: caught_up(server, store))
+        high = high_seqno(server, 0)
+        plain = await producer(port, b"plain")
+        await plain.send(dcp.control(b"enable_expiry_opcode", b"true", opaque=2))
+        refused = await plain.response(2)
+        assert refused.status == EINVAL and b"0x20" in refused.value
+        await plain.send(dcp.stream_req(0, opaque=5, end=high))
+        assert (await plain.response(5)).status == 0
+        old = [(m.opcode, len(m.extras)) for m in await read_stream(plain, 5)]
+        assert (dcp.DELETION, 18) in old and not [m for m in old if m[0] == dcp.EXPIRATION]
+        await plain.aclose()
+
+        timed = await producer(port, b"timed", dcp.PRODUCER | dcp.INCLUDE_DELETE_TIMES)
+        await timed.send(dcp.control(b"enable_expiry_opcode", b"true", opaque=2))
+        assert (await timed.response(2)).status == 0
+        await timed.send(dcp.stream_req(0, opaque=5, end=high))
+        assert (await timed.response(5)).status == 0
+        messages = await read_stream(timed, 5)
+        removed = {m.key: m for m in messages if m.opcode in (dcp.DELETION, dcp.EXPIRATION)}
+        deleted, expired = removed[b"key-%06d" % 0], removed[b"expires"]
+        assert (deleted.opcode, len(deleted.extras)) == (dcp.DELETION, 21)
+        assert (expired.opcode, len(expired.extras)) == (dcp.EXPIRATION, 20)
+        delete_time = struct.unpack_from(">I", expired.extras, 16)[0]
+        if side == "node":
+            assert delete_time == store.lookup(0, b"expires").delete_time
+        else:  # TAP carries no delete time: the front keeps the delete's arrival
+            assert delete_time > 0
+        await timed.aclose()
+
+
+async def test_stat_failovers_lists_the_failover_log_as_the_wire_gives_it(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``doVbIdFailoverLogStats`` /
+    ``doAllFailoverLogStats`` and src/failover-table.cc ``addStats``:
+    ``vb_N:num_entries``, then ``vb_N:M:id`` and ``vb_N:M:seq``, newest first,
+    the same entries GET_FAILOVER_LOG returns."""
+    store = filled(16)
+    store.failover(1)  # a second history entry
+    store.set(1, b"after", b"x", now=time.time())
+    _, port = await serve(nursery, store, side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"fo")
+        await client.send(dcp.frame(dcp.FAILOVER_LOG, vbucket=1, opaque=9))
+        got = await client.response(9)
+        wire = [struct.unpack_from(">QQ", got.value, i) for i in range(0, len(got.value), 16)]
+        await client.aclose()
+        status, pairs = await stats(port, b"failovers 1")
+        assert status == 0
+        expected = {"vb_1:num_entries": str(len(wire))}
+        for i, (uuid, seqno) in enumerate(wire):
+            expected |= {f"vb_1:{i}:id": str(uuid), f"vb_1:{i}:seq": str(seqno)}
+        assert pairs == expected
+        status, every = await stats(port, b"failovers")
+        assert status == 0
+        assert [k for k in every if k.endswith(":num_entries")] == [
+            f"vb_{vb}:num_entries" for vb in range(VBUCKETS)
+        ]
+        assert (await stats(port, b"failovers x"))[0] == EINVAL
+
+
+async def test_stat_vbucket_seqno_refuses_a_bad_or_foreign_vbucket(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``doSeqnoStats``: an argument that is not
+    a number is ENGINE_EINVAL (0x04), a vbucket the node does not have
+    ENGINE_NOT_MY_VBUCKET (0x07)."""
+    server, port = await serve(nursery, filled(16), side, tmp_path)
+    with trio.fail_after(20):
+        status, pairs = await stats(port, b"vbucket-seqno 1")
+        assert status == 0 and pairs["vb_1:high_seqno"] == str(high_seqno(server, 1))
+        assert (await stats(port, b"vbucket-seqno one"))[0] == EINVAL
+        assert (await stats(port, b"vbucket-seqno 99"))[0] == NOT_MY_VBUCKET
+        assert (await stats(port, b"vbucket-seqno"))[0] == 0
+
+
+async def test_stat_dcp_has_its_totals_with_no_consumer_attached(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``doDcpStats``: the ``ep_dcp_*`` totals
+    are always there; ``eq_dcpq:<name>:*`` follow per connection."""
+    _, port = await serve(nursery, filled(16), side, tmp_path)
+    totals = ["count", "producer_count", "items_remaining", "items_sent", "total_bytes"]
+    with trio.fail_after(20):
+        for group in (b"dcp", b"upr"):
+            status, pairs = await stats(port, group)
+            assert status == 0
+            assert {f"ep_dcp_{t}": "0" for t in totals}.items() <= pairs.items()
+        client = await producer(port, b"watcher")
+        await client.send(dcp.stream_req(1, opaque=10))
+        assert (await client.response(10)).status == 0
+        status, pairs = await stats(port, b"dcp")
+        assert pairs["ep_dcp_count"] == "1" and pairs["ep_dcp_producer_count"] == "1"
+        assert pairs["eq_dcpq:watcher:type"] == "producer"
+        await client.aclose()
+
+
+async def test_stat_dcp_vbtakeover_under_its_3_0_names(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``getStats``: ``dcp-vbtakeover <vb>
+    <name>`` (and ``upr-vbtakeover``) runs ``doDcpVbTakeoverStats``; our
+    ``vbucket-takeover`` stays as an alias."""
+    server, port = await serve(nursery, filled(16), side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"mover")
+        await client.send(dcp.stream_req(1, opaque=10))
+        assert (await client.response(10)).status == 0
+        items = 0
+        while items < high_seqno(server, 1):
+            got = await client.next()
+            assert got is not None
+            items += got.opcode == dcp.MUTATION
+        for group in (b"dcp-vbtakeover", b"upr-vbtakeover", b"vbucket-takeover"):
+            status, pairs = await stats(port, group + b" 1 mover")
+            assert status == 0, group
+            assert pairs["estimate"] == "0" and pairs["status"] == "in-memory", group
+        assert (await stats(port, b"dcp-vbtakeover 1 nobody"))[0] == KEY_ENOENT
+        assert (await stats(port, b"dcp-vbtakeover one mover"))[0] == EINVAL
+        assert (await stats(port, b"dcp-vbtakeover 1"))[0] == EINVAL
+        await client.aclose()
+
+
+async def test_stat_vbucket_names_each_vbucket_state(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/ep_engine.cc ``doVBucketStats``: ``vb_N`` and its
+    state, which orchestrators read on the UPR port as well."""
+    _, port = await serve(nursery, filled(16), side, tmp_path)
+    with trio.fail_after(20):
+        status, pairs = await stats(port, b"vbucket")
+        assert status == 0
+        assert pairs == {f"vb_{vb}": "active" for vb in range(VBUCKETS)}
