@@ -14,7 +14,8 @@ stream on the vbucket, KEY_EXISTS, is the connection's business.)
    checkpoint boundary and flagged CHECKPOINT when it begins one; between
    batches the stream sleeps on the node's change feed;
 3. STREAM_END: OK once the end seqno is sent, STATE_CHANGED if the vbucket
-   stops being ACTIVE, CLOSED after CLOSE_STREAM (``close``).
+   stops being ACTIVE. After the consumer's CLOSE_STREAM nothing more is
+   sent: the close response is the end (``close_by_consumer``).
 
 Reads are bounded (``BATCH`` items) and each message is sent with the
 connection's ``send_counted``, which waits for flow-control room and socket
@@ -183,6 +184,7 @@ class ProducerStream:
         self.end_reason: upr.StreamEndReason | None = None
         self.scope = trio.CancelScope()
         self._giving_up_vbucket = False
+        self._closed_by_consumer = False
         self._unacked_markers = 0
         self._markers_acked = trio.Event()
         self._state_reply: trio.Event | None = None
@@ -193,6 +195,8 @@ class ProducerStream:
         reason = upr.StreamEndReason.OK
         with self.scope:
             reason = await self._stream()
+        if self._closed_by_consumer:
+            return  # its CLOSE_STREAM response was the end
         if self.scope.cancelled_caught and self.end_reason is not None:
             reason = self.end_reason
         await self.producer.send_counted(
@@ -206,10 +210,19 @@ class ProducerStream:
         return self.state is not StreamState.DEAD
 
     def close(self, reason: upr.StreamEndReason) -> None:
-        """End the stream early (CLOSE_STREAM): it sends STREAM_END(``reason``)."""
+        """End the stream early: it sends STREAM_END(``reason``)."""
         if self.end_reason is None:
             self.end_reason = reason
             self.scope.cancel()
+
+    def close_by_consumer(self) -> None:
+        """CLOSE_STREAM: the stream is dead at once and sends nothing more, not
+        even STREAM_END (ep-engine v3.0.0 src/upr-producer.cc ``closeStream``
+        drops the stream before its end message could be sent)."""
+        if self.end_reason is None:
+            self._closed_by_consumer = True
+            self.close(upr.StreamEndReason.CLOSED)
+            self.state = StreamState.DEAD
 
     async def _stream(self) -> upr.StreamEndReason:
         if self.settings.draft:

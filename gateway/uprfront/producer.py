@@ -191,8 +191,8 @@ class UprConnection(UprProducerBase):
         if stream is None or not stream.live:
             await self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
             return
+        stream.close_by_consumer()  # dead first: nothing of it follows the answer
         await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
-        stream.close(upr.StreamEndReason.CLOSED)
 
     def _on_acknowledged(self) -> None:
         self.stream_stats.unacked_bytes = self.window.unacked_bytes

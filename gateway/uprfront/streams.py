@@ -11,8 +11,9 @@ them, tagged with the request's opaque:
 - between batches, once caught up, the stream sleeps until the log
   publishes more;
 - it ends with STREAM_END: OK once everything up to the end seqno is sent
-  (items beyond it are never sent), CLOSED after CLOSE_STREAM,
-  STATE_CHANGED when the vbucket is taken over by another stream.
+  (items beyond it are never sent), STATE_CHANGED when the vbucket is
+  taken over by another stream; after the consumer's CLOSE_STREAM nothing
+  more is sent, the close response is the end.
 
 A batch is encoded at once (``ItemEncoder``: item to wire bytes in one
 struct pack) and handed to the connection's ``send_messages``, which joins
@@ -79,6 +80,7 @@ class LogStream:
         self.state = StreamState.BACKFILLING
         self.end_reason: upr.StreamEndReason | None = None
         self.scope = trio.CancelScope()
+        self._closed_by_consumer = False
         self.items_sent = 0
         self.markers_sent = 0
         self._state_reply: trio.Event | None = None
@@ -100,9 +102,10 @@ class LogStream:
             reason = self.end_reason
         self.end_reason = reason
         self.state = StreamState.DEAD
-        await self.conn.send_counted(
-            upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
-        )
+        if not self._closed_by_consumer:  # else the CLOSE_STREAM response was the end
+            await self.conn.send_counted(
+                upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
+            )
         stats = self.conn.front.stats
         stats.stream_ends_total[("upr_front", reason.name.lower())] += 1
 
@@ -110,6 +113,14 @@ class LogStream:
         if self.end_reason is None:
             self.end_reason = reason
             self.scope.cancel()
+
+    def close_by_consumer(self) -> None:
+        """CLOSE_STREAM: dead at once, and no STREAM_END follows (ep-engine
+        v3.0.0 src/upr-producer.cc ``closeStream``)."""
+        if self.end_reason is None:
+            self._closed_by_consumer = True
+            self.close(upr.StreamEndReason.CLOSED)
+            self.state = StreamState.DEAD
 
     @property
     def live(self) -> bool:

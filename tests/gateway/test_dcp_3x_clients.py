@@ -291,3 +291,38 @@ async def test_stat_vbucket_names_each_vbucket_state(
         status, pairs = await stats(port, b"vbucket")
         assert status == 0
         assert pairs == {f"vb_{vb}": "active" for vb in range(VBUCKETS)}
+
+
+async def test_close_stream_response_is_the_end_of_the_stream(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/upr-producer.cc ``UprProducer::closeStream`` drops
+    the stream from its map before ``setDead(END_STREAM_CLOSED)``, so the
+    STREAM_END it queues is never sent (``getNextItem`` walks only the map):
+    the CLOSE_STREAM response is the consumer's last word of that stream, and
+    the vbucket can be requested again at once."""
+    server, port = await serve(nursery, filled(40), side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"closer")
+        await client.send(dcp.stream_req(1, opaque=10))
+        assert (await client.response(10)).status == 0
+        items = 0
+        while items < high_seqno(server, 1):
+            got = await client.next()
+            assert got is not None
+            items += got.opcode == dcp.MUTATION
+        await client.send(dcp.close_stream(1, opaque=20), dcp.frame(dcp.NOOP, opaque=21))
+        seen: list[Reply] = []
+        while not seen or (seen[-1].opcode, seen[-1].opaque) != (dcp.NOOP, 21):
+            got = await client.next()
+            assert got is not None
+            seen.append(got)
+        assert [(m.opcode, m.status) for m in seen if m.opaque == 20] == [(dcp.CLOSE_STREAM, 0)]
+        assert not [m for m in seen if m.opcode == dcp.STREAM_END]
+        await client.send(dcp.stream_req(1, opaque=30, end=high_seqno(server, 1)))
+        assert (await client.response(30)).status == 0
+        again = await read_stream(client, 30)
+        assert sum(m.opcode == dcp.MUTATION for m in again) == items
+        await client.send(dcp.close_stream(1, opaque=31))  # ended: nothing to close
+        assert (await client.response(31)).status == KEY_ENOENT
+        await client.aclose()
