@@ -26,10 +26,11 @@ are overwritten while it runs (their new versions follow in memory
 snapshots). The store keeps one version per key, so no key repeats within
 a snapshot.
 
-Takeover (flag 0x01): memory markers carry ACK; once caught up the stream
-waits for every marker ack, sends SET_VBUCKET_STATE(pending) and waits for
+Takeover (flag 0x01): once caught up the stream sends
+SET_VBUCKET_STATE(pending) and waits for
 its reply, makes the vbucket DEAD (no more writes), sends what arrived
-meanwhile, waits for the acks again, sends SET_VBUCKET_STATE(active), waits
+meanwhile under markers with the ACK flag (the takeover-send phase, the only
+one whose markers carry it), waits for those acks, sends SET_VBUCKET_STATE(active), waits
 for that reply and ends with OK. The draft dialect has no acks: there the
 stream does not wait for replies.
 """
@@ -297,7 +298,9 @@ class ProducerStream:
             upper = high if checkpoint.open else min(checkpoint.end_seqno, high)
             flags = SF.MEMORY | (SF.CHECKPOINT if checkpoint.start_seqno == first else SF(0))
         upper = min(upper, self.end_seqno)
-        if self.takeover and not self.settings.draft:
+        if self.state is StreamState.TAKEOVER_SEND and not self.settings.draft:
+            # Only what is sent once the vbucket is dead here is acked
+            # (ep-engine v3.0.0 src/upr-stream.cc ``takeoverSendPhase``).
             flags |= SF.ACK
         batch = self.store.items_since(vb, self.last_read, upper, BATCH)
         if batch:

@@ -21,7 +21,8 @@ it into as few writes as the flow-control window allows; so a stream holds
 at most one batch and a slow consumer stalls only its own connection.
 Without flow control the sent seqno is also the acknowledged one.
 
-Takeover (flag 0x01): markers carry ACK; once caught up the stream asks the
+Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
+(after the consumer took SET_VBUCKET_STATE(pending)); once caught up the stream asks the
 takeover coordinator to take the vbucket over from the TAP node; the TAP
 node's VBUCKET_SET(pending) and (active) come back here as
 ``set_state`` calls, which send SET_VBUCKET_STATE and wait for the
@@ -169,7 +170,9 @@ class LogStream:
         conn = self.conn
         draft = conn.draft
         encode = self._encoder().encode
-        extra = SF.ACK if self.takeover and not draft else SF(0)
+        # ACK only once the vbucket is being handed over (upr-stream.cc
+        # ``takeoverSendPhase``), not while catching up.
+        extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not draft else SF(0)
         messages: list[bytes] = []
         items: list[LogItem | None] = []
         kinds = [0, 0, 0]

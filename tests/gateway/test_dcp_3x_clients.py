@@ -326,3 +326,43 @@ async def test_close_stream_response_is_the_end_of_the_stream(
         await client.send(dcp.close_stream(1, opaque=31))  # ended: nothing to close
         assert (await client.response(31)).status == KEY_ENOENT
         await client.aclose()
+
+
+async def test_takeover_markers_ask_for_acks_only_in_the_takeover_send_phase(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/upr-stream.cc: ``ActiveStream`` sets
+    MARKER_FLAG_ACK on a snapshot marker only in ``takeoverSendPhase``, after
+    the consumer took SET_VBUCKET_STATE(pending); the catch-up before it is
+    not acked. Written while pending: sent in that phase, under an ACK marker."""
+    store = filled(40)
+    server, port = await serve(nursery, store, side, tmp_path)
+    with trio.fail_after(30):
+        client = await producer(port, b"taker")
+        await client.send(dcp.stream_req(1, opaque=10, flags=dcp.TAKEOVER))
+        assert (await client.response(10)).status == 0
+        seen: list[Reply] = []
+        while not seen or seen[-1].opcode != dcp.STREAM_END:
+            got = await client.next()
+            assert got is not None, "closed during the takeover"
+            if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
+                await client.send(dcp.reply(got))
+                continue
+            seen.append(got)
+            if got.opcode == dcp.SET_VBUCKET_STATE:
+                if got.extras == b"\x03" and side == "node":
+                    store.set(1, b"while-pending", b"x", now=time.time())
+                await client.send(dcp.reply(got))
+            elif got.opcode == dcp.MARKER and got.marker_flags & dcp.ACK:
+                await client.send(dcp.reply(got))
+        await client.aclose()
+    states = [m.extras for m in seen if m.opcode == dcp.SET_VBUCKET_STATE]
+    assert states == [b"\x03", b"\x01"]  # pending, then active
+    pending_at = next(i for i, m in enumerate(seen) if m.opcode == dcp.SET_VBUCKET_STATE)
+    before = [m for m in seen[:pending_at] if m.opcode == dcp.MARKER]
+    after = [m for m in seen[pending_at:] if m.opcode == dcp.MARKER]
+    assert before and not [m for m in before if m.marker_flags & dcp.ACK]
+    assert all(m.marker_flags & dcp.ACK for m in after)
+    if side == "node":
+        assert after and any(m.key == b"while-pending" for m in seen[pending_at:])
+    assert struct.unpack(">I", seen[-1].extras)[0] == 0  # STREAM_END OK
