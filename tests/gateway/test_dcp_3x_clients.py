@@ -336,7 +336,7 @@ async def test_takeover_markers_ask_for_acks_only_in_the_takeover_send_phase(
     the consumer took SET_VBUCKET_STATE(pending); the catch-up before it is
     not acked. Written while pending: sent in that phase, under an ACK marker."""
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    _, port = await serve(nursery, store, side, tmp_path)
     with trio.fail_after(30):
         client = await producer(port, b"taker")
         await client.send(dcp.stream_req(1, opaque=10, flags=dcp.TAKEOVER))
