@@ -191,9 +191,20 @@ class LogStream:
                 items.append(None)
         if conn.recording is not None:
             self._record(messages, items)
-        await conn.send_messages(messages, items, self.vbucket)
+        done = 0
+
+        def sent(upto: int) -> None:
+            # Per write, not per batch: the window may hold the rest back, and
+            # items_sent / last_sent_seqno / items_remaining tell what went.
+            nonlocal done
+            for item in items[done:upto]:
+                if item is not None:
+                    self.items_sent += 1
+                    self.position = self.progress.sent_seqno = item.by_seqno
+            done = upto
+
+        await conn.send_messages(messages, items, self.vbucket, sent)
         self.position = batch[-1].by_seqno
-        self.items_sent += len(batch)
         self.markers_sent += markers
         counts = conn.stream_stats.items_sent
         counts["marker"] += markers

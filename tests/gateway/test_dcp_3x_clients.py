@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from gateway.node.store import Store
 from tests.gateway.uprfront.support import caught_up, start_front
@@ -366,3 +367,37 @@ async def test_takeover_markers_ask_for_acks_only_in_the_takeover_send_phase(
     if side == "node":
         assert after and any(m.key == b"while-pending" for m in seen[pending_at:])
     assert struct.unpack(">I", seen[-1].extras)[0] == 0  # STREAM_END OK
+
+
+async def test_stream_counters_while_flow_control_holds_the_stream(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/upr-stream.cc ``ActiveStream::addStats``:
+    ``items_sent`` and ``last_sent_seqno`` count what went on the wire, and
+    ``items_remaining`` what has not; a stream paused by the connection's
+    buffer (upr-producer.cc ``BufferLog``) reports what it did send."""
+    server, port = await serve(nursery, filled(800), side, tmp_path)
+    high = high_seqno(server, 1)
+    with trio.fail_after(20):
+        client = await producer(port, b"held")
+        await client.send(dcp.control(b"connection_buffer_size", b"2000", opaque=2))
+        assert (await client.response(2)).status == 0
+        await client.send(dcp.stream_req(1, opaque=10, end=high))
+        assert (await client.response(10)).status == 0
+        got: list[Reply] = []
+        while True:
+            _, pairs = await stats(port, b"dcp")
+            if sum(m.size for m in got) < int(pairs["eq_dcpq:held:total_bytes_sent"]):
+                message = await client.next()
+                assert message is not None
+                got.append(message)
+            elif pairs["eq_dcpq:held:paused"] == "true":
+                break
+            else:
+                await trio.testing.wait_all_tasks_blocked(0.001)
+        items = [m for m in got if m.opcode == dcp.MUTATION]
+        assert 0 < len(items) < high
+        assert pairs["eq_dcpq:held:stream_1_items_sent"] == str(len(items))
+        assert pairs["eq_dcpq:held:stream_1_last_sent_seqno"] == str(items[-1].by_seqno)
+        assert pairs["eq_dcpq:held:stream_1_items_remaining"] == str(high - items[-1].by_seqno)
+        await client.aclose()
