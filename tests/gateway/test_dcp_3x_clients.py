@@ -401,3 +401,26 @@ async def test_stream_counters_while_flow_control_holds_the_stream(
         assert pairs["eq_dcpq:held:stream_1_last_sent_seqno"] == str(items[-1].by_seqno)
         assert pairs["eq_dcpq:held:stream_1_items_remaining"] == str(high - items[-1].by_seqno)
         await client.aclose()
+
+
+@pytest.mark.parametrize("flag", [dcp.LATEST, dcp.DISKONLY])
+async def test_latest_and_diskonly_streams_end_at_what_exists_at_the_request(
+    nursery: trio.Nursery, side: str, tmp_path: Path, flag: int
+) -> None:
+    """ep-engine v3.0.0 src/upr-producer.cc ``streamRequest`` / src/upr-stream.cc
+    ``ActiveStream``: LATEST (0x04) takes the high seqno at the request as the
+    end seqno, DISKONLY (0x02) the end of the disk snapshot (here everything
+    is on disk); both then end with STREAM_END(OK), later writes not sent."""
+    store = filled(40)
+    server, port = await serve(nursery, store, side, tmp_path)
+    high = high_seqno(server, 1)
+    with trio.fail_after(20):
+        client = await producer(port, b"latest")
+        await client.send(dcp.stream_req(1, opaque=10, flags=flag))
+        assert (await client.response(10)).status == 0
+        store.set(1, b"too-late", b"x", now=time.time())
+        messages = await read_stream(client, 10)
+        await client.aclose()
+    items = [m for m in messages if m.opcode == dcp.MUTATION]
+    assert items[-1].by_seqno == high and b"too-late" not in [m.key for m in items]
+    assert struct.unpack(">I", messages[-1].extras)[0] == 0  # OK
