@@ -12,6 +12,9 @@ RUN pip install --no-cache-dir . && useradd --system --home-dir /var/lib/tap-upr
 USER gateway
 VOLUME /var/lib/tap-upr-gateway
 EXPOSE 11212 11213 9464
+# Liveness from the metrics port; load balancers should route on /readyz (see README).
+HEALTHCHECK --interval=30s --timeout=5s CMD ["python3", "-c", \
+    "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"]
 ENTRYPOINT ["tap-upr-gateway"]
 CMD ["serve", "--state-dir", "/var/lib/tap-upr-gateway", "--tap-listen", "0.0.0.0:11212", \
      "--upr-listen", "0.0.0.0:11213", "--metrics-listen", "0.0.0.0:9464"]

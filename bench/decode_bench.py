@@ -78,8 +78,16 @@ def main() -> None:
         "UPR (dcp) MUTATION": (
             lambda i: upr.encode(
                 upr.Mutation(
-                    opaque=1, vbucket=i % 1024, key=b"key-%010d" % i, value=value,
-                    by_seqno=i + 1, rev_seqno=1, cas=i, flags=0, expiration=0, lock_time=0,
+                    opaque=1,
+                    vbucket=i % 1024,
+                    key=b"key-%010d" % i,
+                    value=value,
+                    by_seqno=i + 1,
+                    rev_seqno=1,
+                    cas=i,
+                    flags=0,
+                    expiration=0,
+                    lock_time=0,
                 )
             ),
             upr_events,
@@ -93,8 +101,10 @@ def main() -> None:
             tap_events,
         ),
     }
-    print(f"decode of {args.count:,} mutations, {args.value_size}-byte values, "
-          f"{CHUNK // 1024} KiB chunks")
+    print(
+        f"decode of {args.count:,} mutations, {args.value_size}-byte values, "
+        f"{CHUNK // 1024} KiB chunks"
+    )
     for name, (encode, run) in streams.items():
         data = build_stream(encode, args.count)
         print(f"{name}: {len(data) / 1e6:.1f} MB")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -20,6 +21,7 @@ from gateway.cli_args import (
 )
 
 DIALECTS = ("dcp", "upr-draft")
+PRIVATE_UMASK = 0o077
 
 
 def _add_decode(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -126,8 +128,13 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect to speak (default dcp)"
     )
     parser.add_argument(
-        "--users", metavar="FILE", help="require SASL PLAIN; FILE has user:password lines"
+        "--users",
+        metavar="FILE",
+        help="require SASL PLAIN; FILE has user:password (or user:hash) lines, see README",
     )
+    from gateway.security_cli import add_listener_options
+
+    add_listener_options(parser, fronts=False)
     logs.add_logging_options(parser)
     parser.set_defaults(handler=_run_node)
 
@@ -140,10 +147,18 @@ def _run_node(args: argparse.Namespace) -> int:
     from gateway.startup import StartupError, describe, prepare_directory
 
     logs.configure_from(args)
+    from gateway.auth import UsersFileError, read_users
+    from gateway.security_cli import limits_from, server_tls_from
+
     try:
-        users = logs.read_users(args.users) if args.users else None
-    except (OSError, ValueError) as exc:
-        print(f"node: cannot read users file: {exc}", file=sys.stderr)
+        users = read_users(args.users) if args.users else None
+    except UsersFileError as exc:
+        print(f"node: {exc}", file=sys.stderr)
+        return 2
+    try:
+        tls = server_tls_from(args)
+    except StartupError as exc:
+        print(f"node: {exc}", file=sys.stderr)
         return 2
     host, port = args.listen
     if args.data_dir is not None:
@@ -172,6 +187,8 @@ def _run_node(args: argparse.Namespace) -> int:
         dialect=args.dialect,
         users=users,
         replica_vbuckets=tuple(args.replica_vbuckets),
+        limits=limits_from(args, node=True),
+        ssl_context=tls,
     )
     try:
         trio.run(run_node, options)
@@ -291,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from gateway.admin import add_admin_parsers
     from gateway.capture.command import add_capture_parser
+    from gateway.security_cli import add_hash_password_parser
     from gateway.serve_cli import add_move_parser, add_serve_parser
     from gateway.uprfront.checklog import add_check_log_parser
     from gateway.verify.command import add_verify_parser
@@ -304,7 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node(commands)
     _add_load(commands)
     add_admin_parsers(commands)
+    add_hash_password_parser(commands)
     parser.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
+    from gateway.version import describe
+
+    parser.add_argument("--version", action="version", version=describe())
     for sub in commands.choices.values():
         sub.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
     return parser
@@ -322,7 +344,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = settings.find_command(words, commands)
         (commands[command] if command else parser).error(str(exc))
     args = parser.parse_args(words)
+    # Everything the commands create (state, logs, captures, node data) is private:
+    # directories 0700, files 0600.
+    old_umask = os.umask(PRIVATE_UMASK)
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:
         return 130
+    finally:
+        os.umask(old_umask)

@@ -8,6 +8,7 @@ answered in order; ``request`` waits for the response with its opaque.
 from __future__ import annotations
 
 import itertools
+import ssl
 from types import TracebackType
 
 import trio
@@ -34,16 +35,25 @@ class RequestFailed(GatewayError):
 
 
 class McbpClient:
-    def __init__(self, stream: trio.SocketStream, *, name: str = "client") -> None:
+    def __init__(self, stream: trio.abc.Stream, *, name: str = "client") -> None:
         self.stream = stream
         self.name = name
         self.reader = FrameReader()
         self._opaques = itertools.count(1)
 
     @classmethod
-    async def connect(cls, host: str, port: int, *, name: str = "client") -> McbpClient:
-        stream = await trio.open_tcp_stream(host, port)
-        return cls(stream, name=name)
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        name: str = "client",
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> McbpClient:
+        """Connect over TCP, or TLS when ``ssl_context`` is given."""
+        from gateway.tls import open_stream
+
+        return cls(await open_stream(host, port, ssl_context), name=name)
 
     async def __aenter__(self) -> McbpClient:
         return self

@@ -121,21 +121,6 @@ def configure(verbosity: int, *, level: str | None = None, fmt: str = "text") ->
     root.setLevel(numeric)
 
 
-def read_users(path: str) -> dict[str, str]:
-    """``user:password`` per line; blank lines and ``#`` comments ignored."""
-    users: dict[str, str] = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            user, sep, password = line.partition(":")
-            if not sep or not user:
-                raise ValueError(f"{path}:{number}: expected user:password")
-            users[user] = password
-    return users
-
-
 def os_error_in(exc: BaseException) -> OSError | None:
     """The ``OSError`` (a port in use, an unreachable address) inside ``exc`` or its
     exception groups, so a command can report it in one line instead of a traceback."""

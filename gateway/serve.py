@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import ssl
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,8 +29,12 @@ from pathlib import Path
 
 import trio
 
+from gateway.auth import Users
+from gateway.health import FrontInfo, Health
+from gateway.limits import ConnectionLimits
 from gateway.startup import prepare_directory, show, start_listener, watch_upstream
-from gateway.stats import GatewayStats
+from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
+from gateway.version import describe
 
 log = logging.getLogger("gateway.serve")
 
@@ -50,10 +55,15 @@ class ServeOptions:
     dialect: str = "dcp"
     upstream_user: str | None = None
     upstream_password: str | None = None
-    users: dict[str, str] | None = None
+    users: Users | dict[str, str] | None = None
     fsync: str = "batch"
     capture_dir: Path | None = None
     """Record what every front connection receives and sends (``gateway.capture``)."""
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    tls: ssl.SSLContext | None = None
+    """Serve both fronts over TLS (None: plain TCP)."""
+    upstream_tls: ssl.SSLContext | None = None
+    """Connect to the upstream nodes over TLS (None: plain TCP)."""
     # The embedded upstream (only without --upr-upstream/--tap-upstream).
     embedded_vbuckets: int = 64
     embedded_sample_items: int = 10_000
@@ -70,6 +80,7 @@ class Running:
     embedded_port: int | None = None
     state_dir: Path | None = None
     stats: GatewayStats = field(default_factory=GatewayStats)
+    health: Health = field(default_factory=Health)
 
 
 async def run_serve(
@@ -82,6 +93,8 @@ async def run_serve(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             announced = await _start_all(options, running, nursery, cleanup)
+            running.health.listeners_bound = True
+            log.info("%s serving", describe())
             for line in announced:
                 log.info("%s", line)
             task_status.started(running)
@@ -94,17 +107,28 @@ async def _start_all(
     cleanup: contextlib.ExitStack,
 ) -> list[str]:
     upr_upstream, tap_upstream = options.upr_upstream, options.tap_upstream
+    health = running.health
     if upr_upstream is None and tap_upstream is None:
         embedded = await nursery.start(_run_embedded_node, options)
         running.embedded_port = embedded
         upr_upstream = tap_upstream = ("127.0.0.1", embedded)
+        watched = [("embedded node", upr_upstream)]
     else:
-        for option, upstream in (
-            ("--upr-upstream", upr_upstream),
-            ("--tap-upstream", tap_upstream),
-        ):
-            if upstream is not None:
-                nursery.start_soon(watch_upstream, option, upstream)
+        watched = [
+            (option, upstream)
+            for option, upstream in (
+                ("--upr-upstream", upr_upstream),
+                ("--tap-upstream", tap_upstream),
+            )
+            if upstream is not None
+        ]
+    for option, upstream in watched:
+        state = health.upstream(option, show(upstream))
+        nursery.start_soon(partial(watch_upstream, option, upstream, health=state))
+    upr_option, tap_option = (
+        ("embedded node", "embedded node") if running.embedded_port else
+        ("--upr-upstream", "--tap-upstream")
+    )  # fmt: skip
     if options.capture_dir is not None:
         prepare_directory("--capture-dir", options.capture_dir)
     state_dir = options.state_dir
@@ -130,8 +154,12 @@ async def _start_all(
             f"TAP front listening on {options.tap_listen[0]}:{running.tap_port}, "
             f"reading UPR from {show(upr_upstream)}"
         )
+        listen = f"{options.tap_listen[0]}:{running.tap_port}"
+        upstream_state = health.upstreams[upr_option]
+        health.fronts.append(FrontInfo(TAP_FRONT, "TAP front", listen, upstream_state))
     if tap_upstream is not None:
         assert state_dir is not None
+        health.logs_proven = False
         running.upr_port = await start_listener(
             "--upr-listen",
             options.upr_listen,
@@ -141,6 +169,11 @@ async def _start_all(
             f"UPR front listening on {options.upr_listen[0]}:{running.upr_port}, "
             f"reading TAP from {show(tap_upstream)} (log in {state_dir})"
         )
+        health.logs_proven = True  # the front proves its logs before it listens
+        health.logs_set_aside = sum(running.stats.upr_log.logs_set_aside_total.values())
+        listen = f"{options.upr_listen[0]}:{running.upr_port}"
+        upstream_state = health.upstreams[tap_option]
+        health.fronts.append(FrontInfo(UPR_FRONT, "UPR front", listen, upstream_state))
     if options.metrics_listen is not None:
         from gateway.metrics.server import serve_metrics
 
@@ -156,10 +189,12 @@ async def _start_all(
                     host,
                     port,
                     per_vbucket=options.per_vbucket_metrics,
+                    health=health,
                 ),
             ),
         )
-        announced.append(f"metrics on http://{host}:{running.metrics_port}/metrics")
+        base = f"http://{host}:{running.metrics_port}"
+        announced.append(f"metrics on {base}/metrics, status page {base}/, health {base}/readyz")
     return announced
 
 
@@ -183,6 +218,9 @@ async def _run_tap_front(
             upstream_password=options.upstream_password,
             users=options.users,
             capture_dir=options.capture_dir,
+            limits=options.limits,
+            ssl_context=options.tls,
+            upstream_ssl=options.upstream_tls,
         ),
         stats,
     )
@@ -209,6 +247,9 @@ async def _run_upr_front(
         users=options.users,
         fsync=options.fsync,
         capture_dir=options.capture_dir,
+        limits=options.limits,
+        ssl_context=options.tls,
+        upstream_ssl=options.upstream_tls,
     )
 
     async def serve(task_status: trio.TaskStatus[int]) -> None:

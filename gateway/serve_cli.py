@@ -11,6 +11,14 @@ from pathlib import Path
 
 from gateway import logs
 from gateway.cli_args import address, count, float_at_least, vbucket_count, vbucket_list
+from gateway.security_cli import (
+    add_listener_options,
+    add_upstream_options,
+    limits_from,
+    server_tls_from,
+    upstream_password_from,
+    upstream_tls_from,
+)
 from gateway.serve import (
     DEFAULT_METRICS_LISTEN,
     DEFAULT_TAP_LISTEN,
@@ -82,17 +90,21 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument(
         "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect (default dcp, i.e. 3.0)"
     )
-    parser.add_argument("--upstream-user", help="SASL PLAIN user for the upstream nodes")
-    parser.add_argument("--upstream-password", default="", help="SASL PLAIN password")
+    add_upstream_options(parser)
     parser.add_argument(
-        "--users", metavar="FILE", help="require SASL PLAIN from clients; user:password lines"
+        "--users",
+        metavar="FILE",
+        help="require SASL PLAIN from clients; user:password (or user:hash) lines, see README",
     )
     parser.add_argument(
         "--metrics-listen",
         type=address,
         default=DEFAULT_METRICS_LISTEN,
         metavar="HOST:PORT",
-        help=f"Prometheus /metrics (default {_show(DEFAULT_METRICS_LISTEN)})",
+        help=(
+            "Prometheus /metrics, /healthz, /readyz and the status page at / "
+            f"(default {_show(DEFAULT_METRICS_LISTEN)})"
+        ),
     )
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     parser.add_argument(
@@ -119,6 +131,7 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         default=20.0,
         help="live writes to the embedded node (default 20; 0 for none)",
     )
+    add_listener_options(parser, fronts=True)
     logs.add_logging_options(parser)
     parser.set_defaults(handler=run_serve_command)
 
@@ -130,10 +143,23 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from gateway.serve import run_serve
 
     logs.configure_from(args)
+    from gateway.auth import UsersFileError, read_users
+
     try:
-        users = logs.read_users(args.users) if args.users else None
-    except (OSError, ValueError) as exc:
-        print(f"serve: cannot read users file: {exc}", file=sys.stderr)
+        users = read_users(args.users) if args.users else None
+    except UsersFileError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        tls, upstream_tls = server_tls_from(args), upstream_tls_from(args)
+        upstream_password = upstream_password_from(args)
+        if upstream_tls is not None and not (args.upr_upstream or args.tap_upstream):
+            raise StartupError(
+                "--upstream-tls needs --upr-upstream or --tap-upstream "
+                "(the embedded node speaks plain TCP)"
+            )
+    except StartupError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
         return 2
     options = ServeOptions(
         tap_listen=args.tap_listen,
@@ -145,8 +171,11 @@ def run_serve_command(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         dialect=args.dialect,
         upstream_user=args.upstream_user,
-        upstream_password=args.upstream_password if args.upstream_user else None,
+        upstream_password=upstream_password,
         users=users,
+        limits=limits_from(args),
+        tls=tls,
+        upstream_tls=upstream_tls,
         fsync=args.fsync,
         capture_dir=args.capture_dir,
         embedded_vbuckets=args.vbuckets,
@@ -204,7 +233,17 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect (default dcp)"
     )
     parser.add_argument("--upstream-user", help="SASL PLAIN user for the source")
-    parser.add_argument("--upstream-password", default="", help="SASL PLAIN password")
+    parser.add_argument(
+        "--upstream-password-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding the source's password (or set $TAP_UPR_GATEWAY_UPSTREAM_PASSWORD)",
+    )
+    parser.add_argument(
+        "--upstream-password",
+        default="",
+        help="the source's password (visible in ps: prefer the file or the variable)",
+    )
     logs.add_logging_options(parser)
     parser.set_defaults(handler=run_move_command)
 
@@ -224,7 +263,11 @@ def run_move_command(args: argparse.Namespace) -> int:
         print("move: --from-tap needs --to-upr", file=sys.stderr)
         return 2
     user = args.upstream_user
-    password = args.upstream_password if user else None
+    try:
+        password = upstream_password_from(args)
+    except StartupError as exc:
+        print(f"move: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.from_upr:
             from gateway.tapfront.move import move_upr_to_tap

@@ -17,11 +17,16 @@ from typing import TypeVar
 
 import trio
 
+from gateway.health import UpstreamHealth
 from gateway.logs import os_error_in
 
 log = logging.getLogger("gateway.serve")
 
 T = TypeVar("T")
+
+CHECK_TIMEOUT = 10.0
+WATCH_INTERVAL = 5.0
+"""Seconds between checks of an upstream that answers (``/readyz`` follows it)."""
 
 _REASONS = {
     errno.EADDRINUSE: "address already in use (another process listens there)",
@@ -94,6 +99,16 @@ def prepare_directory(option: str, path: Path) -> Path:
         raise StartupError(f"{option} {path}: cannot create it: {describe(exc)}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise StartupError(f"{option} {path}: not writable by this user")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        try:
+            path.chmod(0o700)
+        except OSError as exc:
+            raise StartupError(
+                f"{option} {path}: open to other users (mode {mode:o}) and cannot be made "
+                f"private: {describe(exc)}"
+            ) from None
+        log.warning("%s %s was open to other users (mode %o): made it 0700", option, path, mode)
     return path
 
 
@@ -101,22 +116,29 @@ async def watch_upstream(
     option: str,
     address: tuple[str, int],
     *,
+    health: UpstreamHealth | None = None,
     first_retry: float = 1.0,
     max_retry: float = 30.0,
+    interval: float | None = None,
 ) -> None:
     """Check at start-up that ``address`` answers; warn loudly and retry until it does.
 
-    The fronts connect on their own (per client, or their ingest); this only
-    makes an unreachable upstream visible in the log from the first second.
+    The fronts connect on their own (per client, or their ingest); this makes
+    an unreachable upstream visible in the log from the first second. With
+    ``health`` it keeps checking every ``interval`` seconds (``WATCH_INTERVAL``) as long as it
+    runs, records every result there (``/readyz`` and the status page read
+    it), and logs when the upstream goes away and when it answers again.
     """
     delay = first_retry
     warned = False
     while True:
         try:
-            with trio.fail_after(10):
+            with trio.fail_after(CHECK_TIMEOUT):
                 stream = await trio.open_tcp_stream(*address)
         except (OSError, trio.TooSlowError) as exc:
             reason = describe(exc, address[0]) if isinstance(exc, OSError) else "timed out"
+            if health is not None:
+                health.record(False, reason)
             log.warning(
                 "%s %s is unreachable: %s; checking again in %.0fs",
                 option,
@@ -129,6 +151,12 @@ async def watch_upstream(
             delay = min(delay * 2, max_retry)
             continue
         await stream.aclose()
+        if health is not None:
+            health.record(True, "answers")
         if warned:
             log.info("%s %s answers again", option, show(address))
-        return
+            warned = False
+        if health is None:
+            return
+        delay = first_retry
+        await trio.sleep(WATCH_INTERVAL if interval is None else interval)

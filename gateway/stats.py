@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from gateway.limits import ListenerCounters
+
 TAP_FRONT = "tap_front"
 UPR_FRONT = "upr_front"
 DIRECTIONS = (TAP_FRONT, UPR_FRONT)
@@ -185,6 +187,8 @@ class GatewayStats:
     """Items sent by connections since closed, by (direction, kind), so totals never fall."""
     closed_bytes_sent: Counter[str] = field(default_factory=Counter)
     """Bytes sent by connections since closed, by direction."""
+    listeners: ListenerCounters = field(default_factory=ListenerCounters)
+    """Connections and attempts the listeners refused or cut off (``gateway.limits``)."""
 
     @contextmanager
     def stream(self, stats: StreamStats) -> Iterator[StreamStats]:

@@ -130,7 +130,16 @@ class UprProducerBase:
         if event.IS_RESPONSE:
             self._on_response(event)  # type: ignore[arg-type]
         elif isinstance(event, upr.StreamRequest):
-            await self._stream_request(event)
+            authority = self.conn.authority
+            if (
+                event.flags & upr.StreamFlags.TAKEOVER
+                and authority is not None
+                and not authority.may_administer()
+            ):
+                denied = authority.refuse_admin("UPR takeover stream")
+                await self._refuse(event, Status.NO_ACCESS, denied)
+            else:
+                await self._stream_request(event)
         elif isinstance(event, upr.Control):
             await self._control(event)
         elif isinstance(event, upr.BufferAcknowledgement):

@@ -32,6 +32,7 @@ DEFAULT_MAX_FRAME_SIZE = 20 * 1024 * 1024
 """Largest body accepted by default: a 20 MiB item plus metadata is the memcached limit."""
 
 HEADER = struct.Struct(">BBHBBHIIQ")
+_BODY_LENGTH = struct.Struct(">I")
 _REQUEST = Magic.REQUEST.value
 _RESPONSE = Magic.RESPONSE.value
 
@@ -142,6 +143,13 @@ class FrameReader:
     def buffered(self) -> int:
         """Bytes received but not yet handed out as frames."""
         return len(self._buffer) - self._offset
+
+    def pending_body_length(self) -> int | None:
+        """The declared body length of the partial frame buffered (None: no whole header yet)."""
+        if len(self._buffer) - self._offset < HEADER_SIZE:
+            return None
+        length: int = _BODY_LENGTH.unpack_from(self._buffer, self._offset + 8)[0]
+        return length
 
     def next_frame(self) -> Frame | None:
         buf = self._buffer

@@ -28,6 +28,7 @@ from adapters.tap.constants import (
     TapOpcode,
 )
 from adapters.tap.events import (
+    EncodedTapFrame,
     TapCheckpointEnd,
     TapCheckpointStart,
     TapConnect,
@@ -551,6 +552,20 @@ _ENCODERS: dict[type, Callable[..., bytes]] = {
 }
 
 
-def encode(event: TapEvent) -> bytes:
-    """Serialise one TAP event."""
+_OPAQUE = struct.Struct(">I")
+_OPAQUE_AT = 12
+_TAP_FLAGS_AT = HEADER_SIZE + 2
+
+
+def _encode_encoded(event: EncodedTapFrame) -> bytes:
+    frame = bytearray(event.frame)
+    _OPAQUE.pack_into(frame, _OPAQUE_AT, event.opaque)
+    _U16.pack_into(frame, _TAP_FLAGS_AT, int(event.tap_flags))
+    return bytes(frame)
+
+
+def encode(event: TapEvent | EncodedTapFrame) -> bytes:
+    """Serialise one TAP event (or re-stamp a kept frame)."""
+    if type(event) is EncodedTapFrame:
+        return _encode_encoded(event)
     return _ENCODERS[type(event)](event)

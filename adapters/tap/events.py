@@ -185,3 +185,23 @@ TapStreamMessage = (
 """What a producer sends inside a TAP stream (each has tap_flags, ttl, opaque)."""
 
 TapEvent = TapConnect | TapStreamMessage | TapResponse | TapNoop | TapNoopResponse
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedTapFrame:
+    """A stream message kept as the frame it was sent as (the fast path's items).
+
+    ``opaque`` and ``tap_flags`` are what the frame must carry when sent
+    again: encoding writes them into a copy of ``frame`` (a retransmit, or an
+    ack request added to the last message of a batch)."""
+
+    NAME: ClassVar[str] = "ENCODED"
+    IS_RESPONSE: ClassVar[bool] = False
+    frame: bytes
+    vbucket: int = 0
+    opaque: int = 0
+    tap_flags: int = 0
+
+
+Stamped = TapStreamMessage | EncodedTapFrame
+"""What a TAP producer keeps until acked: a message, or the frame it was sent as."""

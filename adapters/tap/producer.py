@@ -28,11 +28,14 @@ from __future__ import annotations
 
 from collections import deque
 from enum import Enum, auto
+from typing import TypeVar
 
 from adapters.errors import LocalProtocolError, ProtocolError
 from adapters.mcbp.constants import Status
 from adapters.tap.constants import TapFlags
 from adapters.tap.events import (
+    EncodedTapFrame,
+    Stamped,
     TapCheckpointEnd,
     TapCheckpointStart,
     TapOpaque,
@@ -76,9 +79,9 @@ class TapProducer:
         self.state = ProducerState.STREAMING
         self._next_seqno = 1
         self._since_ack_request = 0
-        self._outstanding: deque[TapStreamMessage] = deque()
+        self._outstanding: deque[Stamped] = deque()
         self._resume_at = 0.0
-        self.last_stamped: TapStreamMessage | None = None
+        self.last_stamped: Stamped | None = None
         self.sent_total = 0
         self.acked_total = 0
         self.nacks_total = 0
@@ -95,7 +98,7 @@ class TapProducer:
         return len(self._outstanding)
 
     @property
-    def oldest_unacked(self) -> TapStreamMessage | None:
+    def oldest_unacked(self) -> Stamped | None:
         return self._outstanding[0] if self._outstanding else None
 
     def stamp(self, message: TapStreamMessage, *, force_ack: bool = False) -> TapStreamMessage:
@@ -118,13 +121,38 @@ class TapProducer:
             ):
                 flags |= TapFlags.ACK
                 self._since_ack_request = 0
-        stamped = _restamped(message, seqno, TapFlags(flags))
+        stamped = _restamped(message, seqno, _tap_flags(flags))
         if self.support_ack:
             self._outstanding.append(stamped)
         self.last_stamped = stamped
         return stamped
 
-    def request_ack_on_last(self) -> TapStreamMessage:
+    def next_stamp(self, tap_flags: int) -> tuple[int, int]:
+        """The fast path's ``stamp`` of an item (MUTATION or DELETE) before it is
+        encoded: its sequence number and TAP flags. ``keep`` the frame next."""
+        if not self.can_send:
+            raise LocalProtocolError(
+                f"cannot send in state {self.state.name} with "
+                f"{len(self._outstanding)} messages unacked"
+            )
+        seqno = self._next_seqno
+        self._next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+        self.sent_total += 1
+        flags = tap_flags & _NOT_ACK
+        if self.support_ack:
+            self._since_ack_request += 1
+            if self._since_ack_request >= self.ack_interval:
+                flags |= _ACK
+                self._since_ack_request = 0
+        return seqno, flags
+
+    def keep(self, frame: EncodedTapFrame) -> None:
+        """Remember the frame stamped by ``next_stamp`` as ``stamp`` remembers a message."""
+        if self.support_ack:
+            self._outstanding.append(frame)
+        self.last_stamped = frame
+
+    def request_ack_on_last(self) -> Stamped:
         """Ask for an ack on the message stamped last, before it is sent.
 
         A sender calls this when it has nothing more to send for now, so a
@@ -137,14 +165,14 @@ class TapProducer:
             return last
         if not self._outstanding or self._outstanding[-1] is not last:
             raise LocalProtocolError("the last stamped message was already acked")
-        asked = _restamped(last, last.opaque, TapFlags(int(last.tap_flags) | TapFlags.ACK))
+        asked = _restamped(last, last.opaque, _tap_flags(int(last.tap_flags) | _ACK))
         self._outstanding[-1] = self.last_stamped = asked
         self._since_ack_request = 0
         return asked
 
     # -- receiving -------------------------------------------------------
 
-    def receive(self, response: TapResponse, now: float) -> list[TapStreamMessage]:
+    def receive(self, response: TapResponse, now: float) -> list[Stamped]:
         """Apply an ack or nack; return the messages an ack released (oldest first)."""
         if self.state in (ProducerState.FAILED, ProducerState.CLOSED):
             return []
@@ -187,7 +215,7 @@ class TapProducer:
 
     # -- time ------------------------------------------------------------
 
-    def retransmit_due(self, now: float) -> list[TapStreamMessage]:
+    def retransmit_due(self, now: float) -> list[Stamped]:
         """After a backoff: everything outstanding, to be sent again in order."""
         if self.state is not ProducerState.BACKING_OFF or now < self._resume_at:
             return []
@@ -204,9 +232,23 @@ class TapProducer:
 
 
 _SET = object.__setattr__
+_ACK = TapFlags.ACK.value
+_NOT_ACK = ~_ACK
+_FLAGS: dict[int, TapFlags] = {}
+_M = TypeVar("_M", bound=Stamped)
 
 
-def _restamped(message: TapStreamMessage, opaque: int, tap_flags: TapFlags) -> TapStreamMessage:
+def _tap_flags(value: int) -> TapFlags:
+    """``TapFlags(value)``, cached: building a Flag costs more than the rest of a stamp."""
+    flags = _FLAGS.get(value)
+    if flags is None:
+        flags = TapFlags(value)
+        if len(_FLAGS) < 256:
+            _FLAGS[value] = flags
+    return flags
+
+
+def _restamped(message: _M, opaque: int, tap_flags: TapFlags) -> _M:
     """A copy with another opaque and TAP flags (``dataclasses.replace`` costs twice as
     much, and this runs once per message sent)."""
     clone = object.__new__(type(message))

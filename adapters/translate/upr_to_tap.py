@@ -151,16 +151,31 @@ class UprToTap:
         self._expect_backfill = False
         return out
 
-    def _item(self, item: Mutation | Deletion | Expiration) -> list[TapStreamMessage]:
-        if item.by_seqno <= self.last_seqno:
+    def advance(self, by_seqno: int) -> bool:
+        """Record an item's seqno (it must grow); true when the item ends the open
+        snapshot, which ``close`` then closes (the fast path's half of ``feed``)."""
+        if by_seqno <= self.last_seqno:
             raise ProtocolError(
                 f"vbucket {self.vbucket}: by_seqno went backwards from {self.last_seqno}",
                 field="by_seqno",
-                value=item.by_seqno,
+                value=by_seqno,
             )
         if self.open is not None and not self._first_in_open:
-            self._first_in_open = item.by_seqno
-        self.last_seqno = item.by_seqno
+            self._first_in_open = by_seqno
+        self.last_seqno = by_seqno
+        return self.open is not None and by_seqno >= self.open.end
+
+    @property
+    def item_flags(self) -> int:
+        """TAP flags of a MUTATION from this stream, before stamping."""
+        return int(self._item_flags)
+
+    def close(self) -> list[TapStreamMessage]:
+        """Close the open snapshot, if any (after ``advance`` said it ends)."""
+        return self._close()
+
+    def _item(self, item: Mutation | Deletion | Expiration) -> list[TapStreamMessage]:
+        closes = self.advance(item.by_seqno)
         message: TapStreamMessage
         if isinstance(item, Mutation):
             message = TapMutation(
@@ -179,7 +194,7 @@ class UprToTap:
             message = TapDelete(
                 item.key, vbucket=self.vbucket, cas=item.cas, rev_seqno=item.rev_seqno
             )
-        if self.open is not None and item.by_seqno >= self.open.end:
+        if closes:
             return [message, *self._close()]
         return [message]
 

@@ -3,9 +3,15 @@
 ``CaptureRecorder`` is what the fronts and the ``capture`` command call on
 their hot paths; ``segments`` reads and writes the files; ``records``
 defines one record. The ``verify`` job (``gateway.verify``) reads them.
+
+The recorder (trio) is imported on first use, so Spark executors that read
+segments need neither trio nor the rest of the gateway's I/O.
 """
 
-from gateway.capture.recorder import CaptureRecorder, open_recorder
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from gateway.capture.records import (
     SCHEMA_VERSION,
     CaptureRecord,
@@ -43,3 +49,15 @@ __all__ = [
     "read_capture",
     "read_segment",
 ]
+
+
+if TYPE_CHECKING:
+    from gateway.capture.recorder import CaptureRecorder, open_recorder
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("CaptureRecorder", "open_recorder"):
+        from gateway.capture import recorder
+
+        return getattr(recorder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -85,6 +85,8 @@ class CaptureRecorder:
         self._running = False
         self._done = trio.Event()
         self._last_warning = -WARN_INTERVAL
+        self.observer: Callable[[CaptureRecord], None] | None = None
+        """Called with every record offered (a two-sided capture tracks its cut with it)."""
         self._dropped_at_warning = 0
 
     # -- hot path ---------------------------------------------------------------
@@ -100,6 +102,8 @@ class CaptureRecorder:
     def record(self, record: CaptureRecord) -> bool:
         """Buffer one record; ``False`` (and counted in ``dropped``) if the buffer is full."""
         buffer = self._buffer
+        if self.observer is not None:
+            self.observer(record)
         if len(buffer) >= self.max_buffered or self._sealed:
             self._drop()
             return False

@@ -42,6 +42,10 @@ class Kind(enum.IntEnum):
     BACKFILL_END = 16
     """TAP OPAQUE(close backfill)."""
     STREAM_END = 17
+    CUT = 18
+    """Where a two-sided capture cut this vbucket: every change with a CAS at or below
+    ``cas`` is inside the cut (``gateway.capture.cut``); ``by_seqno`` is the highest
+    seqno the side had recorded when it stopped (0 for TAP)."""
 
     @property
     def is_item(self) -> bool:
@@ -140,6 +144,13 @@ def item_record(
         snap_end,
         0,
         arrival,
+    )
+
+
+def cut_record(vbucket: int, *, cas: int, seqno: int, arrival: float) -> CaptureRecord:
+    """The CUT boundary of one vbucket (see ``Kind.CUT``)."""
+    return CaptureRecord(
+        int(Kind.CUT), vbucket, b"", seqno, None, cas, 0, 0, None, None, None, None, 0, arrival
     )
 
 

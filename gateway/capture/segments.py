@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import msgpack
+try:
+    import msgpack
+except ImportError:  # a Spark executor without msgpack: the pure-Python copy verify shipped
+    import importlib
+
+    msgpack = importlib.import_module("_tapupr_shipped.msgpack")
 
 from adapters.errors import GatewayError
 from gateway.capture.records import FIELD_COUNT, SCHEMA_VERSION, CaptureRecord

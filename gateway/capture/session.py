@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,8 @@ class CaptureOptions:
     dialect: str = "dcp"
     buffer_size: int = DEFAULT_BUFFER_SIZE
     max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES
+    on_recorder: Callable[[CaptureRecorder], None] | None = None
+    """Told the recorder once it exists (a two-sided capture watches and cuts through it)."""
 
     def connection_name(self, side: str) -> str:
         return self.name or f"capture-{side}-{self.host}-{self.port}"
@@ -60,6 +63,7 @@ class CaptureResult:
     """Why the capture ended: caught-up, stopped (signal), server-closed."""
     recorded: int = 0
     dropped: int = 0
+    write_errors: int = 0
     segments: int = 0
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
@@ -75,6 +79,7 @@ class CaptureResult:
         self.seconds = time.monotonic() - self.started
         self.recorded = recorder.written
         self.dropped = recorder.dropped
+        self.write_errors = recorder.write_errors
         self.segments = len(recorder.writer.paths)
 
     def summary(self) -> str:
@@ -120,7 +125,7 @@ async def prepare(client: McbpClient, options: CaptureOptions) -> tuple[list[int
 
 
 def new_recorder(options: CaptureOptions, side: str, connection: str) -> CaptureRecorder:
-    return CaptureRecorder(
+    recorder = CaptureRecorder(
         options.out,
         side="tap" if side == "tap" else "upr",
         connection=connection,
@@ -128,3 +133,6 @@ def new_recorder(options: CaptureOptions, side: str, connection: str) -> Capture
         max_segment_bytes=options.max_segment_bytes,
         extra={"upstream": f"{options.host}:{options.port}", "dialect": options.dialect},
     )
+    if options.on_recorder is not None:
+        options.on_recorder(recorder)
+    return recorder

@@ -75,9 +75,10 @@ async def _set_up(
     client: McbpClient, options: CaptureOptions, dialect: upr.Dialect, name: str
 ) -> bool:
     """OPEN and CONTROLs; whether expirations will come as EXPIRATION."""
-    opened = await _request(
-        client, upr.Open(name.encode(), upr.OpenFlags.PRODUCER, opaque=1), dialect
-    )
+    # A server with the expiry opcode grants it only on a connection opened with
+    # include-delete-times (0x20); 3.0 servers look at the producer bit alone.
+    flags = upr.OpenFlags.PRODUCER | upr.OpenFlags.INCLUDE_DELETE_TIMES
+    opened = await _request(client, upr.Open(name.encode(), flags, opaque=1), dialect)
     if getattr(opened, "status", _OK) != _OK:
         raise _refused("OPEN of a producer connection", opened)  # type: ignore[arg-type]
     expiry = await _request(

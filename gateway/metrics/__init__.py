@@ -2,7 +2,8 @@
 
 Both read ``gateway.stats.GatewayStats``, which the fronts keep up to date.
 
-- ``serve_metrics(stats, host, port, per_vbucket=...)``: ``/metrics`` over HTTP.
+- ``serve_metrics(stats, host, port, per_vbucket=..., health=...)``: ``/metrics``
+  over HTTP, with ``/healthz``, ``/readyz``, ``/status.json`` and the status page.
 - ``register_gateway_metrics(registry, stats)``: the collector on a registry of
   the caller's.
 - ``tap_stat_pairs(stats)``, ``upr_stat_pairs(stats)``: the ``STAT tap`` and

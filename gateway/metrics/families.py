@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from gateway.metrics.view import StatsView, StreamFigures, StreamKey, figures_by_stream
 from gateway.stats import DIRECTIONS, ITEM_KINDS, LATENCY_BUCKETS
 from gateway.uprfront.proof import KINDS as SET_ASIDE_REASONS
+from gateway.version import python_version, version
 
 PREFIX = "tapupr_"
 STREAM_LABELS = ("direction", "connection", "upstream")
@@ -283,10 +284,20 @@ def process_families(view: StatsView, *, per_vbucket: bool) -> list[Family]:
     return out
 
 
+def build_info() -> Family:
+    info = gauge("build_info", "Always 1; the gateway's version and Python in its labels.")
+    info.add(Labels.of(version=version(), python=python_version()), 1)
+    return info
+
+
 def gateway_families(view: StatsView, *, per_vbucket: bool = False) -> list[Family]:
     """Every metric family of one scrape of ``view``."""
     streams = figures_by_stream(view, per_vbucket=per_vbucket)
+    from gateway.metrics.listeners import listener_families
+
     return [
+        build_info(),
         *process_families(view, per_vbucket=per_vbucket),
         *stream_families(streams, per_vbucket=per_vbucket),
+        *listener_families(view.listeners),
     ]

@@ -1,4 +1,6 @@
-"""``/metrics`` over HTTP/1.1 on trio, rendered off the event loop.
+"""``/metrics`` over HTTP/1.1 on trio, rendered off the event loop; beside it
+``/healthz`` and ``/readyz`` (``gateway.health``), ``/status.json``
+(``gateway.metrics.status``) and the status page at ``/`` (``status.html``).
 
 Each scrape captures a ``StatsView`` on the trio thread (a copy of the stream
 list and process counters: cheap, and consistent with the fronts, which
@@ -10,19 +12,26 @@ OpenMetrics when asked for; ``prometheus_client``'s ``choose_encoder``) and
 the body is gzipped when the scraper accepts it. Connections are bounded in
 number, in request-head size and in time (idle, head and write timeouts);
 bad requests get a specific 4xx/5xx and a closed connection (see
-``gateway.metrics.http``).
+``gateway.metrics.http``). At the connection cap, a new connection closes
+the longest-idle keep-alive connection instead of being refused, so idle
+scrapers (or anyone holding sockets open) never lock a scrape out; only when
+every connection is in the middle of a request does a new one get 503.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import time
+from functools import cache
+from importlib import resources
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
+from gateway.health import Health
 from gateway.metrics.collector import Clock, GatewayCollector, register_gateway_metrics
 from gateway.metrics.families import gateway_families
 from gateway.metrics.http import (
@@ -36,15 +45,17 @@ from gateway.metrics.http import (
     response,
 )
 from gateway.metrics.render import OPENMETRICS_CONTENT_PREFIX, render
+from gateway.metrics.status import BackfillTracker, status_json
 from gateway.metrics.view import StatsView
 from gateway.stats import GatewayStats
+from gateway.version import version
 
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 32
 MAX_REQUESTS_PER_CONNECTION = 1000
-IDLE_TIMEOUT = 75.0
-"""Longer than common scrape intervals, so a scraper's keep-alive connection survives."""
+IDLE_TIMEOUT = 30.0
+"""Keeps a 15 s scraper's connection; longer idlers are closed (and yield at the cap anyway)."""
 HEAD_TIMEOUT = 10.0
 WRITE_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
@@ -54,7 +65,15 @@ LINGER_BYTES = 1 << 20
 GZIP_LEVEL = 1
 """Fast: metrics text compresses well even at the lowest level."""
 
-INDEX = b"tap-upr-gateway: metrics at /metrics\n"
+PAGES = ("/", "/metrics", "/healthz", "/readyz", "/status.json")
+JSON = "application/json"
+NO_STORE = (("Cache-Control", "no-store"),)
+
+
+@cache
+def status_page() -> bytes:
+    """The status page (one self-contained file: no CDN, no build step)."""
+    return resources.files("gateway.metrics").joinpath("status.html").read_bytes()
 
 
 async def _linger(stream: trio.abc.Stream) -> None:
@@ -74,26 +93,54 @@ async def _linger(stream: trio.abc.Stream) -> None:
 class MetricsServer:
     """Answers HTTP requests for one registry (``handle`` per TCP connection)."""
 
-    def __init__(self, registry: CollectorRegistry, collector: GatewayCollector) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        collector: GatewayCollector,
+        health: Health | None = None,
+    ) -> None:
         self.registry = registry
         self.collector = collector
+        self.health = health
+        self.backfills = BackfillTracker()
         self.render_limiter = trio.CapacityLimiter(1)
-        self.open_connections = 0
         self.scrapes_total = 0
+        self.idle_closed_total = 0
+        """Keep-alive connections closed to make room for a new one."""
+        self._open: set[object] = set()
+        self._idle: dict[object, trio.CancelScope] = {}
+        """Connections waiting for their next request, the longest-waiting first."""
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def _close_oldest_idle(self) -> bool:
+        """Make room: end the longest-idle connection's wait (it closes quietly)."""
+        if not self._idle:
+            return False
+        token, scope = next(iter(self._idle.items()))
+        del self._idle[token]
+        self._open.discard(token)
+        scope.cancel()
+        self.idle_closed_total += 1
+        return True
 
     async def handle(self, stream: trio.abc.Stream) -> None:
+        token = object()
         try:
-            if self.open_connections >= MAX_CONNECTIONS:
-                busy = HttpError(503, f"more than {MAX_CONNECTIONS} connections open")
+            if len(self._open) >= MAX_CONNECTIONS and not self._close_oldest_idle():
+                busy = HttpError(503, f"all {MAX_CONNECTIONS} connections are mid-request")
                 with trio.move_on_after(WRITE_TIMEOUT):
                     await stream.send_all(error_response(busy))
                 await _linger(stream)
                 return
-            self.open_connections += 1
+            self._open.add(token)
             try:
-                await self._serve(stream)
+                await self._serve(stream, token)
             finally:
-                self.open_connections -= 1
+                self._open.discard(token)
+                self._idle.pop(token, None)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the scraper went away; nothing to answer
         finally:
@@ -101,11 +148,11 @@ class MetricsServer:
                 scope.shield = True
                 await stream.aclose()
 
-    async def _serve(self, stream: trio.abc.Stream) -> None:
+    async def _serve(self, stream: trio.abc.Stream, token: object) -> None:
         buffer = bytearray()
         for served in range(1, MAX_REQUESTS_PER_CONNECTION + 1):
             try:
-                request = await self._read_request(stream, buffer)
+                request = await self._read_request(stream, buffer, token)
             except HttpError as error:
                 with trio.move_on_after(WRITE_TIMEOUT):
                     await stream.send_all(error_response(error))
@@ -122,8 +169,11 @@ class MetricsServer:
                     await _linger(stream)
                 return
 
-    async def _read_request(self, stream: trio.abc.Stream, buffer: bytearray) -> Request | None:
-        """The next request head, or ``None`` at a clean close or an idle timeout."""
+    async def _read_request(
+        self, stream: trio.abc.Stream, buffer: bytearray, token: object
+    ) -> Request | None:
+        """The next request head, or ``None`` at a clean close, an idle timeout, or
+        when a new connection needed this one's place while it was idle."""
         deadline = trio.current_time() + (HEAD_TIMEOUT if buffer else IDLE_TIMEOUT)
         while True:
             end = find_head_end(buffer)
@@ -134,7 +184,12 @@ class MetricsServer:
                 del buffer[:end]
                 return parse_request_head(head)
             with trio.move_on_at(deadline) as scope:
-                data = await stream.receive_some(RECEIVE_SIZE)
+                if not buffer.strip():
+                    self._idle[token] = scope
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                finally:
+                    self._idle.pop(token, None)
             if scope.cancelled_caught:
                 if buffer.strip():
                     raise HttpError(408, f"request head not complete in {HEAD_TIMEOUT:g} s")
@@ -149,14 +204,15 @@ class MetricsServer:
         """The response bytes, and whether the connection must close after them."""
         head_only = request.method == "HEAD"
         try:
-            if request.path not in ("/metrics", "/"):
-                raise HttpError(404, f"no page {request.path[:100]!r}; metrics are at /metrics")
+            if request.path not in PAGES:
+                pages = ", ".join(PAGES)
+                raise HttpError(404, f"no page {request.path[:100]!r}; pages: {pages}")
             if request.method not in ("GET", "HEAD"):
                 raise HttpError(405, f"method {request.method} on {request.path}")
         except HttpError as error:
             return error_response(error, head_only=head_only), True
-        if request.path == "/":
-            return response(200, INDEX, head_only=head_only, close=close), False
+        if request.path != "/metrics":
+            return await self._other_page(request.path, head_only=head_only, close=close)
         view = self.collector.capture()
         use_gzip = accepts_gzip(request.header("accept-encoding"))
         try:
@@ -174,6 +230,37 @@ class MetricsServer:
             headers.append(("Content-Encoding", "gzip"))
         reply = response(
             200, body, content_type=content_type, headers=tuple(headers),
+            head_only=head_only, close=close,
+        )  # fmt: skip
+        return reply, False
+
+    async def _other_page(self, path: str, *, head_only: bool, close: bool) -> tuple[bytes, bool]:
+        status = 200
+        content_type = JSON
+        if path == "/":
+            body, content_type = status_page(), "text/html; charset=utf-8"
+        elif path == "/healthz":
+            # Answering at all is the proof: the event loop runs.
+            body = json.dumps({"alive": True, "version": version()}).encode()
+        elif path == "/readyz":
+            ready = {"ready": True, "not_ready": []} if self.health is None else (
+                self.health.readiness()
+            )  # fmt: skip
+            status = 200 if ready["ready"] else 503
+            body = json.dumps(ready).encode()
+        else:
+            view = self.collector.capture()
+            health = None if self.health is None else self.health.snapshot(view.now)
+            try:
+                body = await trio.to_thread.run_sync(
+                    status_json, view, health, self.backfills, limiter=self.render_limiter
+                )
+            except Exception:
+                log.exception("building /status.json failed")
+                failed = HttpError(500, "building the status failed; see the gateway's log")
+                return error_response(failed, head_only=head_only), True
+        reply = response(
+            status, body, content_type=content_type, headers=NO_STORE,
             head_only=head_only, close=close,
         )  # fmt: skip
         return reply, False
@@ -199,9 +286,12 @@ async def serve_metrics(
     per_vbucket: bool = False,
     registry: CollectorRegistry | None = None,
     clock: Clock = time.time,
+    health: Health | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/metrics`` for ``stats`` on ``host:port`` (0: a free port) until cancelled.
+    """Serve ``/metrics`` for ``stats`` on ``host:port`` (0: a free port) until cancelled,
+    with ``/healthz``, ``/readyz`` (from ``health``), ``/status.json`` and the status
+    page at ``/``.
 
     ``task_status.started`` receives the bound port. Without ``registry`` a
     fresh one is made, with the process collector (CPU, memory, open files)
@@ -213,7 +303,7 @@ async def serve_metrics(
         ProcessCollector(registry=registry)
     collector = register_gateway_metrics(registry, stats, per_vbucket=per_vbucket, clock=clock)
     try:
-        server = MetricsServer(registry, collector)
+        server = MetricsServer(registry, collector, health)
         listeners = await trio.open_tcp_listeners(port, host=host)
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, server.handle, listeners)

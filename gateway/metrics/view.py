@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gateway.limits import ListenerCounters
 from gateway.stats import GatewayStats, StreamStats
 
 StreamKey = tuple[str, str, str]
@@ -51,6 +52,7 @@ class StatsView:
     upr_log_compactions_total: int
     failover_log_lengths: dict[int, int]
     upr_logs_set_aside_total: dict[str, int]
+    listeners: ListenerCounters = field(default_factory=ListenerCounters)
 
 
 def capture(stats: GatewayStats, now: float) -> StatsView:
@@ -72,6 +74,7 @@ def capture(stats: GatewayStats, now: float) -> StatsView:
         upr_log_compactions_total=log.compactions_total,
         failover_log_lengths=dict(log.failover_log_lengths),
         upr_logs_set_aside_total=dict(log.logs_set_aside_total),
+        listeners=stats.listeners.copy(),
     )
 
 

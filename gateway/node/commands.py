@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Opcode, Status
 from adapters.mcbp.constants import VBucketState
+from gateway.auth import TooManyFailures
 from gateway.node import stats
 from gateway.node.server import VERSION, Node, Session, error_response, response
 from gateway.wire import PacketConnection
@@ -116,28 +117,33 @@ async def _sasl_list(_n: Node, _s: Session, conn: PacketConnection, frame: Frame
     await conn.send(response(frame, value=b"PLAIN"))
 
 
-async def _sasl_auth(node: Node, session: Session, conn: PacketConnection, frame: Frame) -> None:
-    if frame.key != b"PLAIN":
-        await conn.send(error_response(frame, Status.AUTH_ERROR, "only PLAIN is supported"))
+async def _sasl_auth(_n: Node, session: Session, conn: PacketConnection, frame: Frame) -> None:
+    outcome = await session.auth.authenticate(frame)
+    if outcome.user is None:
+        await conn.send(error_response(frame, Status.AUTH_ERROR, outcome.message))
+        if outcome.closing is not None:
+            raise outcome.closing
         return
-    fields = frame.value.split(b"\x00")
-    if len(fields) != 3:
-        await conn.send(error_response(frame, Status.AUTH_ERROR, "malformed PLAIN token"))
-        return
-    user, password = fields[1].decode("utf-8", "replace"), fields[2].decode("utf-8", "replace")
-    users = node.config.users
-    if users is not None and users.get(user) != password:
-        await conn.send(error_response(frame, Status.AUTH_ERROR, "authentication failed"))
-        return
-    session.authenticated, session.user = True, user
+    session.authenticated = True
+    conn.streaming()
     await conn.send(response(frame, value=b"Authenticated"))
+
+
+def _admin_refusal(session: Session, frame: Frame, what: str) -> bytes | None:
+    """The NO_ACCESS answer when ``what`` needs an admin and the user is not one."""
+    if session.auth.may_administer():
+        return None
+    return error_response(frame, Status.NO_ACCESS, session.auth.refuse_admin(what))
 
 
 async def _sasl_step(_n: Node, _s: Session, conn: PacketConnection, frame: Frame) -> None:
     await conn.send(error_response(frame, Status.AUTH_ERROR, "PLAIN needs no step"))
 
 
-async def _set_vbucket(node: Node, _s: Session, conn: PacketConnection, frame: Frame) -> None:
+async def _set_vbucket(node: Node, session: Session, conn: PacketConnection, frame: Frame) -> None:
+    if (denied := _admin_refusal(session, frame, "SET_VBUCKET")) is not None:
+        await conn.send(denied)
+        return
     _require(frame, extras=4, key=False)
     raw = _U32.unpack(frame.extras)[0]
     try:
@@ -153,14 +159,20 @@ async def _get_vbucket(node: Node, _s: Session, conn: PacketConnection, frame: F
     await conn.send(response(frame, value=_U32.pack(int(state))))
 
 
-async def _deregister(node: Node, _s: Session, conn: PacketConnection, frame: Frame) -> None:
+async def _deregister(node: Node, session: Session, conn: PacketConnection, frame: Frame) -> None:
+    if (denied := _admin_refusal(session, frame, "DEREGISTER_TAP_CLIENT")) is not None:
+        await conn.send(denied)
+        return
     if node.tap.deregister(frame.key):
         await conn.send(response(frame))
     else:
         await conn.send(error_response(frame, Status.KEY_NOT_FOUND, "no such registered client"))
 
 
-async def _failover(node: Node, _s: Session, conn: PacketConnection, frame: Frame) -> None:
+async def _failover(node: Node, session: Session, conn: PacketConnection, frame: Frame) -> None:
+    if (denied := _admin_refusal(session, frame, "FAILOVER")) is not None:
+        await conn.send(denied)
+        return
     node.store.failover(frame.vbucket_or_status, now=time.time())
     await conn.send(response(frame))
 
@@ -197,6 +209,8 @@ async def execute(node: Node, session: Session, conn: PacketConnection, frame: F
         return
     try:
         await handler(node, session, conn, frame)
+    except TooManyFailures:
+        raise  # closes the connection
     except ProtocolError as exc:
         await conn.send(error_response(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc)))
     except GatewayError as exc:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import signal
+import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
+from gateway.auth import Users
+from gateway.limits import ConnectionLimits
 from gateway.node.items import VBucketState
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
@@ -30,9 +33,13 @@ class NodeOptions:
     sample_items: int = 0
     value_size: int = 100
     dialect: str = "dcp"
-    users: dict[str, str] | None = None
+    users: Users | dict[str, str] | None = None
     replica_vbuckets: tuple[int, ...] = ()
     """Vbuckets that start as replicas (a move's destination); the others are active."""
+    limits: ConnectionLimits = field(
+        default_factory=lambda: ConnectionLimits(command_idle_timeout=None)
+    )
+    ssl_context: ssl.SSLContext | None = None
 
 
 def build_node(options: NodeOptions) -> Node:
@@ -49,7 +56,13 @@ def build_node(options: NodeOptions) -> Node:
             options.sample_items, value_size=options.value_size, now=time.time()
         )
         log.info("wrote %d sample items (keys sample::NNNNNN)", written)
-    config = NodeConfig(vbuckets=options.vbuckets, dialect=options.dialect, users=options.users)
+    config = NodeConfig(
+        vbuckets=options.vbuckets,
+        dialect=options.dialect,
+        users=options.users,
+        limits=options.limits,
+        ssl_context=options.ssl_context,
+    )
     return Node(store, config)
 
 

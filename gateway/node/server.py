@@ -19,6 +19,7 @@ Background tasks close checkpoints on time and run the expiry pager.
 from __future__ import annotations
 
 import logging
+import ssl
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -28,6 +29,8 @@ from adapters import tap, upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from gateway import logs
+from gateway.auth import Authenticator, Users
+from gateway.limits import ConnectionLimits, ListenerCounters
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
 from gateway.wire import PacketConnection, serve_packets
@@ -35,6 +38,7 @@ from gateway.wire import PacketConnection, serve_packets
 log = logging.getLogger(__name__)
 
 VERSION = "3.0.0-tap-upr-reference"
+LABEL = "node"
 UNAUTHENTICATED_OPCODES = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
 )
@@ -45,8 +49,13 @@ _TAP_STREAM_OPCODES = frozenset(op for op in tap.TapOpcode if op != tap.TapOpcod
 class NodeConfig:
     vbuckets: int = 64
     dialect: str = "dcp"
-    users: dict[str, str] | None = None
+    users: Users | dict[str, str] | None = None
     """SASL PLAIN credentials; when set, every command but SASL/NOOP/VERSION needs them."""
+    limits: ConnectionLimits = field(
+        default_factory=lambda: ConnectionLimits(command_idle_timeout=None)
+    )
+    """A memcached command connection may stay idle: only authentication is timed."""
+    ssl_context: ssl.SSLContext | None = None
     tap_ack_interval: int = 1000
     tap_max_unacked: int = 10_000
     tap_backoff: float = 5.0
@@ -62,7 +71,7 @@ class Session:
     """What a command connection has established (authentication so far)."""
 
     authenticated: bool
-    user: str | None = None
+    auth: Authenticator
     counters: dict[str, int] = field(default_factory=dict)
 
 
@@ -80,6 +89,8 @@ class Node:
         self.upr = UprHub(self)
         self.started_at = trio.current_time() if _in_trio() else 0.0
         self.connections = 0
+        self.users = Users.of(self.config.users)
+        self.listener_counters = ListenerCounters()
 
     # -- serving -------------------------------------------------------------
 
@@ -99,8 +110,12 @@ class Node:
                     self.handle,
                     host,
                     port,
-                    label="node",
+                    label=LABEL,
                     max_frame_size=self.config.max_frame_size,
+                    limits=self.config.limits,
+                    auth_required=self.users is not None,
+                    counters=self.listener_counters,
+                    ssl_context=self.config.ssl_context,
                 )
             )
             task_status.started(listeners)
@@ -109,7 +124,18 @@ class Node:
         from gateway.node import commands
 
         self.connections += 1
-        session = Session(authenticated=self.config.users is None)
+        limits = self.config.limits
+        auth = conn.authority = Authenticator(
+            self.users,
+            label=LABEL,
+            peer=conn.name.rpartition(" ")[2],
+            counters=self.listener_counters,
+            max_failures=limits.max_auth_failures,
+            failure_delay=limits.auth_failure_delay,
+        )
+        session = Session(authenticated=self.users is None, auth=auth)
+        if session.authenticated:
+            conn.streaming()  # memcached commands carry items: the full frame size
         try:
             while (frame := await conn.receive_frame()) is not None:
                 if frame.magic != Magic.REQUEST:
@@ -146,6 +172,12 @@ class Node:
                 await conn.send(error_response(frame, Status.NOT_SUPPORTED, str(exc)))
                 raise
             assert isinstance(connect, tap.TapConnect)
+            authority = conn.authority
+            takeover = connect.connect_flags & tap.ConnectFlags.TAKEOVER_VBUCKETS
+            if takeover and authority is not None and not authority.may_administer():
+                denied = authority.refuse_admin("TAP takeover")
+                await conn.send(error_response(frame, Status.NO_ACCESS, denied))
+                return True
             logs.name_connection(connect.name.decode("utf-8", "replace"))
             await serve_tap_stream(self, conn, connect)
             return True

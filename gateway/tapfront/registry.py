@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import astuple, dataclass, field
@@ -51,6 +52,14 @@ class VbResume:
     backfill_done: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The state file's bytes as of one moment; later moments have higher generations."""
+
+    generation: int
+    data: bytes
+
+
 @dataclass
 class Registry:
     """Registered clients and checkpoint ends (see the module docstring)."""
@@ -60,6 +69,12 @@ class Registry:
     checkpoints: dict[int, OrderedDict[int, VbResume]] = field(default_factory=dict)
     next_ids: dict[int, int] = field(default_factory=dict)
     dirty: bool = False
+    # Saves come from the loop (a session ending) and from a worker thread (the
+    # periodic save): one writer at a time, and an older snapshot never
+    # replaces a newer one.
+    _generation: int = 0
+    _written: int = 0
+    _writing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def open(cls, state_dir: Path | None) -> Registry:
@@ -141,11 +156,12 @@ class Registry:
 
     # -- persistence ----------------------------------------------------------
 
-    def snapshot(self) -> bytes | None:
-        """The state file's bytes if anything changed since the last one (else None)."""
+    def snapshot(self) -> Snapshot | None:
+        """The state file's contents if anything changed since the last one (else None)."""
         if self.path is None or not self.dirty:
             return None
         self.dirty = False
+        self._generation += 1
         packed: bytes = msgpack.packb(
             {
                 "version": SCHEMA_VERSION,
@@ -160,17 +176,21 @@ class Registry:
                 "next_ids": self.next_ids,
             }
         )
-        return packed
+        return Snapshot(self._generation, packed)
 
-    def write(self, data: bytes) -> None:
-        """Replace the state file with ``data`` atomically (callable from a thread)."""
+    def write(self, snapshot: Snapshot) -> None:
+        """Replace the state file with ``snapshot`` atomically (callable from a thread)."""
         assert self.path is not None
-        temporary = self.path.with_suffix(".tmp")
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
+        with self._writing:
+            if snapshot.generation <= self._written:
+                return  # a newer snapshot is already on disk
+            temporary = self.path.with_suffix(".tmp")
+            with open(temporary, "wb") as handle:
+                handle.write(snapshot.data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.path)
+            self._written = snapshot.generation
 
     def save(self) -> None:
         data = self.snapshot()

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -33,10 +34,14 @@ import trio
 from adapters import tap, upr
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from adapters.mcbp.constants import status_name
 from adapters.tap.connect import connect_refusal
 from gateway import logs
-from gateway.client import McbpClient
+from gateway.auth import Authenticator, Users
+from gateway.client import McbpClient, RequestFailed
+from gateway.limits import ConnectionLimits
 from gateway.named import NamedConnections
+from gateway.startup import describe, show
 from gateway.stat_replies import (
     TAP_TAKEOVER_GROUPS,
     StatError,
@@ -49,17 +54,28 @@ from gateway.stats import TAP_FRONT, GatewayStats
 from gateway.tapfront.plan import UpstreamVbucket, plan_connection
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.session import SessionConfig, TapSession
+from gateway.version import version
 from gateway.wire import PacketConnection, bound_port, serve_packets
 
 log = logging.getLogger(__name__)
 
-VERSION = "tap-upr-gateway 0.1.0 (TAP front)"
+LABEL = "tap-front"
 REFUSAL_FLUSH_SECONDS = 2.0
 UPSTREAM_QUERY_TIMEOUT = 10.0
 UPSTREAM_STAT_GROUPS = frozenset({"vbucket", "vbucket-seqno"})
 _OPEN_OPCODES = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
 )
+
+
+def upstream_trouble(address: tuple[str, int], exc: BaseException) -> str:
+    """Why the UPR upstream could not be used, naming it, for a client and the log."""
+    where = show(address)
+    if isinstance(exc, trio.TooSlowError):
+        return f"UPR upstream {where} is unreachable: no answer in {UPSTREAM_QUERY_TIMEOUT:g} s"
+    if isinstance(exc, OSError):
+        return f"UPR upstream {where} is unreachable: {describe(exc, address[0])}"
+    return f"UPR upstream {where} failed: {exc}"
 
 
 @dataclass
@@ -70,8 +86,13 @@ class TapFrontConfig:
     dialect: str = "dcp"
     upstream_user: str | None = None
     upstream_password: str | None = None
-    users: dict[str, str] | None = None
+    users: Users | dict[str, str] | None = None
     """SASL PLAIN credentials TAP clients must present (None: no authentication)."""
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    ssl_context: ssl.SSLContext | None = None
+    """Serve TLS (None: plain TCP)."""
+    upstream_ssl: ssl.SSLContext | None = None
+    """TLS to the UPR upstream (None: plain TCP)."""
     buffer_size: int = 8 * 1024 * 1024
     ack_interval: int = 1000
     max_unacked: int = 10_000
@@ -94,6 +115,7 @@ class TapFrontConfig:
             noop_interval=self.noop_interval,
             reconnect_attempts=self.reconnect_attempts,
             capture_dir=self.capture_dir,
+            ssl_context=self.upstream_ssl,
         )
 
 
@@ -119,11 +141,16 @@ async def refuse(conn: PacketConnection, frame: Frame, exc: ProtocolError) -> No
 
 
 async def read_upstream_vbuckets(
-    address: tuple[str, int], user: str | None, password: str | None
+    address: tuple[str, int],
+    user: str | None,
+    password: str | None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> dict[int, UpstreamVbucket]:
     """Each upstream vbucket's state, uuid and high seqno."""
     with trio.fail_after(UPSTREAM_QUERY_TIMEOUT):
-        async with await McbpClient.connect(*address, name="upstream stats") as client:
+        async with await McbpClient.connect(
+            *address, name="upstream stats", ssl_context=ssl_context
+        ) as client:
             if user is not None:
                 await client.sasl_plain(user, password or "")
             states = await client.stats("vbucket")
@@ -152,6 +179,7 @@ class TapFront:
         self.config = config
         self.stats = stats or GatewayStats()
         self.registry = registry or Registry.open(config.state_dir)
+        self.users = Users.of(config.users)
         self.sessions: NamedConnections[TapSession] = NamedConnections("TAP front")
         self._anonymous = itertools.count(1)
 
@@ -160,7 +188,17 @@ class TapFront:
         try:
             async with trio.open_nursery() as nursery:
                 listeners = await nursery.start(
-                    partial(serve_packets, self.handle, host, port, label="tap-front")
+                    partial(
+                        serve_packets,
+                        self.handle,
+                        host,
+                        port,
+                        label=LABEL,
+                        limits=self.config.limits,
+                        auth_required=self.users is not None,
+                        counters=self.stats.listeners,
+                        ssl_context=self.config.ssl_context,
+                    )
                 )
                 nursery.start_soon(self._save_periodically)
                 task_status.started(bound_port(listeners))
@@ -177,7 +215,16 @@ class TapFront:
     # -- one connection ------------------------------------------------------
 
     async def handle(self, conn: PacketConnection) -> None:
-        authenticated = self.config.users is None
+        auth = Authenticator(
+            self.users,
+            label=LABEL,
+            peer=conn.name.rpartition(" ")[2],
+            counters=self.stats.listeners,
+            max_failures=self.config.limits.max_auth_failures,
+            failure_delay=self.config.limits.auth_failure_delay,
+        )
+        conn.authority = auth
+        authenticated = self.users is None
         while (frame := await conn.receive_frame()) is not None:
             if frame.magic != Magic.REQUEST:
                 self.stats.protocol_errors_total["tap_front", "malformed"] += 1
@@ -192,32 +239,31 @@ class TapFront:
                 continue
             if frame.opcode == tap.TapOpcode.CONNECT:
                 logs.name_connection(frame.key.decode("utf-8", "replace"))
-                await self._stream(conn, frame)
+                conn.streaming()
+                await self._stream(conn, frame, auth)
                 return
             if frame.opcode == Opcode.SASL_AUTH:
-                authenticated = await self._sasl_auth(conn, frame) or authenticated
+                authenticated = await self._sasl_auth(conn, frame, auth) or authenticated
             else:
-                await self._command(conn, frame)
+                await self._command(conn, frame, auth)
 
-    async def _sasl_auth(self, conn: PacketConnection, frame: Frame) -> bool:
-        fields = frame.value.split(b"\x00")
-        users = self.config.users or {}
-        if frame.key != b"PLAIN" or len(fields) != 3:
-            await conn.send(reply(frame, Status.AUTH_ERROR, value=b"only SASL PLAIN is supported"))
+    async def _sasl_auth(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
+        outcome = await auth.authenticate(frame)
+        if outcome.user is None:
+            await conn.send(reply(frame, Status.AUTH_ERROR, value=outcome.message.encode()))
+            if outcome.closing is not None:
+                raise outcome.closing
             return False
-        user, password = (f.decode("utf-8", "replace") for f in fields[1:])
-        if self.config.users is not None and users.get(user) != password:
-            await conn.send(reply(frame, Status.AUTH_ERROR, value=b"authentication failed"))
-            return False
+        conn.authenticated()
         await conn.send(reply(frame, value=b"Authenticated"))
         return True
 
-    async def _command(self, conn: PacketConnection, frame: Frame) -> None:
+    async def _command(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
         opcode = frame.opcode
         if opcode == Opcode.NOOP:
             await conn.send(reply(frame))
         elif opcode == Opcode.VERSION:
-            await conn.send(reply(frame, value=VERSION.encode()))
+            await conn.send(reply(frame, value=f"tap-upr-gateway {version()} (TAP front)".encode()))
         elif opcode == Opcode.SASL_LIST_MECHS:
             await conn.send(reply(frame, value=b"PLAIN"))
         elif opcode == Opcode.STAT:
@@ -231,6 +277,10 @@ class TapFront:
                 + reply(frame)
             )
         elif opcode == Opcode.DEREGISTER_TAP_CLIENT:
+            if not auth.may_administer():
+                message = auth.refuse_admin("DEREGISTER_TAP_CLIENT")
+                await conn.send(reply(frame, Status.AUTH_ERROR, value=message.encode()))
+                return
             name = frame.key.decode("utf-8", "replace")
             self.registry.forget(name)
             self.sessions.close(name)
@@ -244,7 +294,7 @@ class TapFront:
         """``STAT tap`` and ``tap-vbtakeover`` from the gateway's own figures,
         ``upr``/``dcp`` about the front's upstream UPR connections; the vbucket
         groups, which TAP tools read to pick their vbuckets, from the upstream
-        node as it answers them. A refusal raises ``StatError``."""
+        node as it answers them. A refusal raises ``StatError`` saying why."""
         from gateway.metrics.stat_groups import tap_stat_pairs
 
         name, *args = group.split() or [""]
@@ -255,21 +305,29 @@ class TapFront:
         if name in ("upr", "dcp"):
             return self._upstream_dcp_pairs()
         if name not in UPSTREAM_STAT_GROUPS:
-            raise UnknownStatGroup(f"unknown stat group {name!r}")
+            served = {"tap", "upr", "dcp", *TAP_TAKEOVER_GROUPS, *UPSTREAM_STAT_GROUPS}
+            known = ", ".join(sorted(served))
+            raise UnknownStatGroup(f"unknown stat group {name!r} (known: {known})")
         config = self.config
         try:
             with trio.fail_after(UPSTREAM_QUERY_TIMEOUT):
-                async with await McbpClient.connect(*config.upr_upstream) as client:
+                async with await McbpClient.connect(
+                    *config.upr_upstream, ssl_context=config.upstream_ssl
+                ) as client:
                     if config.upstream_user is not None:
                         await client.sasl_plain(
                             config.upstream_user, config.upstream_password or ""
                         )
                     return list((await client.stats(group)).items())
+        except RequestFailed as exc:
+            # The upstream's own answer (e.g. a vbucket it does not have), passed on.
+            where = show(config.upr_upstream)
+            detail = exc.text.decode("utf-8", "replace") or status_name(exc.status)
+            raise StatError(f"UPR upstream {where}: {detail}", exc.status) from None
         except (OSError, GatewayError, trio.TooSlowError) as exc:
-            log.warning("STAT %s: the upstream did not answer: %r", group, exc)
-            raise StatError(
-                f"STAT {group}: the upstream node did not answer", Status.TEMPORARY_FAILURE
-            ) from None
+            message = upstream_trouble(config.upr_upstream, exc)
+            log.warning("STAT %s: %s", group, message)
+            raise StatError(message, Status.TEMPORARY_FAILURE) from None
 
     def _takeover_pairs(self, group: str, args: list[str]) -> list[tuple[str, str]]:
         """``tap-vbtakeover <vb> <name>`` (ep-engine v2.5.1 src/ep_engine.cc
@@ -314,7 +372,7 @@ class TapFront:
             per_connection += [(f"{fig.connection}:{k}", str(v)) for k, v in values]
         return dcp_group(totals, per_connection)
 
-    async def _stream(self, conn: PacketConnection, frame: Frame) -> None:
+    async def _stream(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
         try:
             connect = tap.decode_frame(frame)
         except ProtocolError as exc:
@@ -326,16 +384,24 @@ class TapFront:
             )
             raise
         assert isinstance(connect, tap.TapConnect)
+        if connect.connect_flags & tap.ConnectFlags.TAKEOVER_VBUCKETS and not auth.may_administer():
+            denied = ProtocolError(
+                auth.refuse_admin("TAP takeover"), opcode=frame.opcode, status=Status.AUTH_ERROR
+            )
+            await refuse(conn, frame, denied)
+            raise denied
         config = self.config
         name = connect.name.decode("utf-8", "replace") or f"anon_{next(self._anonymous)}"
         try:
             upstream = await read_upstream_vbuckets(
-                config.upr_upstream, config.upstream_user, config.upstream_password
+                config.upr_upstream,
+                config.upstream_user,
+                config.upstream_password,
+                config.upstream_ssl,
             )
         except (OSError, GatewayError, trio.TooSlowError) as exc:
-            where = "{}:{}".format(*config.upr_upstream)
             failure = ProtocolError(
-                f"UPR upstream {where} unavailable: {exc!r}",
+                upstream_trouble(config.upr_upstream, exc),
                 opcode=frame.opcode,
                 status=Status.TEMPORARY_FAILURE,
             )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 
 import trio
 
@@ -25,6 +26,7 @@ from adapters import upr
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, Frame, FrameReader, Status
 from gateway.client import McbpClient, RequestFailed
+from gateway.tls import open_stream
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class UpstreamError(GatewayError):
 
 
 class UprUpstream:
-    def __init__(self, stream: trio.SocketStream, address: str, dialect: upr.Dialect) -> None:
+    def __init__(self, stream: trio.abc.Stream, address: str, dialect: upr.Dialect) -> None:
         self.stream = stream
         self.address = address
         self.dialect = dialect
@@ -63,10 +65,11 @@ class UprUpstream:
         noop_interval: int = DEFAULT_NOOP_INTERVAL,
         user: str | None = None,
         password: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> UprUpstream:
         address = f"{host}:{port}"
         try:
-            stream = await trio.open_tcp_stream(host, port)
+            stream = await open_stream(host, port, ssl_context)
         except OSError as exc:
             raise UpstreamError(f"cannot connect to UPR upstream {address}: {exc}") from None
         self = cls(stream, address, dialect)

@@ -143,6 +143,29 @@ class VbStream:
             progress.backfilling = False
         return out
 
+    def advance_item(self, item: upr.Mutation | upr.Deletion | upr.Expiration) -> bool:
+        """The fast path's ``translate`` of an item: true when it ends the open snapshot."""
+        self.took_item(item.by_seqno)
+        return self.translator.advance(item.by_seqno)
+
+    def took_item(self, by_seqno: int) -> None:
+        """Progress after an item (the translator has taken its seqno or is about to)."""
+        self.items_in_snap += 1
+        progress = self.progress
+        progress.sent_seqno = by_seqno
+        if by_seqno > progress.upstream_high_seqno:
+            progress.upstream_high_seqno = by_seqno
+
+    @property
+    def awaits_marker_reply(self) -> bool:
+        """An ACK-flagged snapshot marker is not answered yet (see ``reply_due``)."""
+        return self._marker_ack is not None
+
+    def item_done(self) -> None:
+        """After an item of the fast path (and the close it caused)."""
+        if self.progress.backfilling and not self.translator.in_backfill:
+            self.progress.backfilling = False
+
     def reply_due(self, event: upr.UprEvent) -> upr.Response | None:
         """The reply ``event`` makes due, once what was sent so far is acked."""
         ok = Status.SUCCESS.value

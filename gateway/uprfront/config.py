@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.errors import GatewayError
 from adapters.mcbp.frames import DEFAULT_MAX_FRAME_SIZE
+from gateway.auth import Users
+from gateway.limits import ConnectionLimits
 
 
 class UprFrontError(GatewayError):
@@ -24,8 +27,14 @@ class UprFrontConfig:
     dialect: str = "dcp"
     upstream_user: str | None = None
     upstream_password: str | None = None
-    users: dict[str, str] | None = None
+    users: Users | dict[str, str] | None = None
     """SASL PLAIN credentials consumers must present (None: no authentication)."""
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    """Frame sizes, timeouts and connection count of the listener (``gateway.limits``)."""
+    ssl_context: ssl.SSLContext | None = None
+    """Serve TLS (None: plain TCP)."""
+    upstream_ssl: ssl.SSLContext | None = None
+    """TLS to the TAP upstream (None: plain TCP)."""
     fsync: str = "batch"
     """"always" (per TAP message), "batch" (per ingested batch, before its acks) or "never"."""
     tap_name: str = "upr-front"

@@ -179,7 +179,9 @@ class Ingest:
 
     async def _session(self) -> None:
         host, port = self.config.tap_upstream
-        client = await McbpClient.connect(host, port, name=f"tap upstream {self.address}")
+        client = await McbpClient.connect(
+            host, port, name=f"tap upstream {self.address}", ssl_context=self.config.upstream_ssl
+        )
         async with client:
             if self.config.upstream_user is not None:
                 await client.sasl_plain(

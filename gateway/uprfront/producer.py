@@ -47,7 +47,7 @@ from gateway.capture.records import Kind
 from gateway.stats import StreamStats
 from gateway.upr_producer_base import UprProducerBase
 from gateway.uprfront.streams import LogStream
-from gateway.wire import PacketConnection
+from gateway.wire import ConnectionClosed, PacketConnection
 
 if TYPE_CHECKING:
     from gateway.uprfront.server import UprFront
@@ -89,6 +89,8 @@ class UprConnection(UprProducerBase):
         self.stream_stats = stream_stats
         # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
         self._in_flight: deque[tuple[int, int, int, float]] = deque()
+        self.streams_waiting = 0
+        """Streams blocked in ``send_budget`` (all of them: the consumer stalls us)."""
         self.recording: UprRecording | None = None
         """Records what this connection sends (``capture_dir``); set by the front."""
 
@@ -148,6 +150,30 @@ class UprConnection(UprProducerBase):
             start = end
             if on_sent is not None:
                 on_sent(end)
+
+    async def send_budget(self) -> int:
+        """Bytes of keys and values a stream may read from the log now, once there is room.
+
+        The least of the window's room (flow control) and the outbox's room
+        (``max_outbox_bytes``, with or without flow control), so a stalled
+        consumer costs its connection at most the outbox plus one batch's
+        overshoot, however many streams it has: a stream waits here holding
+        nothing, and what it reads it queues without waiting.
+        """
+        conn = self.conn
+        self.streams_waiting += 1
+        try:
+            while True:
+                await self._wait_for_room()
+                await conn.wait_for_room()
+                budget = conn.outbox_room
+                if not budget:
+                    raise ConnectionClosed(conn.name)  # closing: the outbox never drains
+                room = self.window.room
+                if room is None or room > 0:
+                    return budget if room is None else min(budget, room)
+        finally:
+            self.streams_waiting -= 1
 
     async def _wait_for_room(self) -> None:
         window = self.window

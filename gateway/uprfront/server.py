@@ -38,6 +38,7 @@ from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from adapters.mcbp.constants import VBucketState
 from gateway import logs
+from gateway.auth import Authenticator, Users
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
@@ -49,11 +50,12 @@ from gateway.uprfront.logset import LogOptions, LogSet
 from gateway.uprfront.producer import UprConnection, delete_kind
 from gateway.uprfront.stat_groups import StatError, collect
 from gateway.uprfront.streams import LogStream
+from gateway.version import version
 from gateway.wire import PacketConnection, bound_port, serve_packets
 
 log = logging.getLogger(__name__)
 
-VERSION = "tap-upr-gateway upr-front"
+LABEL = "upr-front"
 _OPEN_WITHOUT_AUTH = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.NOOP, Opcode.VERSION}
 )
@@ -84,6 +86,7 @@ class UprFront:
             seed=config.seed,
         )
         self.ingest = Ingest(config, self.logs, self.stats)
+        self.users = Users.of(config.users)
         self.connections: dict[str, UprConnection] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
         self.taken_over: set[int] = set()
@@ -117,8 +120,13 @@ class UprFront:
                         self.handle,
                         host,
                         port,
-                        label="upr-front",
+                        label=LABEL,
                         max_frame_size=self.config.max_frame_size,
+                        limits=self.config.limits,
+                        auth_required=self.users is not None,
+                        counters=self.stats.listeners,
+                        ssl_context=self.config.ssl_context,
+                        max_outbox_bytes=self.config.max_outbox_bytes,
                     )
                 )
                 self.port = bound_port(listeners)
@@ -147,7 +155,16 @@ class UprFront:
     # -- connections -----------------------------------------------------------
 
     async def handle(self, conn: PacketConnection) -> None:
-        authenticated = self.config.users is None
+        limits = self.config.limits
+        auth = conn.authority = Authenticator(
+            self.users,
+            label=LABEL,
+            peer=conn.name.rpartition(" ")[2],
+            counters=self.stats.listeners,
+            max_failures=limits.max_auth_failures,
+            failure_delay=limits.auth_failure_delay,
+        )
+        authenticated = self.users is None
         while (frame := await conn.receive_frame()) is not None:
             if frame.magic != Magic.REQUEST:
                 raise ProtocolError(
@@ -162,11 +179,13 @@ class UprFront:
             if frame.opcode == Opcode.SASL_LIST_MECHS:
                 await conn.send(_response(frame, value=b"PLAIN"))
             elif frame.opcode == Opcode.SASL_AUTH:
-                authenticated = await self._sasl(conn, frame) or authenticated
+                authenticated = await self._sasl(conn, frame, auth) or authenticated
             elif frame.opcode == Opcode.NOOP:
                 await conn.send(_response(frame))
             elif frame.opcode == Opcode.VERSION:
-                await conn.send(_response(frame, value=VERSION.encode()))
+                await conn.send(
+                    _response(frame, value=f"tap-upr-gateway {version()} (UPR front)".encode())
+                )
             elif frame.opcode == Opcode.STAT:
                 await self._stat(conn, frame)
             elif frame.opcode in self.dialect.commands:
@@ -179,16 +198,14 @@ class UprFront:
                     )
                 )
 
-    async def _sasl(self, conn: PacketConnection, frame: Frame) -> bool:
-        users = self.config.users or {}
-        parts = frame.value.split(b"\x00")
-        if frame.key != b"PLAIN" or len(parts) != 3:
-            await conn.send(error_reply(frame, Status.AUTH_ERROR, "only SASL PLAIN is supported"))
+    async def _sasl(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
+        outcome = await auth.authenticate(frame)
+        if outcome.user is None:
+            await conn.send(error_reply(frame, Status.AUTH_ERROR, outcome.message))
+            if outcome.closing is not None:
+                raise outcome.closing
             return False
-        user, password = parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-        if users.get(user) != password:
-            await conn.send(error_reply(frame, Status.AUTH_ERROR, "authentication failed"))
-            return False
+        conn.authenticated()
         await conn.send(_response(frame, value=b"Authenticated"))
         return True
 
@@ -238,6 +255,7 @@ class UprFront:
             )
             return False
         logs.name_connection(name)
+        conn.streaming()
         stream_stats = StreamStats(
             direction=UPR_FRONT, connection=name, upstream=self.ingest.address, created=time.time()
         )

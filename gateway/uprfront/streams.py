@@ -15,15 +15,18 @@ them, tagged with the request's opaque:
   taken over by another stream; after the consumer's CLOSE_STREAM nothing
   more is sent, the close response is the end.
 
-A batch is encoded at once (``ItemEncoder``: item to wire bytes in one
-struct pack) and handed to the connection's ``send_messages``, which joins
-it into as few writes as the flow-control window allows; so a stream holds
-at most one batch and a slow consumer stalls only its own connection.
+Before each read the stream waits for the connection's ``send_budget``:
+room in the flow-control window and in the socket's outbox. It reads at
+most that many bytes of keys and values, encodes them at once
+(``ItemEncoder``: item to wire bytes in one struct pack) and queues them
+with ``send_messages`` without waiting; so a stream holds nothing while the
+consumer stalls, a connection's memory stays within its outbox limit plus
+one batch's framing, and a slow consumer stalls only its own connection.
 Without flow control the sent seqno is also the acknowledged one.
 
 Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
-(after the consumer took SET_VBUCKET_STATE(pending)); once caught up the stream asks the
-takeover coordinator to take the vbucket over from the TAP node; the TAP
+(after the consumer took SET_VBUCKET_STATE(pending)); once caught up the
+stream asks the takeover coordinator to take the vbucket over from the TAP node; the TAP
 node's VBUCKET_SET(pending) and (active) come back here as
 ``set_state`` calls, which send SET_VBUCKET_STATE and wait for the
 consumer's reply before the TAP message is acked. After the active state is
@@ -84,6 +87,8 @@ class LogStream:
         self._closed_by_consumer = False
         self.items_sent = 0
         self.markers_sent = 0
+        self.peak_batch_bytes = 0
+        """Wire bytes of the largest batch read and sent at once (what the stream held)."""
         self._state_reply: trio.Event | None = None
         self._unacked_markers = 0
         self._markers_acked = trio.Event()
@@ -134,10 +139,11 @@ class LogStream:
         while True:
             if self.position >= self.end_seqno:
                 return upr.StreamEndReason.OK
+            budget = await self.conn.send_budget()
             high = vblog.high_seqno
             self.progress.upstream_high_seqno = high
             upto = min(high, self.end_seqno)
-            batch = vblog.read(self.position, upto, BATCH, BATCH_BYTES)
+            batch = vblog.read(self.position, upto, BATCH, min(BATCH_BYTES, budget))
             if batch:
                 await self._send_batch(batch)
             if not batch or batch[-1].by_seqno >= upto:
@@ -191,6 +197,9 @@ class LogStream:
                 items.append(None)
         if conn.recording is not None:
             self._record(messages, items)
+        size = sum(map(len, messages))
+        if size > self.peak_batch_bytes:
+            self.peak_batch_bytes = size
         done = 0
 
         def sent(upto: int) -> None:
@@ -248,8 +257,9 @@ class LogStream:
     async def catch_up(self) -> None:
         """Send whatever the log holds beyond the position (takeover, before each state)."""
         while self.position < min(self.vblog.high_seqno, self.end_seqno):
+            budget = await self.conn.send_budget()
             upto = min(self.vblog.high_seqno, self.end_seqno)
-            batch = self.vblog.read(self.position, upto, BATCH, BATCH_BYTES)
+            batch = self.vblog.read(self.position, upto, BATCH, min(BATCH_BYTES, budget))
             if batch:
                 await self._send_batch(batch)
             if not batch or batch[-1].by_seqno >= upto:

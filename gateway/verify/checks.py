@@ -14,6 +14,18 @@ capture) agree when, for every vbucket and key:
 - within each stream of a side, the key's rev_seqno and by_seqno never go
   backwards (``key_order``).
 
+A TAP delete does not say whether it was a deletion or an expiration; when
+the stream also carried the version it removed (rev_seqno one below) and
+that version had no expiration, it can only have been a deletion, and is
+compared as one.
+
+Captures of a live bucket made by a two-sided capture carry a cut per
+vbucket (a CAS, ``gateway.capture.cut``): each side's final state is then
+its newest version at or below the cut, and a difference that comes only
+from changes past the cut (one side recorded them before it stopped, the
+other did not, or a side's version inside the cut was superseded past it)
+is "in flight": reported, never a mismatch.
+
 Each stream (one connection, direction and vbucket, in arrival order) must
 also be well formed on its own: by_seqnos strictly grow (``seqno_order``);
 UPR items sit inside the snapshot marker before them, a snapshot holds a key
@@ -103,6 +115,8 @@ class KeyOutcome:
     right: FinalState | None
     mismatches: list[Mismatch] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    in_flight: list[Mismatch] = field(default_factory=list)
+    """Differences that come only from changes past the cut."""
 
 
 Streams = Sequence[Sequence[CaptureRecord]]
@@ -113,13 +127,42 @@ def _newest(r: CaptureRecord) -> tuple[int, int, float]:
     return (-1 if r.rev_seqno is None else r.rev_seqno, r.cas, r.arrival)
 
 
-def final_state(streams: Streams) -> FinalState | None:
+def _delete_kind(records: Sequence[CaptureRecord], index: int) -> int:
+    """A TAP delete whose removed version was in the stream without an expiration: DELETION."""
+    r = records[index]
+    if r.kind != DELETE or r.rev_seqno is None or index == 0:
+        return r.kind
+    before = records[index - 1]
+    if before.kind == MUTATION and before.rev_seqno == r.rev_seqno - 1 and not before.expiration:
+        return DELETION
+    return r.kind
+
+
+def final_state(streams: Streams, cut: int | None = None) -> FinalState | None:
+    """The newest version (at or below the ``cut`` CAS when one is given)."""
     best: CaptureRecord | None = None
+    kind = 0
     for records in streams:
-        for r in records:
+        for i, r in enumerate(records):
+            if cut is not None and r.cas > cut:
+                continue
             if best is None or _newest(r) >= _newest(best):
-                best = r
-    return None if best is None else FinalState.of(best)
+                best, kind = r, _delete_kind(records, i)
+    if best is None:
+        return None
+    return FinalState(
+        kind, best.by_seqno, best.rev_seqno, best.cas, best.flags, best.expiration, best.digest
+    )
+
+
+def _past(streams: Streams, cut: int) -> bool:
+    return any(r.cas > cut for records in streams for r in records)
+
+
+def _order(state: FinalState | None) -> tuple[int, int]:
+    if state is None:
+        return (-2, -1)
+    return (-1 if state.rev_seqno is None else state.rev_seqno, state.cas)
 
 
 def key_order(vbucket: int, key: bytes, side: str, streams: Streams) -> list[Mismatch]:
@@ -236,11 +279,25 @@ def latencies(left: Streams, right: Streams) -> list[float]:
     return out
 
 
-def reconcile_key(vbucket: int, key: bytes, left: Streams, right: Streams) -> KeyOutcome:
-    """Every per-key check of one vbucket and key."""
+def reconcile_key(
+    vbucket: int, key: bytes, left: Streams, right: Streams, cut: int | None = None
+) -> KeyOutcome:
+    """Every per-key check of one vbucket and key (up to the ``cut`` CAS when given)."""
     left_final, right_final = final_state(left), final_state(right)
     outcome = KeyOutcome(left_final, right_final)
-    outcome.mismatches = compare_final(vbucket, key, left_final, right_final)
+    if cut is None:
+        outcome.mismatches = compare_final(vbucket, key, left_final, right_final)
+    else:
+        left_cut, right_cut = final_state(left, cut), final_state(right, cut)
+        inside = compare_final(vbucket, key, left_cut, right_cut)
+        # The side with the older state inside the cut superseded it past the cut.
+        older = left if _order(left_cut) < _order(right_cut) else right
+        if inside and _past(older, cut):
+            outcome.in_flight = inside
+        elif inside:
+            outcome.mismatches = inside
+        else:
+            outcome.in_flight = compare_final(vbucket, key, left_final, right_final)
     outcome.mismatches += key_order(vbucket, key, "left", left)
     outcome.mismatches += key_order(vbucket, key, "right", right)
     outcome.latencies = latencies(left, right)

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
+
+from gateway.verify.inputs import INSTALL_HINT
 
 EXIT_AGREE = 0
 EXIT_DISAGREE = 1
 EXIT_INPUT = 2
+
+
+def _paragraphs(text: str) -> str:
+    """Help text wrapped per paragraph (the raw formatter keeps the blank lines between)."""
+    return "\n\n".join(textwrap.fill(p, 79) for p in text.split("\n\n"))
 
 
 def _conf(text: str) -> tuple[str, str]:
@@ -75,24 +83,48 @@ def add_verify_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.A
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "verify",
         help="reconcile two captures (e.g. TAP and UPR views) on Spark; exit 0 if they agree",
-        description=(
+        description=_paragraphs(
             "Read two capture directories with Spark and compare them per vbucket and key: "
             "final state (live with the same CAS, rev_seqno, flags, expiration and value, or "
             "deleted), keys missing or extra, deletions vs expirations, order within each "
             "stream, snapshot and checkpoint boundaries, and the latency between the sides. "
-            "Prints a summary (progress on stderr while Spark runs). Exit status: 0 the sides "
-            "agree, 1 they disagree, 2 bad usage or unreadable input."
+            "Captures of a live bucket made by one `capture --tap A --upr B` carry a cut per "
+            "vbucket: each vbucket is compared up to it, and a difference that comes only "
+            "from changes past the cut is reported as in flight (counted and listed, not a "
+            "failure). Prints a summary (progress on stderr while Spark runs).\n\n"
+            "Needs the pipeline extra (" + INSTALL_HINT + ") and Java 17 or newer "
+            "(java on PATH or JAVA_HOME). Capture files are checked before Spark starts. "
+            "On a cluster the job ships its own code to the executors and, unless "
+            "PYSPARK_PYTHON or spark.pyspark.python is set, runs them with this interpreter.\n\n"
+            "Exit status: 0 the sides agree, 1 they disagree, 2 could not check (bad usage, "
+            "missing or foreign capture files, a damaged segment, no pipeline extra or Java)."
         ),
-        epilog="example: tap-upr-gateway verify cap/tap cap/upr --report report.json "
-        "--mismatches bad/",
+        epilog="examples:\n  tap-upr-gateway verify cap/tap cap/upr --report report.json "
+        "--mismatches bad/\n  tap-upr-gateway verify cap/tap cap/upr --master spark://HOST:7077",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return configure_parser(parser)
 
 
 def run_verify_command(args: argparse.Namespace, spark: Any = None) -> int:
-    from gateway.verify.job import InputError, VerifyConfig, run_verify
-    from gateway.verify.report import dumps, summary
+    from gateway.verify.inputs import InputError, capture_files, check_java, check_pipeline
 
+    # Everything that can be checked without Spark is, so a bad input is one line in seconds.
+    try:
+        check_pipeline()
+        capture_files(args.left, "LEFT")
+        capture_files(args.right, "RIGHT")
+        if spark is None:
+            check_java()
+    except InputError as exc:
+        print(f"verify: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    try:
+        from gateway.verify.job import VerifyConfig, run_verify
+        from gateway.verify.report import dumps, summary
+    except ImportError as exc:
+        print(f"verify: needs the pipeline extra: {INSTALL_HINT}: {exc}", file=sys.stderr)
+        return EXIT_INPUT
     config = VerifyConfig(
         left=args.left,
         right=args.right,
@@ -113,9 +145,7 @@ def run_verify_command(args: argparse.Namespace, spark: Any = None) -> int:
         print(f"verify: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except ImportError as exc:
-        print(
-            f"verify: needs the pipeline extra (pip install '.[pipeline]'): {exc}", file=sys.stderr
-        )
+        print(f"verify: needs the pipeline extra: {INSTALL_HINT}: {exc}", file=sys.stderr)
         return EXIT_INPUT
     report = result.report
     if config.report:

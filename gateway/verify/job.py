@@ -13,7 +13,8 @@ reconciliation.
 
 The same code runs in ``local[*]`` (the default) or on a cluster: with
 ``spark-submit`` the master comes from spark-submit unless ``--master`` is
-given (``python -m gateway.verify`` is the entry point).
+given (``python -m gateway.verify`` is the entry point). The session ships
+the job's own code to the executors (``shipping``).
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.verify.inputs import InputError, capture_files
 from gateway.verify.latency import SIZE, Histogram
 from gateway.verify.partition import RESULT_DDL, SORT_COLUMNS, reconcile_batches
 from gateway.verify.progress import Progress, ProgressLog
-from gateway.verify.source import NAME, list_segment_files, register
+from gateway.verify.shipping import ship, worker_python
+from gateway.verify.source import NAME, register
+
+__all__ = ["InputError", "VerifyConfig", "VerifyResult", "run_verify", "spark_session"]
 
 SAMPLES_PER_CHECK = 20
 QUIET_LOG_LEVEL = "ERROR"
-
-
-class InputError(Exception):
-    """A capture path that cannot be verified (missing, empty, damaged)."""
 
 
 @dataclass
@@ -94,6 +95,7 @@ def spark_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
         **({"spark.sql.shuffle.partitions": str(shuffle_partitions)} if shuffle_partitions else {}),
+        **worker_python(conf or {}),
         **(conf or {}),
     }
     if local:
@@ -102,6 +104,7 @@ def spark_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(QUIET_LOG_LEVEL)
+    ship(spark)  # executors need not have this package installed
     register(spark)
     return spark
 
@@ -109,18 +112,6 @@ def spark_session(
 def _submitted() -> bool:
     """Running under spark-submit (which passes the master itself)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
-
-
-def _segments(path: str, label: str) -> list[str]:
-    try:
-        files = list_segment_files(path)
-    except FileNotFoundError as exc:
-        raise InputError(f"{label}: {exc}") from None
-    except OSError as exc:
-        raise InputError(f"{label}: cannot list {path}: {exc}") from None
-    if not files:
-        raise InputError(f"{label}: no capture segments (*.tucap) under {path}")
-    return files
 
 
 def _side(spark: Any, path: str, label: str, direction: str | None) -> Any:
@@ -150,8 +141,8 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
     from pyspark.sql.window import Window
 
     started = time.monotonic()
-    left_files = _segments(config.left, "LEFT")
-    right_files = _segments(config.right, "RIGHT")
+    left_files = capture_files(config.left, "LEFT")
+    right_files = capture_files(config.right, "RIGHT")
     if spark is None:
         spark = spark_session(
             config.master,
@@ -184,6 +175,12 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
                 "rank", F.row_number().over(Window.partitionBy("check").orderBy("vbucket", "key"))
             )
             samples = ranked.filter(F.col("rank") <= config.samples).drop("rank").collect()
+            in_flight = (
+                results.filter("row_type = 'in_flight'")
+                .orderBy("vbucket", "key")
+                .limit(config.samples)
+                .collect()
+            )
             if config.mismatches:
                 keep = [
                     c
@@ -206,6 +203,7 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
         diagnostics=[r.asDict() for r in diagnostics],
         counts=[r.asDict() for r in counts],
         samples=[r.asDict() for r in samples],
+        in_flight=[r.asDict() for r in in_flight],
         segments={"left": len(left_files), "right": len(right_files)},
         timing=timing,
         memory={

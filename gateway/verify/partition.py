@@ -5,8 +5,9 @@ repartitioned by vbucket and sorted by (vbucket, side, stream, segment,
 idx), so each vbucket arrives whole, each stream in arrival order. It
 gathers one vbucket at a time, applies ``streams.check_stream`` to every
 stream and ``checks.reconcile_key`` to every key, and yields result rows
-(``RESULT_DDL``): one ``mismatch`` row per fault, one ``stats`` row per
-vbucket (counts and the latency histogram), and the data source's
+(``RESULT_DDL``): one ``mismatch`` row per fault, one ``in_flight`` row per
+key that differs only by changes past the vbucket's cut (``CUT`` records),
+one ``stats`` row per vbucket (counts and the latency histogram), and the data source's
 diagnostic rows passed through as ``diagnostic`` rows.
 """
 
@@ -42,6 +43,7 @@ _UNSIGNED = frozenset({"by_seqno", "rev_seqno", "cas", "checkpoint_id", "snap_st
 INPUT_COLUMNS = ("side", "protocol", "stream", *RECORD_COLUMNS)
 SORT_COLUMNS = ("vbucket", "side", "stream", "segment", "idx")
 OUTPUT_ROWS = 8192
+_CUT = int(Kind.CUT)
 
 _STATE_FIELDS = ("kind", "by_seqno", "rev_seqno", "cas", "flags", "expiration", "digest")
 RESULT_ARROW = pa.schema(
@@ -65,6 +67,7 @@ RESULT_ARROW = pa.schema(
         ("left_items", pa.int64()),
         ("right_items", pa.int64()),
         ("keys", pa.int64()),
+        ("in_flight", pa.int64()),
         ("lat_count", pa.int64()),
         ("lat_sum", pa.float64()),
         ("lat_min", pa.float64()),
@@ -106,9 +109,9 @@ class _Output:
         self.rows = 0
         return batch
 
-    def mismatch(self, m: Mismatch) -> None:
+    def mismatch(self, m: Mismatch, row_type: str = "mismatch") -> None:
         row: dict[str, Any] = {
-            "row_type": "mismatch",
+            "row_type": row_type,
             "check": str(m.check),
             "vbucket": m.vbucket,
             "key": m.key,
@@ -144,8 +147,18 @@ class _Vbucket:
         self.items = {"left": 0, "right": 0}
         self._stream: tuple[str, str] | None = None
         self._current: list[CaptureRecord] = []
+        self.cuts: dict[str, int] = {}
+        """Each side's CUT (a CAS) for this vbucket, if it has one."""
+
+    @property
+    def cut(self) -> int | None:
+        """The point both sides claim to have reached: the lower of their cuts."""
+        return min(self.cuts.values()) if self.cuts else None
 
     def add(self, side: str, protocol: str, stream: str, r: CaptureRecord) -> None:
+        if r.kind == _CUT:
+            self.cuts[side] = min(r.cas, self.cuts.get(side, r.cas))
+            return
         if self._stream != (side, stream):
             self._stream = (side, stream)
             self._current = []
@@ -170,10 +183,15 @@ class _Vbucket:
             for m in check_stream(side, protocol, vb, records):
                 out.mismatch(m)
         hist = Histogram()
+        cut = self.cut
+        in_flight = 0
         for key, (left, right) in self.keys.items():
-            outcome = reconcile_key(vb, key, list(left.values()), list(right.values()))
+            outcome = reconcile_key(vb, key, list(left.values()), list(right.values()), cut)
             for m in outcome.mismatches:
                 out.mismatch(m)
+            if outcome.in_flight:
+                in_flight += 1
+                out.mismatch(outcome.in_flight[0], "in_flight")
             if outcome.latencies:
                 hist.add_all(outcome.latencies)
         out.add(
@@ -185,6 +203,7 @@ class _Vbucket:
                 "left_items": self.items["left"],
                 "right_items": self.items["right"],
                 "keys": len(self.keys),
+                "in_flight": in_flight,
                 "lat_count": hist.count,
                 "lat_sum": hist.total,
                 "lat_min": hist.low if hist.count else None,

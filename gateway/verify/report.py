@@ -42,6 +42,18 @@ def _state(row: dict[str, Any], side: str) -> dict[str, Any] | None:
     }
 
 
+def _sample(s: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "check": s["check"],
+        "vbucket": s["vbucket"],
+        "key": _key_text(s["key"]),
+        "side": s["side"],
+        "detail": s["detail"],
+        "left": _state(s, "left"),
+        "right": _state(s, "right"),
+    }
+
+
 def build_report(
     config: VerifyConfig,
     *,
@@ -50,6 +62,7 @@ def build_report(
     counts: list[dict[str, Any]],
     samples: list[dict[str, Any]],
     segments: dict[str, int],
+    in_flight: list[dict[str, Any]] | None = None,
     timing: dict[str, float],
     memory: dict[str, int],
     master: str,
@@ -82,17 +95,18 @@ def build_report(
             "by_check": by_check,
             "by_check_and_side": by_side,
             "samples": [
-                {
-                    "check": s["check"],
-                    "vbucket": s["vbucket"],
-                    "key": _key_text(s["key"]),
-                    "side": s["side"],
-                    "detail": s["detail"],
-                    "left": _state(s, "left"),
-                    "right": _state(s, "right"),
-                }
+                _sample(s)
                 for s in sorted(samples, key=lambda s: (s["check"], s["vbucket"], s["key"] or b""))
             ],
+        },
+        "in_flight": {
+            "total": sum(r.get("in_flight") or 0 for r in stats),
+            "by_vbucket": {
+                str(r["vbucket"]): r["in_flight"]
+                for r in sorted(stats, key=lambda r: r["vbucket"])
+                if r.get("in_flight")
+            },
+            "samples": [_sample(s) for s in in_flight or []],
         },
         "latency": merge_histograms(stats).summary(),
         "diagnostics": [
@@ -148,6 +162,17 @@ def summary(report: dict[str, Any]) -> str:
         for sample in [s for s in mism["samples"] if s["check"] == check][:3]:
             lines.append(
                 f"    vb {sample['vbucket']} key {sample['key']!r}: [{sample['side']}] "
+                f"{sample['detail']}"
+            )
+    flight = report["in_flight"]
+    if flight["total"]:
+        lines.append(
+            f"  in flight (changes past the cut, not a failure): {flight['total']} keys in "
+            f"{len(flight['by_vbucket'])} vbuckets"
+        )
+        for sample in flight["samples"][:3]:
+            lines.append(
+                f"    vb {sample['vbucket']} key {sample['key']!r}: {sample['check']}: "
                 f"{sample['detail']}"
             )
     for diag in report["diagnostics"]:

@@ -19,16 +19,15 @@ Paths are local directories/files, ``file://`` URIs, or any URI
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from gateway.capture.records import FIELD_COUNT
-from gateway.capture.segments import SUFFIX, SegmentError, TornTail, decode_header, iter_blocks
+from gateway.capture.segments import SegmentError, TornTail, decode_header, iter_blocks
+from gateway.verify.inputs import is_local, list_segment_files, local_path
 
 NAME = "tapupr-capture"
 TORN = 100
@@ -76,50 +75,9 @@ ARROW_SCHEMA = pa.schema(
 # -- files ------------------------------------------------------------------------
 
 
-def _is_local(path: str) -> bool:
-    scheme = urlparse(path).scheme
-    return scheme in ("", "file") or len(scheme) == 1  # a Windows drive letter
-
-
-def _local(path: str) -> str:
-    return urlparse(path).path if path.startswith("file:") else path
-
-
-def list_segment_files(path: str) -> list[str]:
-    """Segment files under ``path`` (a file or directory, local or URI), sorted."""
-    if _is_local(path):
-        root = _local(path)
-        if os.path.isfile(root):
-            return [root]
-        if not os.path.isdir(root):
-            raise FileNotFoundError(f"no such capture directory: {path}")
-        found = [
-            os.path.join(folder, name)
-            for folder, _, names in os.walk(root)
-            for name in names
-            if name.endswith(SUFFIX)
-        ]
-        return sorted(found)
-    from pyarrow import fs
-
-    filesystem, root = fs.FileSystem.from_uri(path)
-    info = filesystem.get_file_info(root)
-    if info.type == fs.FileType.File:
-        return [path]
-    if info.type == fs.FileType.NotFound:
-        raise FileNotFoundError(f"no such capture directory: {path}")
-    selector = fs.FileSelector(root, recursive=True)
-    prefix = path[: len(path) - len(root)] if path.endswith(root) else ""
-    return sorted(
-        prefix + f.path
-        for f in filesystem.get_file_info(selector)
-        if f.type == fs.FileType.File and f.path.endswith(SUFFIX)
-    )
-
-
 def read_bytes(path: str) -> bytes:
-    if _is_local(path):
-        with open(_local(path), "rb") as handle:
+    if is_local(path):
+        with open(local_path(path), "rb") as handle:
             return handle.read()
     from pyarrow import fs
 

@@ -35,6 +35,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from tests.support.waiting import until as until  # re-exported for the tests
 
 OPCODES: dict[type, TapOpcode] = {
     TapMutation: TapOpcode.MUTATION,
@@ -182,9 +183,3 @@ async def start_node(nursery: trio.Nursery, store: Any = None, **config: Any) ->
         store.add_listener(node.changes.notify)
     listeners = await nursery.start(node.serve, "127.0.0.1", 0)
     return node, bound_port(listeners)
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Let the other tasks run until ``condition`` holds (callers bound the time)."""
-    while not condition():
-        await trio.testing.wait_all_tasks_blocked(0.001)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from adapters import upr
 from adapters.mcbp import Frame, FrameReader
 from adapters.mcbp.constants import Status
 from adapters.upr.flow_control import is_counted
+from tests.support.waiting import until as until  # re-exported for the tests
 
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 ITEM_EVENTS = (upr.Mutation, upr.Deletion, upr.Expiration)
@@ -298,9 +298,3 @@ async def start_node(nursery: trio.Nursery, store: Any = None, **config: Any) ->
     node = Node(store, NodeConfig(**config))
     listeners = await nursery.start(node.serve, "127.0.0.1", 0)
     return node, bound_port(listeners)
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Let the other tasks run until ``condition`` holds (callers bound the time)."""
-    while not condition():
-        await trio.testing.wait_all_tasks_blocked(0.001)

@@ -167,11 +167,20 @@ def test_any_chunking_yields_the_same_events(batch: list[TapEvent], data: st.Dat
 def test_random_bytes_yield_events_or_protocol_error(blob: bytes) -> None:
     decoder = TapDecoder(max_frame_size=4096)
     decoder.receive_data(blob)
+    events: list[TapEvent] = []
     try:
-        while decoder.next_event() is not None:
-            pass
+        while (event := decoder.next_event()) is not None:
+            events.append(event)
     except ProtocolError:
         pass
+    else:
+        # Stopped for want of bytes: what is left is less than one whole frame.
+        left = decoder.buffered
+        declared = int.from_bytes(blob[len(blob) - left + 8 : len(blob) - left + 12], "big")
+        assert left < 24 or left < 24 + declared
+    # Whatever decoded encodes again, to the same event.
+    for event in events:
+        assert decode_chunks([encode(event)]) == [event]
 
 
 @given(st.lists(events, min_size=1, max_size=4), st.binary(min_size=24, max_size=80))

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from gateway.capture import read_capture
-from gateway.capture.command import add_capture_parser, options_from
+from gateway.capture.command import add_capture_parser, options_from, two_sided_options
 from gateway.node.store import Store
 from tests.support.tap_client import start_node
 
@@ -47,10 +47,11 @@ def test_arguments() -> None:
     side, options = options_from(args)
     assert side == "upr" and options.vbuckets == (0, 1, 2, 7) and options.until_caught_up
     assert options.max_segment_bytes == 2 * 1024 * 1024 and options.dialect == "upr-draft"
+    both = parser().parse_args(["capture", "--tap", "h:1", "--upr", "h:2", "--out", "d"])
+    tap, upr = two_sided_options(both)
+    assert (tap.port, tap.out, upr.port, upr.out) == (1, Path("d/tap"), 2, Path("d/upr"))
     for bad in (
-        ["capture", "--out", "d"],
         ["capture", "--tap", "h:x", "--out", "d"],
-        ["capture", "--tap", "h:1", "--upr", "h:2", "--out", "d"],
         ["capture", "--tap", "h:1", "--out", "d", "--vbuckets", "a"],
     ):
         with pytest.raises(SystemExit):
@@ -117,3 +118,42 @@ async def test_until_caught_up_and_sigterm(nursery: trio.Nursery, tmp_path: Path
     segments = list(read_capture(live))
     assert all(segment.torn is None for _, segment in segments)
     assert sum(len(s.records) for _, s in segments) >= 200
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.capture", "capture", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_unwritable_out_and_no_endpoint_exit_non_zero(tmp_path: Path) -> None:
+    """Operators' scripts rely on the exit status: nothing recorded is never success."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    got = _run_cli("--upr", "127.0.0.1:1", "--out", str(a_file))
+    assert got.returncode == 1
+    assert got.stderr.strip() == f"capture: --out {a_file}: exists and is not a directory"
+    got = _run_cli("--out", str(tmp_path / "d"))
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "--tap" in got.stderr
+
+
+def test_dropped_records_or_a_closed_server_are_incomplete() -> None:
+    from gateway.capture.command import _incomplete
+    from gateway.capture.session import CaptureResult
+
+    def result(stopped: str, dropped: int = 0) -> CaptureResult:
+        done = CaptureResult("upr", "c", [0], {0: 5}, stopped=stopped)
+        done.dropped = dropped
+        return done
+
+    assert _incomplete(result("caught-up"), until=True) is None
+    assert _incomplete(result("stopped"), until=False) is None
+    assert "628 records dropped" in str(_incomplete(result("stopped", 628), until=False))
+    assert "closed" in str(_incomplete(result("server-closed"), until=False))
+    assert "before every vbucket caught up" in str(_incomplete(result("stopped"), until=True))

@@ -47,7 +47,7 @@ from gateway.client import McbpClient
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
 from gateway.serve import Running, ServeOptions, run_serve
-from gateway.stats import TAP_FRONT, UPR_FRONT
+from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.wire import bound_port
 from tests.gateway.serve.test_serve import http_get
 from tests.gateway.tapfront.test_tap_front_stream import catch_up
@@ -96,6 +96,7 @@ class UprNode:
         self.data_dir = data_dir
         self.store = Store(VBUCKETS, data_dir=data_dir)
         self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
         self.port = 0
 
     async def start(self, nursery: trio.Nursery) -> int:
@@ -105,19 +106,23 @@ class UprNode:
     async def restart(self, nursery: trio.Nursery) -> None:
         """Stop the node (its connections drop), reopen the store, listen again."""
         self.scope.cancel()
+        await self.stopped.wait()  # its listener is closed: the port can be bound again
         self.store.close()
         self.store = Store(VBUCKETS, data_dir=self.data_dir)
-        await trio.sleep(0.1)  # let the old listener close before binding its port again
         await self.start(nursery)
 
     async def _run(self, port: int, *, task_status: trio.TaskStatus[int]) -> None:
         self.scope = trio.CancelScope()
+        self.stopped = stopped = trio.Event()
         config = NodeConfig(vbuckets=VBUCKETS, tap_noop_interval=0.5, tap_backoff=0.05)
-        with self.scope:
-            async with trio.open_nursery() as inner:
-                node = Node(self.store, config)
-                listeners = await inner.start(node.serve, "127.0.0.1", port)
-                task_status.started(bound_port(listeners))
+        try:
+            with self.scope:
+                async with trio.open_nursery() as inner:
+                    node = Node(self.store, config)
+                    listeners = await inner.start(node.serve, "127.0.0.1", port)
+                    task_status.started(bound_port(listeners))
+        finally:
+            stopped.set()
 
 
 @dataclass
@@ -146,6 +151,8 @@ class Lagger:
     acking: bool = True
     held: list[TapStreamMessage] = field(default_factory=list)
     received: int = 0
+    # The reading loop and resume() both send acks: one at a time on the socket.
+    sending: trio.Lock = field(default_factory=trio.Lock)
 
     async def run(self) -> None:
         while (event := await self.client.next_event()) is not None:
@@ -154,7 +161,8 @@ class Lagger:
                 continue
             assert isinstance(event, TapStreamMessage)
             if self.acking:
-                await self.client.ack(event)
+                async with self.sending:
+                    await self.client.ack(event)
             else:
                 self.held.append(event)
 
@@ -162,8 +170,10 @@ class Lagger:
         """Ack again: the last message held covers everything sent before it."""
         self.acking = True
         if self.held:
-            await self.client.ack(self.held[-1])
+            last = self.held[-1]
             self.held.clear()
+            async with self.sending:
+                await self.client.ack(last)
 
 
 async def consume(client: UprClient) -> None:
@@ -177,14 +187,17 @@ async def consume(client: UprClient) -> None:
 # -- events the dashboard's counters need ---------------------------------------
 
 
-async def tap_front_rollback(port: int, upr_node: UprNode, tmp_path: Path) -> None:
+async def tap_front_rollback(
+    port: int, upr_node: UprNode, tmp_path: Path, stats: GatewayStats
+) -> None:
     """A registered client comes back after a failover below what it acked: one rollback."""
     flags = F.BACKFILL | F.SUPPORT_ACK | F.REGISTERED_CLIENT
     replica = Replica()
     first = await TapClient.open(port, connect_event(b"rb", flags, backfill_date=0))
     await catch_up(first, replica, upr_node.store)
     await first.aclose()
-    await trio.sleep(0.1)  # the session notices the close and keeps its position
+    # The session noticed the close, saved its position and let go of the name.
+    await until(lambda: not any(s.connection == "rb" for s in stats.active(TAP_FRONT)))
     store = upr_node.store
     store.rollback(1, store.high_seqno(1) - 20)
     store.failover(1)
@@ -296,7 +309,7 @@ async def test_prometheus_sees_the_real_fronts(
         async with trio.open_nursery() as clients:
             with trio.fail_after(30):
                 # While Prometheus finds its target: the events behind the counters.
-                await tap_front_rollback(running.tap_port, upr_node, tmp_path)
+                await tap_front_rollback(running.tap_port, upr_node, tmp_path, stats)
                 assert (
                     stats.rollbacks_total[TAP_FRONT] == 1 and TAP_FRONT in stats.last_rollback_seqno
                 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import urllib.request
 from dataclasses import dataclass
 
@@ -204,7 +205,7 @@ async def test_idle_connection_closed_silently(
     assert client.buffer == b""
 
 
-async def test_connection_limit_answers_503(
+async def test_connection_limit_answers_503_when_all_are_mid_request(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
@@ -212,12 +213,49 @@ async def test_connection_limit_answers_503(
     held = [await connect(port) for _ in range(2)]
     for client in held:
         assert (await client.request(get())).status == 200
+        await client.stream.send_all(b"GET /metrics HTTP/1.1\r\n")  # a head under way
     extra = await connect(port)
     reply = await extra.reply()
     assert reply.status == 503
+    assert b"mid-request" in reply.body
     await held[0].stream.aclose()
-    await trio.sleep(0.05)
+    newcomer = await connect(port)
+    # The closed one's place frees as soon as the server sees the close.
+    while (reply := await newcomer.request(get())).status == 503:
+        newcomer = await connect(port)
+    assert reply.status == 200
+
+
+async def test_idle_keep_alives_yield_to_a_new_scrape(nursery: trio.Nursery) -> None:
+    """More idle keep-alive connections than the cap never lock a scrape out: each
+    newcomer closes the longest-idle one (server.py ``MetricsServer._close_oldest_idle``)."""
+    limit = server_module.MAX_CONNECTIONS
+    port = await start(nursery, busy_stats())
+    idlers = []
+    for _ in range(limit + 8):
+        client = await connect(port)
+        assert (await client.request(get())).status == 200
+        idlers.append(client)
+    scraper = await connect(port)
+    for _ in range(3):
+        reply = await scraper.request(get())
+        assert reply.status == 200
+        assert b"tapupr_active_connections" in reply.body
+    # The first ones (idle longest) were closed quietly, with no bytes; the newest live on.
+    for client in idlers[:9]:
+        assert await client.closed()
+        assert client.buffer == b""
+    assert (await idlers[-1].request(get())).status == 200
+
+
+async def test_connections_that_never_send_yield_too(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 4)
+    port = await start(nursery, busy_stats())
+    silent = [await connect(port) for _ in range(10)]
     assert (await (await connect(port)).request(get())).status == 200
+    assert await silent[0].closed()
 
 
 async def test_render_failure_is_500_not_a_crash(nursery: trio.Nursery) -> None:
@@ -267,3 +305,45 @@ async def test_scrapes_while_streams_churn(nursery: trio.Nursery) -> None:
         assert reply.status == 200
         parse(reply.body.decode())  # well formed, no duplicate series
     done.set()
+
+
+async def test_health_status_and_page_routes(nursery: trio.Nursery) -> None:
+    """Without a ``Health`` (a bare metrics server) there is nothing to wait for."""
+    port = await start(nursery, busy_stats())
+    client = await connect(port)
+    alive = await client.request(get("/healthz"))
+    assert alive.status == 200 and alive.headers["content-type"] == "application/json"
+    assert json.loads(alive.body)["alive"] is True
+    ready = await client.request(get("/readyz"))
+    assert (ready.status, json.loads(ready.body)) == (200, {"ready": True, "not_ready": []})
+    doc = json.loads((await client.request(get("/status.json"))).body)
+    assert [s["connection"] for s in doc["streams"]] == ["replica-1"]
+    assert doc["streams"][0]["send_lag_items"] == 9
+    page = await client.request(get("/"))
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
+    assert b"/status.json" in page.body and b"<script" in page.body
+    assert b"http://" not in page.body and b"https://" not in page.body  # nothing external
+    head = await client.request(b"HEAD /readyz HTTP/1.1\r\nHost: t\r\n\r\n", head_only=True)
+    assert head.status == 200 and int(head.headers["content-length"]) > 0
+    missing = await (await connect(port)).request(get("/health"))
+    assert missing.status == 404 and b"/healthz" in missing.body
+
+
+async def test_readyz_is_503_naming_what_is_not_ready(nursery: trio.Nursery) -> None:
+    from gateway.health import Health
+
+    health = Health()
+    health.upstream("--tap-upstream", "node1:11210").record(False, "host unreachable")
+    port: int = await nursery.start(lambda task_status: serve_metrics(
+        busy_stats(), "127.0.0.1", 0, health=health, task_status=task_status
+    ))  # fmt: skip
+    client = await connect(port)
+    reply = await client.request(get("/readyz"))
+    assert reply.status == 503
+    assert json.loads(reply.body)["not_ready"] == [
+        "listeners are still being bound",
+        "--tap-upstream node1:11210 is unreachable: host unreachable",
+    ]
+    # A 503 here is an answer, not a refusal: the connection stays open.
+    assert "connection" not in reply.headers
+    assert (await client.request(get("/healthz"))).status == 200

@@ -111,14 +111,25 @@ async def test_busy_nack_resends_the_same_sequence_numbers(nursery: trio.Nursery
 
 
 async def test_other_nacks_close_the_stream(nursery: trio.Nursery) -> None:
-    _, port = await start_node(nursery, store_with(10))
+    """A nack other than TMPFAIL/EBUSY disconnects the client (ep-engine 2.5.1
+    tapconnection.cc, TapProducer::processAck: the default case returns
+    ENGINE_DISCONNECT)."""
+    node, port = await start_node(nursery, store_with(10))
     connect = connect_event(b"picky", ACKED_BACKFILL, backfill_date=0, vbuckets=(0,))
     with trio.fail_after(5):
         async with await TapClient.open(port, connect) as client:
             first = await client.message()
+            await until(lambda: node.tap.get("picky") is not None)
             await client.ack(first, Status.KEY_EXISTS, b"no thanks")
-            while await client.next_event() is not None:
-                pass  # the node closes after what it had queued
+            after_nack: list[TapEvent] = []
+            while (event := await client.next_event()) is not None:
+                after_nack.append(event)  # what the node had already queued
+            # The node closed the connection (next_event saw the end) and let go of it.
+            await until(lambda: node.tap.get("picky") is None)
+    # Vbucket 0 holds 5 items; none is sent twice and no registration keeps a position.
+    keys = [e.key for e in (first, *after_nack) if isinstance(e, TapMutation)]
+    assert len(keys) == len(set(keys)) <= 5
+    assert node.tap.registration("picky") is None
 
 
 async def test_registered_client_resumes_by_name(nursery: trio.Nursery) -> None:

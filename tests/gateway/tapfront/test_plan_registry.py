@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,32 @@ def test_positions_are_always_valid_resume_points_and_acks_come_once(
     else:
         asked = [e.opaque for e in events if isinstance(e, upr.SnapshotMarker) and e.flags & 8]
         assert replies == asked  # every acked marker answered once, in order
+
+
+def test_saves_from_the_loop_and_a_thread_never_collide_nor_go_back(tmp_path: Path) -> None:
+    """A session's final save (on the loop) may meet the periodic save (a worker
+    thread): neither fails, and the file ends with the newest positions."""
+    registry = Registry.open(tmp_path)
+    registry.register("client")
+    snapshots = []
+    for seqno in range(1, 41):
+        registry.advance("client", 0, VbResume(7, seqno, seqno, seqno))
+        snapshot = registry.snapshot()
+        assert snapshot is not None
+        snapshots.append(snapshot)
+    # Writers racing in every order: oldest last included.
+    barrier = threading.Barrier(8)
+
+    def write_some(start: int) -> None:
+        barrier.wait()
+        for snapshot in reversed(snapshots[start::8]):
+            registry.write(snapshot)
+
+    threads = [threading.Thread(target=write_some, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert registry.path is not None and not registry.path.with_suffix(".tmp").exists()
+    reopened = Registry.open(tmp_path)
+    assert reopened.positions("client") == {0: VbResume(7, 40, 40, 40)}

@@ -103,12 +103,18 @@ async def test_upstream_restart_mid_stream_leaves_no_gap_and_no_duplicate(
     write_keys(store, b"before", 3000)
     config = NodeConfig(vbuckets=VBUCKETS, tap_noop_interval=0.5)
     node_scope = trio.CancelScope()
+    node_stopped = trio.Event()
 
     async def run_node(store: Store, port: int, *, task_status: trio.TaskStatus[int]) -> None:
-        with node_scope:
-            async with trio.open_nursery() as inner:
-                listeners = await inner.start(Node(store, config).serve, "127.0.0.1", port)
-                task_status.started(bound_port(listeners))
+        nonlocal node_stopped
+        node_stopped = stopped = trio.Event()
+        try:
+            with node_scope:
+                async with trio.open_nursery() as inner:
+                    listeners = await inner.start(Node(store, config).serve, "127.0.0.1", port)
+                    task_status.started(bound_port(listeners))
+        finally:
+            stopped.set()  # its listener and connections are closed: the port is free
 
     node_port = await nursery.start(run_node, store, 0)
     front, port = await start_front(nursery, node_port, buffer_size=16 * 1024)
@@ -123,8 +129,8 @@ async def test_upstream_restart_mid_stream_leaves_no_gap_and_no_duplicate(
             replica.apply(batch)
             events.extend(batch)
         node_scope.cancel()  # the node dies mid-backfill
+        await node_stopped.wait()
         store.close()
-        await trio.sleep(0.2)
         store = Store(VBUCKETS, data_dir=tmp_path / "node")
         write_keys(store, b"after", 200)
         node_scope = trio.CancelScope()

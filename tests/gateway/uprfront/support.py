@@ -59,6 +59,22 @@ def config(state_dir: Path, node_port: int, **kw: Any) -> UprFrontConfig:
     return UprFrontConfig(("127.0.0.1", 0), ("127.0.0.1", node_port), state_dir, **kw)
 
 
+class FrontScope:
+    """The cancel scope a test front runs in, and when it has stopped."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+
+    async def stop(self) -> None:
+        """Cancel (no clean close: as if killed) and wait until every task of it ended."""
+        self.scope.cancel()
+        await self.stopped.wait()
+
+
 async def start_front(
     nursery: trio.Nursery,
     state_dir: Path,
@@ -67,17 +83,20 @@ async def start_front(
     stats: GatewayStats | None = None,
     close_logs: bool = True,
     **kw: Any,
-) -> tuple[UprFront, int, trio.CancelScope]:
+) -> tuple[UprFront, int, FrontScope]:
     """The gateway in its own cancel scope (cancel it to stop or "kill" it)."""
     front = UprFront(config(state_dir, node_port, **kw), stats)
-    scope = trio.CancelScope()
+    running = FrontScope()
 
     async def run(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        with scope:
-            await front.run(close_logs=close_logs, task_status=task_status)
+        try:
+            with running.scope:
+                await front.run(close_logs=close_logs, task_status=task_status)
+        finally:
+            running.stopped.set()
 
     port = await nursery.start(run)
-    return front, port, scope
+    return front, port, running
 
 
 def store_state(store: Store, vb: int) -> dict[bytes, tuple[int, bytes | None]]:

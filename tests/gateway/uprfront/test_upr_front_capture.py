@@ -87,8 +87,7 @@ async def test_captures_hold_what_was_received_and_exactly_what_was_sent(
     await client.aclose()
     with trio.fail_after(10):
         await until(lambda: not front.connections)
-    scope.cancel()  # the gateway stops: every recorder flushes and closes its segment
-    await trio.sleep(0.05)
+    await scope.stop()  # the gateway stops: every recorder flushes and closes its segment
 
     metas = [meta for meta, _ in segments(captures)]
     assert {(m["side"], m["connection"], m["direction"]) for m in metas} == {

@@ -72,8 +72,7 @@ async def test_killed_gateway_resumes_without_loss_or_reused_seqnos(
         vb: (front.logs.logs[vb].failover.uuid, log.items[-1].by_seqno)
         for vb, log in before.items()
     }
-    scope.cancel()  # no clean close: as if killed
-    await trio.sleep(0.05)
+    await scope.stop()  # no clean close: as if killed
     await write_load(store, 200, seed=4)
     front2, port2, scope2 = await start_front(nursery, tmp_path, node_port)
     with trio.fail_after(10):
@@ -98,8 +97,7 @@ async def test_torn_tail_starts_a_new_history_past_every_used_seqno(
     with trio.fail_after(10):
         await until(lambda: caught_up(front, store))
     old = {vb: (v.failover.uuid, v.high_seqno, v.reserved) for vb, v in front.logs.logs.items()}
-    scope.cancel()
-    await trio.sleep(0.05)
+    await scope.stop()
     segment = front.logs.logs[0].segments[-1].path
     with open(segment, "ab") as f:
         f.write(b"\x00\x00\x01\x00garbage")  # half a record, as a crash mid-write leaves
@@ -231,8 +229,16 @@ async def test_sigkilled_gateway_process_loses_nothing_acked(
         with load:
             await write_load(store, 10_000, seed=9, pause_every=10)
 
+    def acked_live_writes() -> bool:
+        registration = node.tap.registration("upr-front")
+        return registration is not None and any(
+            position.seqno > filled[vb] for vb, position in registration.positions.items()
+        )
+
+    filled = {vb: store.high_seqno(vb) for vb in range(VBUCKETS)}
     nursery.start_soon(keep_writing)
-    await trio.sleep(0.3)
+    with trio.fail_after(20):
+        await until(acked_live_writes)
     proc.send_signal(signal.SIGKILL)  # mid-stream, while writes go on
     await proc.wait()
     load.cancel()

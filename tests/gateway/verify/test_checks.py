@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from gateway.capture import CaptureRecord, digest, item_record, marker_record
+from gateway.capture import CaptureRecord, Kind, digest, item_record, marker_record
 from gateway.verify.checks import Check, final_state, latencies, reconcile_key
 from gateway.verify.latency import SIZE, Histogram, bucket, bucket_value
 from gateway.verify.streams import check_stream
@@ -235,3 +235,57 @@ def test_histogram_buckets_and_merge() -> None:
     one.merge(two.counts, two.count, two.total, two.low, two.high)
     assert one.summary()["count"] == 3 and one.low == -0.3 and one.high == 0.2
     assert Histogram().summary() == {"count": 0} and Histogram().quantile(0.5) is None
+
+
+# -- the cut of a two-sided capture (gateway.capture.cut) ----------------------------
+
+
+def test_changes_past_the_cut_are_in_flight_not_mismatches() -> None:
+    base = [mut(1, 10), mut(2, 20, b"w")]
+    # Left recorded a change past the cut (CAS 25) that right never reached.
+    outcome = reconcile_key(3, K, [[*base, mut(3, 30, b"x")]], [base], cut=25)
+    assert outcome.mismatches == [] and Check.VALUE in {m.check for m in outcome.in_flight}
+    # Right's version inside the cut was superseded past it (deduplicated on its path).
+    outcome = reconcile_key(3, K, [base], [[base[0], mut(3, 30, b"x")]], cut=25)
+    assert outcome.mismatches == [] and outcome.in_flight
+    # A key only one side has, created past the cut: in flight.
+    outcome = reconcile_key(3, K, [[mut(1, 30)]], [], cut=25)
+    assert outcome.mismatches == [] and [m.check for m in outcome.in_flight] == [Check.MISSING]
+
+
+def test_a_change_inside_the_cut_that_one_side_lacks_is_a_mismatch() -> None:
+    base = [mut(1, 10), mut(2, 20, b"w")]
+    outcome = reconcile_key(3, K, [base], [base[:1]], cut=25)
+    assert outcome.in_flight == [] and Check.VALUE in {m.check for m in outcome.mismatches}
+    outcome = reconcile_key(3, K, [[*base, gone("deletion", 3, 22)]], [base], cut=25)
+    assert [m.check for m in outcome.mismatches] == [Check.DELETED_VS_LIVE]
+
+
+def test_a_tap_delete_of_a_version_without_expiration_is_a_deletion() -> None:
+    """TAP cannot tell; the removed version in the same stream can (no TTL: no expiry)."""
+    tap = [[mut(1, 10), gone("delete", 2, 20)]]
+    assert final_state(tap).kind == int(Kind.DELETION)  # type: ignore[union-attr]
+    bad = reconcile_key(3, K, tap, [[mut(1, 10), gone("expiration", 2, 20)]])
+    assert [m.check for m in bad.mismatches] == [Check.DELETE_KIND]
+    ttl = [[mut(1, 10, exp=5), gone("delete", 2, 20)]]
+    assert final_state(ttl).kind == int(Kind.DELETE)  # type: ignore[union-attr]
+    gap = [[mut(1, 10), gone("delete", 3, 20)]]  # a version in between was not seen
+    assert final_state(gap).kind == int(Kind.DELETE)  # type: ignore[union-attr]
+
+
+@given(
+    shared=st.integers(0, 6),
+    left_past=st.integers(0, 4),
+    right_past=st.integers(0, 4),
+    values=st.lists(st.binary(max_size=2), min_size=15, max_size=15),
+)
+def test_records_past_the_cut_never_make_a_mismatch(
+    shared: int, left_past: int, right_past: int, values: list[bytes]
+) -> None:
+    """Two sides that agree up to the cut agree whatever each recorded past it."""
+    cut = 10 * shared + 5
+    history = [mut(i + 1, 10 * (i + 1), values[i]) for i in range(shared)]
+    past = [mut(shared + i + 1, cut + 10 * (i + 1), values[shared + i]) for i in range(4)]
+    outcome = reconcile_key(3, K, [history + past[:left_past]], [history + past[:right_past]], cut)
+    assert outcome.mismatches == []
+    assert bool(outcome.in_flight) == (left_past != right_past)

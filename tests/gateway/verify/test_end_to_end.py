@@ -6,7 +6,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+
+# The pipeline extra (pip install -e '.[pipeline]'): without it these tests skip.
+pytest.importorskip("pyarrow", reason="needs the pipeline extra")
+pytest.importorskip("pyspark", reason="needs the pipeline extra")
 
 from gateway.capture.session import CaptureOptions
 from gateway.capture.tap_capture import capture_tap

@@ -7,39 +7,41 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+
+# The pipeline extra (pip install -e '.[pipeline]'): without it these tests skip.
+pytest.importorskip("pyarrow", reason="needs the pipeline extra")
+pytest.importorskip("pyspark", reason="needs the pipeline extra")
 
 from gateway.capture.session import CaptureOptions
 from gateway.capture.tap_capture import capture_tap
 from gateway.capture.upr_capture import capture_upr
-from gateway.client import McbpClient
 from gateway.load import run_load
 from gateway.node.store import Store
 from gateway.serve import ServeOptions, run_serve
+from gateway.uprfront import UprFrontConfig
 from gateway.verify.job import VerifyConfig, run_verify
-from tests.support.tap_client import start_node
+from tests.support.tap_client import start_node, until
 
 VBUCKETS = 8
 ANY_PORT = ("127.0.0.1", 0)
 
 
-async def settled_high_seqnos(port: int) -> dict[str, str]:
-    """The UPR front's ``STAT vbucket-seqno`` once its log stopped growing."""
-    previous: dict[str, str] = {}
-    while True:
-        async with await McbpClient.connect("127.0.0.1", port) as client:
-            current = await client.stats("vbucket-seqno")
-        if current == previous:
-            return current
-        previous = current
-        await trio.sleep(0.3)
+def upr_front_holds_everything(node: Any, store: Store) -> bool:
+    """The UPR front acknowledged (so logged) every vbucket up to the node's high seqno."""
+    registration = node.tap.registration(UprFrontConfig.tap_name)
+    return registration is not None and all(
+        vb in registration.positions and registration.positions[vb].seqno >= store.high_seqno(vb)
+        for vb in range(VBUCKETS)
+    )
 
 
 async def test_tap_front_and_upr_front_views_agree(
     nursery: trio.Nursery, tmp_path: Path, spark: Any
 ) -> None:
     store = Store(VBUCKETS, checkpoint_items=50)
-    _, node_port = await start_node(nursery, store, vbuckets=VBUCKETS)
+    node, node_port = await start_node(nursery, store, vbuckets=VBUCKETS)
     options = ServeOptions(
         tap_listen=ANY_PORT,
         upr_listen=ANY_PORT,
@@ -57,7 +59,7 @@ async def test_tap_front_and_upr_front_views_agree(
         )
         assert not load.errors and load.deletes > 0
         await run_load("127.0.0.1", node_port, items=300, value_size=50, seed=7)
-        await settled_high_seqnos(running.upr_port)
+        await until(lambda: upr_front_holds_everything(node, store))
         tap = CaptureOptions("127.0.0.1", running.tap_port, tmp_path / "tap", until_caught_up=True)
         upr = CaptureOptions("127.0.0.1", running.upr_port, tmp_path / "upr", until_caught_up=True)
         tap_result = await capture_tap(tap)

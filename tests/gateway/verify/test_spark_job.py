@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 
+# The pipeline extra (pip install -e '.[pipeline]'): without it these tests skip.
+pytest.importorskip("pyarrow", reason="needs the pipeline extra")
+pytest.importorskip("pyspark", reason="needs the pipeline extra")
+
 from gateway.capture import CaptureRecord, Kind
 from gateway.capture.segments import encode_block
 from gateway.verify.command import add_verify_parser

@@ -1,0 +1,244 @@
+"""Throughput and added latency of the fronts, each beside a byte relay on the same upstream.
+
+The upstream is an in-memory producer serving pre-encoded streams (see
+``inmem.py``), so each figure isolates the gateway: the same reader reads the
+same items once through a plain trio byte relay and once through the
+gateway, alternately, best of ``--runs`` runs each.
+
+    python bench/throughput.py [--items 400000] [--vbuckets 64] [--runs 2]
+        [--large-items 50000] [--rates 2000,20000] [--only tap-backfill,...]
+
+Prints one table: path, items/s (and MB/s), the relay's, and the ratio; then
+the live latency over the relay (p50/p99/p99.9) at each rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import trio
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from readers import tap_read, upr_read
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@contextmanager
+def process(command: list[str], pattern: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """Run ``command``; yield it with the port its log line matching ``pattern`` names."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + HERE)
+    proc = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            found = re.search(pattern, line)
+            if found:
+                yield proc, int(found.group(1))
+                break
+        else:
+            raise SystemExit(f"{' '.join(command)} did not start")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def upr_source(items: int, value_size: int, vbuckets: int, rate: float = 0.0):  # type: ignore[no-untyped-def]
+    command = [sys.executable, os.path.join(HERE, "inmem.py"), str(items), str(value_size),
+               str(vbuckets), str(rate)]  # fmt: skip
+    return process(command, r"upr source on (\d+)")
+
+
+def relay(target: int):  # type: ignore[no-untyped-def]
+    code = f"import trio, inmem; trio.run(inmem.relay_main, {target})"
+    return process([sys.executable, "-c", code], r"relay on (\d+)")
+
+
+def gateway_tap_front(upstream: int):  # type: ignore[no-untyped-def]
+    command = [
+        sys.executable, "-m", "gateway", "serve", "--upr-upstream", f"127.0.0.1:{upstream}",
+        "--tap-listen", "127.0.0.1:0", "--no-metrics",
+    ]  # fmt: skip
+    return process(command, r"TAP front listening on 127\.0\.0\.1:(\d+)")
+
+
+def tap_source(items: int, value_size: int, vbuckets: int):  # type: ignore[no-untyped-def]
+    command = [sys.executable, os.path.join(HERE, "inmem.py"), "tap", str(items),
+               str(value_size), str(vbuckets)]  # fmt: skip
+    return process(command, r"tap source on (\d+)")
+
+
+def gateway_upr_front(upstream: int, state_dir: str):  # type: ignore[no-untyped-def]
+    command = [
+        sys.executable, "-m", "gateway", "serve", "--tap-upstream", f"127.0.0.1:{upstream}",
+        "--upr-listen", "127.0.0.1:0", "--state-dir", state_dir, "--no-metrics",
+    ]  # fmt: skip
+    return process(command, r"UPR front listening on 127\.0\.0\.1:(\d+)")
+
+
+def upr_front(items: int, vbuckets: int, runs: int) -> None:
+    """A consumer reading while the gateway ingests, then a second one from the log."""
+    highs = {vb: items // vbuckets + (vb < items % vbuckets) for vb in range(vbuckets)}
+    via_relay: list[tuple[int, int, float]] = []
+    ingest: list[tuple[int, int, float]] = []
+    from_log: list[tuple[int, int, float]] = []
+    with tap_source(items, 100, vbuckets) as (_, source), relay(source) as (_, relay_port):
+        for run in range(runs):
+            via_relay.append(
+                trio.run(
+                    partial(tap_read, relay_port, name=b"relay%d" % run, dump=False, expected=items)
+                )
+            )
+            with (
+                tempfile.TemporaryDirectory() as state,
+                gateway_upr_front(source, state) as (_, port),
+            ):
+                ingest.append(trio.run(partial(upr_read, port, highs, name=b"ingest")))
+                from_log.append(trio.run(partial(upr_read, port, highs, name=b"log")))
+    row("UPR front, consumer while ingesting", best(ingest), best(via_relay))
+    row("UPR front, from the log, 1 consumer", best(from_log), best(via_relay))
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+ROWS: list[tuple[str, float, float, float, float]] = []
+
+
+def row(label: str, gateway: tuple[int, int, float], relay: tuple[int, int, float]) -> None:
+    g_rate, r_rate = gateway[0] / gateway[2], relay[0] / relay[2]
+    ROWS.append((label, g_rate, gateway[1] / gateway[2] / 1e6, r_rate, relay[1] / relay[2] / 1e6))
+    print(
+        f"  {label:<44} {g_rate:>10,.0f} items/s {gateway[1] / gateway[2] / 1e6:7.1f} MB/s | "
+        f"relay {r_rate:>10,.0f} items/s {relay[1] / relay[2] / 1e6:7.1f} MB/s | "
+        f"ratio {g_rate / r_rate:.2f}",
+        flush=True,
+    )
+
+
+def best(results: list[tuple[int, int, float]]) -> tuple[int, int, float]:
+    return max(results, key=lambda r: r[0] / r[2])
+
+
+def tap_backfill(items: int, value_size: int, vbuckets: int, runs: int) -> None:
+    label = f"TAP front, backfill+dump, support-ack, {value_size} B"
+    with (
+        upr_source(items, value_size, vbuckets) as (_, source),
+        relay(source) as (_, relay_port),
+        gateway_tap_front(source) as (gateway, tap_port),
+    ):
+        highs = {vb: items // vbuckets + (vb < items % vbuckets) for vb in range(vbuckets)}
+        via_relay, via_gateway = [], []
+        cpu = 0.0
+        for run in range(runs):
+            via_relay.append(trio.run(partial(upr_read, relay_port, highs, name=b"relay")))
+            before = cpu_seconds(gateway.pid)
+            result = trio.run(partial(tap_read, tap_port, name=b"bench%d" % run, dump=True))
+            cpu = cpu_seconds(gateway.pid) - before
+            via_gateway.append(result)
+            for got in (via_relay[-1][0], result[0]):
+                if got != items:
+                    print(f"  warning: {got} items read, {items} expected")
+        row(label, best(via_gateway), best(via_relay))
+        print(f"  {'':<44} gateway CPU {cpu / items * 1e6:.1f} us/item (last run)")
+
+
+def quantiles(samples: list[float]) -> tuple[float, float, float]:
+    cuts = statistics.quantiles(samples, n=1000)
+    return cuts[499], cuts[989], cuts[998]
+
+
+def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
+    """One-item snapshots at ``rate`` items/s, read live through the TAP front and the relay."""
+    with (
+        upr_source(0, 100, vbuckets, rate) as (source_proc, source),
+        relay(source) as (_, relay_port),
+        gateway_tap_front(source) as (gateway, tap_port),
+    ):
+        highs = {vb: 0 for vb in range(vbuckets)}
+        cpu_before = cpu_seconds(gateway.pid)
+        expected = int(rate * seconds)
+        via_gateway: list[float] = []
+        via_relay: list[float] = []
+
+        async def both() -> None:
+
+            async def gateway_side() -> None:
+                await tap_read(tap_port, name=b"live", dump=False,
+                                            expected=expected, latencies=via_gateway)  # fmt: skip
+
+            async def relay_side() -> None:
+                await upr_read(relay_port, highs, name=b"relay", live=True,
+                                            expected=expected, latencies=via_relay)  # fmt: skip
+
+            with trio.move_on_after(seconds + 15):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(gateway_side)
+                    nursery.start_soon(relay_side)
+                    await trio.sleep(1.0)  # both streams requested
+                    assert source_proc.stdin is not None
+                    source_proc.stdin.write(f"go\n{expected}\n")
+                    source_proc.stdin.flush()
+
+        started = time.perf_counter()
+        trio.run(both)
+        cpu = cpu_seconds(gateway.pid) - cpu_before
+        got_gateway, got_relay = len(via_gateway), len(via_relay)
+        elapsed = time.perf_counter() - started
+        if len(via_gateway) < 10 or len(via_relay) < 10:
+            print(f"  live {rate:,.0f}/s: too few samples ({len(via_gateway)}, {len(via_relay)})")
+            return
+        g, r = quantiles(via_gateway), quantiles(via_relay)
+        print(
+            f"  TAP front live {rate:>7,.0f}/s: got {got_gateway:,}/{expected:,} "
+            f"(relay {got_relay:,}) in {elapsed:.1f}s; added p50 {(g[0] - r[0]) * 1e3:+.2f} ms, "
+            f"p99 {(g[1] - r[1]) * 1e3:+.2f} ms, p99.9 {(g[2] - r[2]) * 1e3:+.2f} ms "
+            f"(relay p50 {r[0] * 1e3:.2f} p99 {r[1] * 1e3:.2f} ms); "
+            f"gateway CPU {cpu / max(1, got_gateway) * 1e6:.1f} us/item",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--items", type=int, default=400_000)
+    parser.add_argument("--large-items", type=int, default=50_000, help="items of 4 KB")
+    parser.add_argument("--vbuckets", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--rates", default="2000,20000")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--only", default="tap-backfill,tap-large,upr,tap-live")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    if "tap-backfill" in only:
+        tap_backfill(args.items, 100, args.vbuckets, args.runs)
+    if "tap-large" in only:
+        tap_backfill(args.large_items, 4096, args.vbuckets, args.runs)
+    if "upr" in only:
+        upr_front(args.items, args.vbuckets, args.runs)
+    if "tap-live" in only:
+        for rate in args.rates.split(","):
+            tap_live(float(rate), args.vbuckets, args.seconds)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
