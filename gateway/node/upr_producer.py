@@ -142,9 +142,9 @@ class ProducerConnection(UprProducerBase):
         if stream is None or stream.state is StreamState.DEAD:
             await self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
             return
-        # 3.0 answers, then ends the stream with STREAM_END(CLOSED).
+        # Dead before the answer, so nothing of the stream follows it.
+        stream.close_by_consumer()
         await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
-        stream.close(upr.StreamEndReason.CLOSED)
 
     def _on_expiry_opcode(self, enabled: bool) -> None:
         self.settings.expiry_opcode = enabled
