@@ -47,7 +47,7 @@ import trio
 
 from adapters import upr
 from adapters.mcbp import Status
-from adapters.upr.rollback import answer_stream_request
+from adapters.upr.rollback import answer_stream_request, refusal
 from gateway.node.items import Item, ItemKind, VBucketState
 
 if TYPE_CHECKING:
@@ -84,20 +84,16 @@ class StreamSettings:
     """CONTROL enable_expiry_opcode: expirations travel as EXPIRATION."""
 
 
-def _refusal(req: upr.StreamRequest, status: Status, text: str) -> upr.Response:
-    return upr.Response(upr.Command.STREAM_REQ, req.opaque, status.value, text.encode())
-
-
 def check_request(
     store: Any, req: upr.StreamRequest, draft: bool
 ) -> upr.StreamRequestOk | upr.StreamRequestRollback | upr.Response:
     """The answer to ``req`` from the store as it is now."""
     vb = req.vbucket
     if not 0 <= vb < store.n_vbuckets:
-        return _refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
+        return refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
     state = store.state(vb)
     if state is not VBucketState.ACTIVE:
-        return _refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is {state.name.lower()}")
+        return refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is {state.name.lower()}")
     # The same answer as the UPR front's, from the store's log, high seqno and
     # purge seqno (ep-engine 3.0 FailoverTable::needsRollback).
     return answer_stream_request(
