@@ -43,7 +43,10 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 code { font: 12px ui-monospace, monospace; word-break: break-all; }
 code.hex { color: #6a3d9a; }
 table.records td { font-size: 13px; }
-table.state td, table.state th { border: 0; padding: 0 .5em 0 0; font-size: 12px;
+table.records td:nth-child(3) { min-width: 12em; }
+table.records td:nth-child(5) { max-width: 18em; overflow-wrap: anywhere; }
+table.state code { white-space: nowrap; word-break: normal; font-size: 11px; }
+table.state td, table.state th { border: 0; padding: 0 .5em 0 0; font-size: 11px;
   background: none; }
 .legend span { display: inline-block; width: .9em; height: .9em; margin: 0 .3em 0 1em;
   vertical-align: -.1em; }
@@ -326,7 +329,12 @@ def _latency(report: Mapping[str, Any]) -> str:
     label_every = max(1, math.ceil(len(buckets) / 8))
     for i, (low, high, n) in enumerate(buckets):
         x = _MARGIN_LEFT + i * slot
-        h = plot_h * n / top
+        h = max(plot_h * n / top, 1.5)  # a bucket of a few versions stays visible
+        if i and buckets[i - 1][0] < 0 <= low:  # where the right stops having it first
+            parts.append(
+                f'<line class="zero" x1="{x:.2f}" x2="{x:.2f}" y1="{_MARGIN_TOP}" '
+                f'y2="{_MARGIN_TOP + plot_h}" stroke="#888" stroke-dasharray="4 3"/>'
+            )
         title = f"{_seconds(low)} to {_seconds(high)}: {n:,} versions"
         parts.append(
             f'<rect class="latency" x="{x + slot * 0.05:.2f}" y="{_MARGIN_TOP + plot_h - h:.2f}" '

@@ -19,7 +19,7 @@ ALLOWED_TAGS = {
 ALLOWED_ATTRIBUTES = {
     "lang", "charset", "name", "content", "class", "id", "title", "style", "role", "aria-label",
     "xmlns", "width", "height", "viewbox", "x", "y", "x1", "x2", "y1", "y2", "fill", "stroke",
-    "text-anchor", "data-vbucket",
+    "text-anchor", "data-vbucket", "stroke-dasharray",
 }  # fmt: skip
 VOID = {"meta"}
 HOSTILE = [

@@ -138,6 +138,8 @@ def test_changed_value(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture
             right,
             "--report",
             str(tmp_path / "r.json"),
+            "--html",
+            str(tmp_path / "r.html"),
             "--mismatches",
             str(tmp_path / "bad"),
             "--partitions",
@@ -153,6 +155,8 @@ def test_changed_value(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture
         sample["right"]["digest"] == "00" * 16
         and sample["left"]["digest"] != sample["right"]["digest"]
     )
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert 'id="verdict">DISAGREE<' in page and f"<code>{victim.key.decode()}</code>" in page
     out = capsys.readouterr().out
     assert out.startswith("DISAGREE") and "value: 1 (both 1)" in out
     bad = spark.read.parquet(str(tmp_path / "bad")).collect()
