@@ -19,7 +19,7 @@ from typing import Any
 FIRST_RECORDS = 100
 """Mismatching records listed in the table (the report holds a sample per check)."""
 CHART_WIDTH = 960
-CHART_HEIGHT = 220
+CHART_HEIGHT = 190
 _MARGIN_LEFT, _MARGIN_BOTTOM, _MARGIN_TOP = 48, 36, 12
 MISMATCH_COLOUR = "#c62828"
 IN_FLIGHT_COLOUR = "#f0a000"
@@ -53,6 +53,8 @@ table.state td, table.state th { border: 0; padding: 0 .5em 0 0; font-size: 11px
 svg { background: #fff; border: 1px solid var(--line); max-width: 100%; height: auto; }
 svg text { font: 11px system-ui, sans-serif; fill: #444; }
 ul.problems { color: var(--bad); }
+.row { display: flex; flex-wrap: wrap; gap: .8em 2.5em; align-items: flex-start; }
+.row h2 { margin-top: 0; }
 """
 
 
@@ -164,11 +166,13 @@ def _summary(report: Mapping[str, Any]) -> str:
     ]
     return (
         f"<h1>{verdict} <span class='muted'>verify report</span></h1>"
-        f'<section id="summary">'
+        '<div class="row"><section id="summary">'
         + _table(["Side", "Capture", "#Records", "#Items", "#Segments"], sides)
         + "<p></p>"
         + _table(["Figure", "#Value"], figures, "figures")
-        + "</section>"
+        + "</section><section><h2>Mismatches by check</h2>"
+        + _by_check(report)
+        + "</section></div>"
     )
 
 
@@ -412,8 +416,6 @@ def render_html(report: Mapping[str, Any]) -> str:
     title = "AGREE" if report.get("agree") is True else "DISAGREE"
     body = [
         _summary(report),
-        "<h2>Mismatches by check</h2>",
-        _by_check(report),
         "<h2>Per vbucket</h2>",
         _vbucket_chart(report),
         "<h2>Latency between the sides</h2>",
