@@ -212,12 +212,10 @@ def _vbucket_order(vb: str) -> tuple[bool, int, str]:
 
 def _vbucket_chart(report: Mapping[str, Any]) -> str:
     mism = {
-        _text(k): _int(v)
-        for k, v in _dict(_dict(report.get("mismatches")).get("by_vbucket")).items()
+        str(k): _int(v) for k, v in _dict(_dict(report.get("mismatches")).get("by_vbucket")).items()
     }
     flight = {
-        _text(k): _int(v)
-        for k, v in _dict(_dict(report.get("in_flight")).get("by_vbucket")).items()
+        str(k): _int(v) for k, v in _dict(_dict(report.get("in_flight")).get("by_vbucket")).items()
     }
     vbuckets = sorted(
         (vb for vb in set(mism) | set(flight) if mism.get(vb) or flight.get(vb)),
@@ -238,7 +236,7 @@ def _vbucket_chart(report: Mapping[str, Any]) -> str:
     for i, vb in enumerate(vbuckets):
         x = _MARGIN_LEFT + i * slot + slot * 0.1
         title = f"vbucket {vb}: {mism.get(vb, 0):,} mismatches, {flight.get(vb, 0):,} in flight"
-        parts.append(f'<g class="vbucket" data-vbucket="{vb}"><title>{_text(title)}</title>')
+        parts.append(f'<g class="vbucket" data-vbucket="{_text(vb)}"><title>{_text(title)}</title>')
         for offset, count, colour, css in (
             (0.0, mism.get(vb, 0), MISMATCH_COLOUR, "mismatch"),
             (bar, flight.get(vb, 0), IN_FLIGHT_COLOUR, "in-flight"),
@@ -253,7 +251,7 @@ def _vbucket_chart(report: Mapping[str, Any]) -> str:
         if i % label_every == 0:
             parts.append(
                 f'<text x="{x + bar:.2f}" y="{CHART_HEIGHT - _MARGIN_BOTTOM + 14}" '
-                f'text-anchor="middle">{vb}</text>'
+                f'text-anchor="middle">{_text(vb)}</text>'
             )
     parts.append(
         f'<text x="{_MARGIN_LEFT + plot_w / 2:.0f}" y="{CHART_HEIGHT - 6}" '

@@ -155,6 +155,9 @@ def data_strings(report: dict[str, Any]) -> list[str]:
         out += [sample["key"], sample["detail"], sample["check"]]
     for diag in report.get("diagnostics", []):
         out += [diag["file"], diag["kind"]]
+    for section in ("mismatches", "in_flight"):  # each vbucket with a count is in the chart
+        by_vbucket = report.get(section, {}).get("by_vbucket", {})
+        out += [f"vbucket {vb}: " for vb, n in by_vbucket.items() if type(n) is int and n > 0]
     return [*out, report.get("left", ""), report.get("right", "")]
 
 
