@@ -379,18 +379,24 @@ class VbLog:
     def ingest(self, message: TapStreamMessage, now: float) -> list[LogRecord]:
         """Translate and buffer one TAP message; nothing is visible before ``publish``."""
         records = self.translator.feed(message, now)
-        buffer = self._buffer
         for record in records:
             if type(record) is LogItem:
-                # Only every SPARSE_EVERY-th item of a segment is indexed.
-                if (self.segments[-1].count + self._pending_items) % SPARSE_EVERY == 0:
-                    self._pending.append((record.by_seqno, len(buffer)))
-                self._pending_items += 1
-                self._buffer_high = record.by_seqno
-                self._unwritten.append(record)
-                self.items_total += 1
-            buffer += frame(to_row(record))
+                self.append_item(record)
+            else:
+                self._buffer += frame(to_row(record))
         return records
+
+    def append_item(self, item: LogItem) -> None:
+        """Buffer one item the translator made (the ingest's fast path calls this)."""
+        buffer = self._buffer
+        # Only every SPARSE_EVERY-th item of a segment is indexed.
+        if (self.segments[-1].count + self._pending_items) % SPARSE_EVERY == 0:
+            self._pending.append((item.by_seqno, len(buffer)))
+        self._pending_items += 1
+        self._buffer_high = item.by_seqno
+        self._unwritten.append(item)
+        self.items_total += 1
+        buffer += frame(to_row(item))
 
     @property
     def dirty(self) -> bool:
