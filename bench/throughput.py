@@ -54,6 +54,10 @@ def process(command: list[str], pattern: str) -> Iterator[tuple[subprocess.Popen
             raise SystemExit(f"{' '.join(command)} did not start")
     finally:
         proc.terminate()
+        assert proc.stderr is not None
+        for line in proc.stderr:  # read to the end: the gateway's summary of its loop
+            if "trio loop" in line:
+                print(f"  {'':<44} {line.split('trio loop', 1)[1].strip(': ')}", end="")
         proc.wait(timeout=30)
 
 
