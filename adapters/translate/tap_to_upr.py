@@ -57,6 +57,7 @@ from adapters.translate.log_records import ItemKind, LogItem, LogMark, LogRecord
 DEFAULT_EXPIRY_TOLERANCE = 1.0
 _NETWORK_BYTE_ORDER = int(TapFlags.NETWORK_BYTE_ORDER)
 _MUTATION = ItemKind.MUTATION
+_tuple_new = tuple.__new__
 
 
 class KeyVersion(NamedTuple):
@@ -194,11 +195,12 @@ class TapToUpr:
         checkpoint, backfill, first = self._origin()
         self.high_seqno += 1
         seqno = self.high_seqno
-        self.index[key] = KeyVersion(seqno, cas, rev, expiration, False)
-        return LogItem(
+        # tuple.__new__: a named tuple's own constructor is a Python call (per item).
+        self.index[key] = _tuple_new(KeyVersion, (seqno, cas, rev, expiration, False))
+        return _tuple_new(LogItem, (
             seqno, _MUTATION, key, value, rev, cas, flags, expiration, 0, datatype,
             checkpoint, backfill, first, now, 0,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _delete(self, d: TapDelete, now: float) -> list[LogRecord]:
         item = self.delete(d.key, d.cas, d.rev_seqno, now)

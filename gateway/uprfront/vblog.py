@@ -94,6 +94,7 @@ from gateway.uprfront.segments import (
     SPARSE_EVERY,
     Segment,
     frame,
+    frame_item,
     fsync_dir,
     scan_bytes,
     segment_name,
@@ -396,7 +397,7 @@ class VbLog:
         self._buffer_high = item.by_seqno
         self._unwritten.append(item)
         self.items_total += 1
-        buffer += frame(to_row(item))
+        buffer += frame_item(item)
 
     @property
     def dirty(self) -> bool:

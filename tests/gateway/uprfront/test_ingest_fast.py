@@ -8,6 +8,7 @@ any byte (mid-frame included), ``Ingest._apply`` with the fast path
 (``adapters.translate.tap_to_log_fast``) must answer the same acks and
 replies per read, fail on the same frame with the same error, count the same
 messages, and leave byte-identical segment files and the same ingest state.
+An item's record (``frame_item``) is the record of its row (``frame(to_row)``).
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ from adapters.tap import (
     TapResponse,
     encode,
 )
+from adapters.translate.log_records import ItemKind, LogItem, from_row, to_row
 from adapters.translate.tap_to_log_fast import ack_frame
 from gateway.stats import GatewayStats
 from gateway.uprfront.config import UprFrontConfig
 from gateway.uprfront.ingest import Ingest
 from gateway.uprfront.logset import LogOptions, LogSet
+from gateway.uprfront.segments import frame, frame_item, scan_bytes
 
 NOW = 1_700_000_000.0
 VBUCKETS = (0, 7, 1023)
@@ -181,3 +184,30 @@ def test_ack_frame_is_the_codecs_ack() -> None:
     for opcode in (TapOpcode.MUTATION, TapOpcode.DELETE):
         for opaque in (0, 1, 2**32 - 1):
             assert ack_frame(opcode.value, opaque) == encode(TapResponse(opcode, opaque, 0))
+
+
+_items = st.builds(
+    LogItem,
+    st.integers(1, 2**64 - 1),
+    st.sampled_from(list(ItemKind)),
+    st.binary(min_size=1, max_size=250),
+    st.binary(max_size=300),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 255),
+    st.integers(0, 2**64 - 1),
+    st.booleans(),
+    st.booleans(),
+    st.floats(0, 2e9),
+    st.integers(0, 2**32 - 1),
+)
+
+
+@given(_items)
+def test_an_items_record_is_the_rows_record(item: LogItem) -> None:
+    data = frame_item(item)
+    assert data == frame(to_row(item))
+    assert [from_row(row) for _, _, row in scan_bytes(data, 0)] == [item]
