@@ -153,6 +153,11 @@ def run_serve_command(args: argparse.Namespace) -> int:
     try:
         tls, upstream_tls = server_tls_from(args), upstream_tls_from(args)
         upstream_password = upstream_password_from(args)
+        if upstream_tls is not None and not (args.upr_upstream or args.tap_upstream):
+            raise StartupError(
+                "--upstream-tls needs --upr-upstream or --tap-upstream "
+                "(the embedded node speaks plain TCP)"
+            )
     except StartupError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
 from gateway import logs
 from gateway.auth import Authenticator, Users
 from gateway.limits import ConnectionLimits, ListenerCounters
+from gateway.memory import TrimAfterCloses
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
 from gateway.wire import PacketConnection, serve_packets
@@ -91,6 +92,8 @@ class Node:
         self.connections = 0
         self.users = Users.of(self.config.users)
         self.listener_counters = ListenerCounters()
+        self.trimmer = TrimAfterCloses()
+        """Gives the heap of closed connections (their outboxes) back to the system."""
 
     # -- serving -------------------------------------------------------------
 
@@ -104,6 +107,7 @@ class Node:
         """Listen and serve until cancelled; ``task_status`` gets the listeners."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._housekeeping)
+            nursery.start_soon(self.trimmer.run)
             listeners = await nursery.start(
                 partial(
                     serve_packets,

@@ -62,10 +62,13 @@ async def serve_upr_producer(
         name = "upr-draft:" + conn.name.rpartition(" ")[2]
     flags = opened.flags if opened is not None else upr.OpenFlags(0)
     producer = ProducerConnection(node, conn, name, flags)
-    with node.upr.running(producer):
-        if opened is not None:
-            await producer.respond(upr.Response(upr.Command.OPEN, opened.opaque, _OK))
-        await producer.run(first)
+    try:
+        with node.upr.running(producer):
+            if opened is not None:
+                await producer.respond(upr.Response(upr.Command.OPEN, opened.opaque, _OK))
+            await producer.run(first)
+    finally:
+        node.trimmer.connection_closed()
 
 
 class ProducerConnection(UprProducerBase):
@@ -139,9 +142,9 @@ class ProducerConnection(UprProducerBase):
         if stream is None or stream.state is StreamState.DEAD:
             await self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
             return
-        # 3.0 answers, then ends the stream with STREAM_END(CLOSED).
+        # Dead before the answer, so nothing of the stream follows it.
+        stream.close_by_consumer()
         await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
-        stream.close(upr.StreamEndReason.CLOSED)
 
     def _on_expiry_opcode(self, enabled: bool) -> None:
         self.settings.expiry_opcode = enabled

@@ -14,7 +14,8 @@ stream on the vbucket, KEY_EXISTS, is the connection's business.)
    checkpoint boundary and flagged CHECKPOINT when it begins one; between
    batches the stream sleeps on the node's change feed;
 3. STREAM_END: OK once the end seqno is sent, STATE_CHANGED if the vbucket
-   stops being ACTIVE, CLOSED after CLOSE_STREAM (``close``).
+   stops being ACTIVE. After the consumer's CLOSE_STREAM nothing more is
+   sent: the close response is the end (``close_by_consumer``).
 
 Reads are bounded (``BATCH`` items) and each message is sent with the
 connection's ``send_counted``, which waits for flow-control room and socket
@@ -25,10 +26,11 @@ are overwritten while it runs (their new versions follow in memory
 snapshots). The store keeps one version per key, so no key repeats within
 a snapshot.
 
-Takeover (flag 0x01): memory markers carry ACK; once caught up the stream
-waits for every marker ack, sends SET_VBUCKET_STATE(pending) and waits for
+Takeover (flag 0x01): once caught up the stream sends
+SET_VBUCKET_STATE(pending) and waits for
 its reply, makes the vbucket DEAD (no more writes), sends what arrived
-meanwhile, waits for the acks again, sends SET_VBUCKET_STATE(active), waits
+meanwhile under markers with the ACK flag (the takeover-send phase, the only
+one whose markers carry it), waits for those acks, sends SET_VBUCKET_STATE(active), waits
 for that reply and ends with OK. The draft dialect has no acks: there the
 stream does not wait for replies.
 """
@@ -183,6 +185,7 @@ class ProducerStream:
         self.end_reason: upr.StreamEndReason | None = None
         self.scope = trio.CancelScope()
         self._giving_up_vbucket = False
+        self._closed_by_consumer = False
         self._unacked_markers = 0
         self._markers_acked = trio.Event()
         self._state_reply: trio.Event | None = None
@@ -193,6 +196,8 @@ class ProducerStream:
         reason = upr.StreamEndReason.OK
         with self.scope:
             reason = await self._stream()
+        if self._closed_by_consumer:
+            return  # its CLOSE_STREAM response was the end
         if self.scope.cancelled_caught and self.end_reason is not None:
             reason = self.end_reason
         await self.producer.send_counted(
@@ -206,10 +211,19 @@ class ProducerStream:
         return self.state is not StreamState.DEAD
 
     def close(self, reason: upr.StreamEndReason) -> None:
-        """End the stream early (CLOSE_STREAM): it sends STREAM_END(``reason``)."""
+        """End the stream early: it sends STREAM_END(``reason``)."""
         if self.end_reason is None:
             self.end_reason = reason
             self.scope.cancel()
+
+    def close_by_consumer(self) -> None:
+        """CLOSE_STREAM: the stream is dead at once and sends nothing more, not
+        even STREAM_END (ep-engine v3.0.0 src/upr-producer.cc ``closeStream``
+        drops the stream before its end message could be sent)."""
+        if self.end_reason is None:
+            self._closed_by_consumer = True
+            self.close(upr.StreamEndReason.CLOSED)
+            self.state = StreamState.DEAD
 
     async def _stream(self) -> upr.StreamEndReason:
         if self.settings.draft:
@@ -284,7 +298,9 @@ class ProducerStream:
             upper = high if checkpoint.open else min(checkpoint.end_seqno, high)
             flags = SF.MEMORY | (SF.CHECKPOINT if checkpoint.start_seqno == first else SF(0))
         upper = min(upper, self.end_seqno)
-        if self.takeover and not self.settings.draft:
+        if self.state is StreamState.TAKEOVER_SEND and not self.settings.draft:
+            # Only what is sent once the vbucket is dead here is acked
+            # (ep-engine v3.0.0 src/upr-stream.cc ``takeoverSendPhase``).
             flags |= SF.ACK
         batch = self.store.items_since(vb, self.last_read, upper, BATCH)
         if batch:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -89,7 +90,7 @@ class UprConnection(UprProducerBase):
         # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
         self._in_flight: deque[tuple[int, int, int, float]] = deque()
         self.streams_waiting = 0
-        """Streams blocked in ``send_budget`` (all of them: the consumer stalls us)."""
+        """Streams blocked for room in the window or the outbox (all of them: stalled)."""
         self.recording: UprRecording | None = None
         """Records what this connection sends (``capture_dir``); set by the front."""
 
@@ -106,13 +107,19 @@ class UprConnection(UprProducerBase):
         await self.send_messages([upr.encode(event, self.dialect)], None, event.vbucket)
 
     async def send_messages(
-        self, messages: list[bytes], items: list[LogItem | None] | None, vbucket: int
+        self,
+        messages: list[bytes],
+        items: list[LogItem | None] | None,
+        vbucket: int,
+        on_sent: Callable[[int], None] | None = None,
     ) -> None:
         """Send stream messages in order, joined into as few writes as the window allows.
 
         ``items[i]`` is the logged item ``messages[i]`` carries (None for a
         marker): with flow control on, its arrival is kept until the
         consumer's acks cover the message, for the latency figure.
+        ``on_sent(n)`` is told after each write that the first ``n`` are out,
+        so a stream held by the window counts what did go.
         """
         window = self.window
         stats = self.stream_stats
@@ -120,11 +127,19 @@ class UprConnection(UprProducerBase):
             data = b"".join(messages) if len(messages) > 1 else messages[0]
             await self.conn.send(data)
             stats.bytes_sent += len(data)
+            if on_sent is not None:
+                on_sent(len(messages))
             return
         start, count = 0, len(messages)
         in_flight = self._in_flight
         while start < count:
-            await self._wait_for_room()
+            if not window.can_send:
+                # The framing of a batch read up to the budget may overshoot the window.
+                self.streams_waiting += 1
+                try:
+                    await self._wait_for_room()
+                finally:
+                    self.streams_waiting -= 1
             end = start
             # Whole messages while there is room: the last one may overshoot
             # the buffer, as a producer stops only once it is full.
@@ -139,6 +154,8 @@ class UprConnection(UprProducerBase):
             stats.bytes_sent += len(data)
             stats.unacked_bytes = window.unacked_bytes
             start = end
+            if on_sent is not None:
+                on_sent(end)
 
     async def send_budget(self) -> int:
         """Bytes of keys and values a stream may read from the log now, once there is room.
@@ -217,8 +234,8 @@ class UprConnection(UprProducerBase):
         if stream is None or not stream.live:
             await self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
             return
+        stream.close_by_consumer()  # dead first: nothing of it follows the answer
         await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
-        stream.close(upr.StreamEndReason.CLOSED)
 
     def _on_acknowledged(self) -> None:
         self.stream_stats.unacked_bytes = self.window.unacked_bytes

@@ -41,6 +41,7 @@ from gateway import logs
 from gateway.auth import Authenticator, Users
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
+from gateway.memory import TrimAfterCloses
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
 from gateway.upr_producer_base import error_reply
 from gateway.uprfront.compaction import compact_log
@@ -88,6 +89,8 @@ class UprFront:
         self.ingest = Ingest(config, self.logs, self.stats)
         self.users = Users.of(config.users)
         self.connections: dict[str, UprConnection] = {}
+        self.trimmer = TrimAfterCloses()
+        """Gives the heap of closed connections back to the system."""
         self._scopes: dict[str, trio.CancelScope] = {}
         self.taken_over: set[int] = set()
         self.port = 0
@@ -113,6 +116,7 @@ class UprFront:
                 nursery.start_soon(self.ingest.run)
                 if self.config.compact_interval > 0:
                     nursery.start_soon(self._compaction_loop)
+                nursery.start_soon(self.trimmer.run)
                 host, port = self.config.listen
                 listeners = await nursery.start(
                     partial(
@@ -271,6 +275,7 @@ class UprFront:
             finally:
                 if self.connections.get(name) is producer:
                     del self.connections[name]
+                self.trimmer.connection_closed()
         return True
 
     # -- captures ---------------------------------------------------------------

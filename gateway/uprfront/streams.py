@@ -11,8 +11,9 @@ them, tagged with the request's opaque:
 - between batches, once caught up, the stream sleeps until the log
   publishes more;
 - it ends with STREAM_END: OK once everything up to the end seqno is sent
-  (items beyond it are never sent), CLOSED after CLOSE_STREAM,
-  STATE_CHANGED when the vbucket is taken over by another stream.
+  (items beyond it are never sent), STATE_CHANGED when the vbucket is
+  taken over by another stream; after the consumer's CLOSE_STREAM nothing
+  more is sent, the close response is the end.
 
 Before each read the stream waits for the connection's ``send_budget``:
 room in the flow-control window and in the socket's outbox. It reads at
@@ -23,8 +24,9 @@ consumer stalls, a connection's memory stays within its outbox limit plus
 one batch's framing, and a slow consumer stalls only its own connection.
 Without flow control the sent seqno is also the acknowledged one.
 
-Takeover (flag 0x01): markers carry ACK; once caught up the stream asks the
-takeover coordinator to take the vbucket over from the TAP node; the TAP
+Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
+(after the consumer took SET_VBUCKET_STATE(pending)); once caught up the
+stream asks the takeover coordinator to take the vbucket over from the TAP node; the TAP
 node's VBUCKET_SET(pending) and (active) come back here as
 ``set_state`` calls, which send SET_VBUCKET_STATE and wait for the
 consumer's reply before the TAP message is acked. After the active state is
@@ -82,6 +84,7 @@ class LogStream:
         self.state = StreamState.BACKFILLING
         self.end_reason: upr.StreamEndReason | None = None
         self.scope = trio.CancelScope()
+        self._closed_by_consumer = False
         self.items_sent = 0
         self.markers_sent = 0
         self.peak_batch_bytes = 0
@@ -105,9 +108,10 @@ class LogStream:
             reason = self.end_reason
         self.end_reason = reason
         self.state = StreamState.DEAD
-        await self.conn.send_counted(
-            upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
-        )
+        if not self._closed_by_consumer:  # else the CLOSE_STREAM response was the end
+            await self.conn.send_counted(
+                upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
+            )
         stats = self.conn.front.stats
         stats.stream_ends_total[("upr_front", reason.name.lower())] += 1
 
@@ -115,6 +119,14 @@ class LogStream:
         if self.end_reason is None:
             self.end_reason = reason
             self.scope.cancel()
+
+    def close_by_consumer(self) -> None:
+        """CLOSE_STREAM: dead at once, and no STREAM_END follows (ep-engine
+        v3.0.0 src/upr-producer.cc ``closeStream``)."""
+        if self.end_reason is None:
+            self._closed_by_consumer = True
+            self.close(upr.StreamEndReason.CLOSED)
+            self.state = StreamState.DEAD
 
     @property
     def live(self) -> bool:
@@ -164,7 +176,9 @@ class LogStream:
         conn = self.conn
         draft = conn.draft
         encode = self._encoder().encode
-        extra = SF.ACK if self.takeover and not draft else SF(0)
+        # ACK only once the vbucket is being handed over (upr-stream.cc
+        # ``takeoverSendPhase``), not while catching up.
+        extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not draft else SF(0)
         messages: list[bytes] = []
         items: list[LogItem | None] = []
         kinds = [0, 0, 0]
@@ -186,9 +200,20 @@ class LogStream:
         size = sum(map(len, messages))
         if size > self.peak_batch_bytes:
             self.peak_batch_bytes = size
-        await conn.send_messages(messages, items, self.vbucket)
+        done = 0
+
+        def sent(upto: int) -> None:
+            # Per write, not per batch: the window may hold the rest back, and
+            # items_sent / last_sent_seqno / items_remaining tell what went.
+            nonlocal done
+            for item in items[done:upto]:
+                if item is not None:
+                    self.items_sent += 1
+                    self.position = self.progress.sent_seqno = item.by_seqno
+            done = upto
+
+        await conn.send_messages(messages, items, self.vbucket, sent)
         self.position = batch[-1].by_seqno
-        self.items_sent += len(batch)
         self.markers_sent += markers
         counts = conn.stream_stats.items_sent
         counts["marker"] += markers

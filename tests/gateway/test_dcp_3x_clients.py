@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from gateway.node.store import Store
 from tests.gateway.uprfront.support import caught_up, start_front
@@ -291,3 +292,135 @@ async def test_stat_vbucket_names_each_vbucket_state(
         status, pairs = await stats(port, b"vbucket")
         assert status == 0
         assert pairs == {f"vb_{vb}": "active" for vb in range(VBUCKETS)}
+
+
+async def test_close_stream_response_is_the_end_of_the_stream(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/upr-producer.cc ``UprProducer::closeStream`` drops
+    the stream from its map before ``setDead(END_STREAM_CLOSED)``, so the
+    STREAM_END it queues is never sent (``getNextItem`` walks only the map):
+    the CLOSE_STREAM response is the consumer's last word of that stream, and
+    the vbucket can be requested again at once."""
+    server, port = await serve(nursery, filled(40), side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"closer")
+        await client.send(dcp.stream_req(1, opaque=10))
+        assert (await client.response(10)).status == 0
+        items = 0
+        while items < high_seqno(server, 1):
+            got = await client.next()
+            assert got is not None
+            items += got.opcode == dcp.MUTATION
+        await client.send(dcp.close_stream(1, opaque=20), dcp.frame(dcp.NOOP, opaque=21))
+        seen: list[Reply] = []
+        while not seen or (seen[-1].opcode, seen[-1].opaque) != (dcp.NOOP, 21):
+            got = await client.next()
+            assert got is not None
+            seen.append(got)
+        assert [(m.opcode, m.status) for m in seen if m.opaque == 20] == [(dcp.CLOSE_STREAM, 0)]
+        assert not [m for m in seen if m.opcode == dcp.STREAM_END]
+        await client.send(dcp.stream_req(1, opaque=30, end=high_seqno(server, 1)))
+        assert (await client.response(30)).status == 0
+        again = await read_stream(client, 30)
+        assert sum(m.opcode == dcp.MUTATION for m in again) == items
+        await client.send(dcp.close_stream(1, opaque=31))  # ended: nothing to close
+        assert (await client.response(31)).status == KEY_ENOENT
+        await client.aclose()
+
+
+async def test_takeover_markers_ask_for_acks_only_in_the_takeover_send_phase(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/upr-stream.cc: ``ActiveStream`` sets
+    MARKER_FLAG_ACK on a snapshot marker only in ``takeoverSendPhase``, after
+    the consumer took SET_VBUCKET_STATE(pending); the catch-up before it is
+    not acked. Written while pending: sent in that phase, under an ACK marker."""
+    store = filled(40)
+    _, port = await serve(nursery, store, side, tmp_path)
+    with trio.fail_after(30):
+        client = await producer(port, b"taker")
+        await client.send(dcp.stream_req(1, opaque=10, flags=dcp.TAKEOVER))
+        assert (await client.response(10)).status == 0
+        seen: list[Reply] = []
+        while not seen or seen[-1].opcode != dcp.STREAM_END:
+            got = await client.next()
+            assert got is not None, "closed during the takeover"
+            if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
+                await client.send(dcp.reply(got))
+                continue
+            seen.append(got)
+            if got.opcode == dcp.SET_VBUCKET_STATE:
+                if got.extras == b"\x03" and side == "node":
+                    store.set(1, b"while-pending", b"x", now=time.time())
+                await client.send(dcp.reply(got))
+            elif got.opcode == dcp.MARKER and got.marker_flags & dcp.ACK:
+                await client.send(dcp.reply(got))
+        await client.aclose()
+    states = [m.extras for m in seen if m.opcode == dcp.SET_VBUCKET_STATE]
+    assert states == [b"\x03", b"\x01"]  # pending, then active
+    pending_at = next(i for i, m in enumerate(seen) if m.opcode == dcp.SET_VBUCKET_STATE)
+    before = [m for m in seen[:pending_at] if m.opcode == dcp.MARKER]
+    after = [m for m in seen[pending_at:] if m.opcode == dcp.MARKER]
+    assert before and not [m for m in before if m.marker_flags & dcp.ACK]
+    assert all(m.marker_flags & dcp.ACK for m in after)
+    if side == "node":
+        assert after and any(m.key == b"while-pending" for m in seen[pending_at:])
+    assert struct.unpack(">I", seen[-1].extras)[0] == 0  # STREAM_END OK
+
+
+async def test_stream_counters_while_flow_control_holds_the_stream(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/upr-stream.cc ``ActiveStream::addStats``:
+    ``items_sent`` and ``last_sent_seqno`` count what went on the wire, and
+    ``items_remaining`` what has not; a stream paused by the connection's
+    buffer (upr-producer.cc ``BufferLog``) reports what it did send."""
+    server, port = await serve(nursery, filled(800), side, tmp_path)
+    high = high_seqno(server, 1)
+    with trio.fail_after(20):
+        client = await producer(port, b"held")
+        await client.send(dcp.control(b"connection_buffer_size", b"2000", opaque=2))
+        assert (await client.response(2)).status == 0
+        await client.send(dcp.stream_req(1, opaque=10, end=high))
+        assert (await client.response(10)).status == 0
+        got: list[Reply] = []
+        while True:
+            _, pairs = await stats(port, b"dcp")
+            if sum(m.size for m in got) < int(pairs["eq_dcpq:held:total_bytes_sent"]):
+                message = await client.next()
+                assert message is not None
+                got.append(message)
+            elif pairs["eq_dcpq:held:paused"] == "true":
+                break
+            else:
+                await trio.testing.wait_all_tasks_blocked(0.001)
+        items = [m for m in got if m.opcode == dcp.MUTATION]
+        assert 0 < len(items) < high
+        assert pairs["eq_dcpq:held:stream_1_items_sent"] == str(len(items))
+        assert pairs["eq_dcpq:held:stream_1_last_sent_seqno"] == str(items[-1].by_seqno)
+        assert pairs["eq_dcpq:held:stream_1_items_remaining"] == str(high - items[-1].by_seqno)
+        await client.aclose()
+
+
+@pytest.mark.parametrize("flag", [dcp.LATEST, dcp.DISKONLY])
+async def test_latest_and_diskonly_streams_end_at_what_exists_at_the_request(
+    nursery: trio.Nursery, side: str, tmp_path: Path, flag: int
+) -> None:
+    """ep-engine v3.0.0 src/upr-producer.cc ``streamRequest`` / src/upr-stream.cc
+    ``ActiveStream``: LATEST (0x04) takes the high seqno at the request as the
+    end seqno, DISKONLY (0x02) the end of the disk snapshot (here everything
+    is on disk); both then end with STREAM_END(OK), later writes not sent."""
+    store = filled(40)
+    server, port = await serve(nursery, store, side, tmp_path)
+    high = high_seqno(server, 1)
+    with trio.fail_after(20):
+        client = await producer(port, b"latest")
+        await client.send(dcp.stream_req(1, opaque=10, flags=flag))
+        assert (await client.response(10)).status == 0
+        store.set(1, b"too-late", b"x", now=time.time())
+        messages = await read_stream(client, 10)
+        await client.aclose()
+    items = [m for m in messages if m.opcode == dcp.MUTATION]
+    assert items[-1].by_seqno == high and b"too-late" not in [m.key for m in items]
+    assert struct.unpack(">I", messages[-1].extras)[0] == 0  # OK

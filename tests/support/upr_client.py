@@ -207,6 +207,19 @@ class UprClient:
             # Acknowledged at once: a test consumer applies nothing it could lose.
             await self.send(upr.Response(upr.Command.SNAPSHOT_MARKER, event.opaque, ok))
 
+    def take_pending(self, opaque: int, log: StreamLog | None = None) -> StreamLog:
+        """The stream messages tagged ``opaque`` that arrived before the last
+        response ``request`` returned (after a CLOSE_STREAM: all there will be)."""
+        log = log or StreamLog()
+        kept = [r for r in self.pending if getattr(r.event, "opaque", None) != opaque
+                or r.event.IS_RESPONSE]  # fmt: skip
+        for r in self.pending:
+            if r not in kept:
+                log.events.append(r.event)
+                log.frames.append(r.frame)
+        self.pending = deque(kept)
+        return log
+
     async def read_stream(
         self, opaque: int, *, ack_buffer: bool = False, log: StreamLog | None = None
     ) -> StreamLog:

@@ -207,6 +207,11 @@ MOVE = ["move", "--from-tap", "127.0.0.1:1", "--to-upr", "127.0.0.1:2", "--vbuck
             [*MOVE, "--upstream-user", "u", "--upstream-password-file", f"{GONE}/pw"],
             f"move: --upstream-password-file {GONE}/pw: {UNREADABLE}",
         ),
+        (
+            ["serve", "--upstream-tls"],
+            "serve: --upstream-tls needs --upr-upstream or --tap-upstream "
+            "(the embedded node speaks plain TCP)",
+        ),
         (["serve", "--max-connections", "0"], "argument --max-connections: 0 is not at least 1"),
         (
             ["serve", "--handshake-timeout", "-1"],

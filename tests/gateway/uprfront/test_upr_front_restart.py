@@ -27,6 +27,7 @@ from tests.gateway.uprfront.support import (
     until,
     write_load,
 )
+from tests.support.raw_dcp import RawDcp
 from tests.support.upr_client import StreamLog, check_snapshots
 
 
@@ -34,13 +35,17 @@ async def read_all(
     port: int, positions: dict[int, tuple[int, int]], name: bytes
 ) -> dict[int, StreamLog]:
     """Stream every vbucket from ``positions`` (vb -> (uuid, seqno)) to the current high."""
+    admin = await RawDcp.connect(port)
+    status, seqnos = await admin.stats(b"vbucket-seqno")
+    await admin.aclose()
+    assert status == 0
     client = await open_producer(port, name)
     out = {}
     for vb in range(VBUCKETS):
         uuid, start = positions.get(vb, (0, 0))
-        reply = await client.stream_request(vb, start, MAX_SEQNO, uuid=uuid, opaque=vb + 1)
+        high = int(seqnos[f"vb_{vb}:high_seqno"])
+        reply = await client.stream_request(vb, start, high, uuid=uuid, opaque=vb + 1)
         assert isinstance(reply, upr.StreamRequestOk), reply
-        await client.request(upr.CloseStream(opaque=50, vbucket=vb))
         out[vb] = await client.read_stream(vb + 1)
     await client.aclose()
     return out
