@@ -54,6 +54,10 @@ def process(command: list[str], pattern: str) -> Iterator[tuple[subprocess.Popen
             raise SystemExit(f"{' '.join(command)} did not start")
     finally:
         proc.terminate()
+        assert proc.stderr is not None
+        for line in proc.stderr:  # read to the end: the gateway's summary of its loop
+            if "trio loop" in line:
+                print(f"  {'':<44} {line.split('trio loop', 1)[1].strip(': ')}", end="")
         proc.wait(timeout=30)
 
 
@@ -105,12 +109,17 @@ def upr_front(items: int, vbuckets: int, runs: int) -> None:
             )
             with (
                 tempfile.TemporaryDirectory() as state,
-                gateway_upr_front(source, state) as (_, port),
+                gateway_upr_front(source, state) as (gateway, port),
             ):
+                before = cpu_seconds(gateway.pid)
                 ingest.append(trio.run(partial(upr_read, port, highs, name=b"ingest")))
+                middle = cpu_seconds(gateway.pid)
                 from_log.append(trio.run(partial(upr_read, port, highs, name=b"log")))
+                cpu = (middle - before, cpu_seconds(gateway.pid) - middle)
     row("UPR front, consumer while ingesting", best(ingest), best(via_relay))
+    print(f"  {'':<44} gateway CPU {cpu[0] / items * 1e6:.1f} us/item (last run)")
     row("UPR front, from the log, 1 consumer", best(from_log), best(via_relay))
+    print(f"  {'':<44} gateway CPU {cpu[1] / items * 1e6:.1f} us/item (last run)")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -32,6 +32,7 @@ import trio
 from gateway.auth import Users
 from gateway.health import FrontInfo, Health
 from gateway.limits import ConnectionLimits
+from gateway.loop_watch import LoopWatch, freeze_startup_objects
 from gateway.startup import prepare_directory, show, start_listener, watch_upstream
 from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.version import describe
@@ -68,6 +69,9 @@ class ServeOptions:
     embedded_vbuckets: int = 64
     embedded_sample_items: int = 10_000
     embedded_writes_per_second: float = 20.0
+    freeze_gc: bool = False
+    """``gc.freeze`` once everything listens (the command does; a process that
+    hosts other work, such as a test run, keeps its collector as it was)."""
 
 
 @dataclass
@@ -89,15 +93,26 @@ async def run_serve(
     """Bind every listener, then announce them; a listener that cannot bind raises
     ``StartupError`` naming its option before anything is announced."""
     running = Running()
+    watch = LoopWatch()
+    serving = False
     with contextlib.ExitStack() as cleanup:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
-            announced = await _start_all(options, running, nursery, cleanup)
-            running.health.listeners_bound = True
-            log.info("%s serving", describe())
-            for line in announced:
-                log.info("%s", line)
-            task_status.started(running)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+                announced = await _start_all(options, running, nursery, cleanup)
+                running.health.listeners_bound = True
+                if options.freeze_gc:
+                    frozen = freeze_startup_objects()
+                    log.debug("%d start-up objects exempted from garbage collection", frozen)
+                nursery.start_soon(watch.run)
+                serving = True
+                log.info("%s serving", describe())
+                for line in announced:
+                    log.info("%s", line)
+                task_status.started(running)
+        finally:
+            if serving:
+                log.info("%s", watch.summary())
 
 
 async def _start_all(

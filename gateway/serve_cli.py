@@ -162,6 +162,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     options = ServeOptions(
+        freeze_gc=True,
         tap_listen=args.tap_listen,
         upr_upstream=args.upr_upstream,
         upr_listen=args.upr_listen,

@@ -57,6 +57,7 @@ from adapters.translate.log_records import ItemKind, LogItem, LogMark, LogRecord
 DEFAULT_EXPIRY_TOLERANCE = 1.0
 _NETWORK_BYTE_ORDER = int(TapFlags.NETWORK_BYTE_ORDER)
 _MUTATION = ItemKind.MUTATION
+_tuple_new = tuple.__new__
 
 
 class KeyVersion(NamedTuple):
@@ -160,46 +161,61 @@ class TapToUpr:
         return (0 if self.in_backfill else self.checkpoint_id or 0), self.in_backfill, first
 
     def _mutation(self, m: TapMutation, now: float) -> list[LogRecord]:
+        item = self.mutation(
+            m.key, m.value, m.cas, m.flags, m.expiration, m.rev_seqno, m.datatype,
+            int(m.tap_flags), now,
+        )  # fmt: skip
+        return [] if item is None else [item]
+
+    def mutation(
+        self,
+        key: bytes,
+        value: bytes,
+        cas: int,
+        flags: int,
+        expiration: int,
+        rev_seqno: int | None,
+        datatype: int,
+        tap_flags: int,
+        now: float,
+    ) -> LogItem | None:
+        """The log item of one TAP mutation's fields (None: a duplicate, skipped).
+
+        Shared by ``feed`` and the ingest's fast path (``tap_to_log_fast``).
+        """
         if self.resetting is not None:
-            self.resetting.add(m.key)
-        old = self.index.get(m.key)
-        rev = m.rev_seqno if m.rev_seqno is not None else (old.rev_seqno + 1 if old else 1)
-        if old is not None and not old.deleted and old.cas == m.cas and old.rev_seqno == rev:
+            self.resetting.add(key)
+        old = self.index.get(key)
+        rev = rev_seqno if rev_seqno is not None else (old.rev_seqno + 1 if old else 1)
+        if old is not None and not old.deleted and old.cas == cas and old.rev_seqno == rev:
             self.duplicates += 1
-            return []
-        # int(): IntFlag's own ``&`` costs ten times a plain int's (per item).
-        flags = m.flags if int(m.tap_flags) & _NETWORK_BYTE_ORDER else swap32(m.flags)
+            return None
+        if not tap_flags & _NETWORK_BYTE_ORDER:
+            flags = swap32(flags)
         checkpoint, backfill, first = self._origin()
         self.high_seqno += 1
-        item = LogItem(
-            self.high_seqno,
-            _MUTATION,
-            m.key,
-            m.value,
-            rev,
-            m.cas,
-            flags,
-            m.expiration,
-            0,
-            m.datatype,
-            checkpoint,
-            backfill,
-            first,
-            now,
-            0,
-        )
-        self.index[m.key] = KeyVersion(item.by_seqno, m.cas, rev, m.expiration, False)
-        return [item]
+        seqno = self.high_seqno
+        # tuple.__new__: a named tuple's own constructor is a Python call (per item).
+        self.index[key] = _tuple_new(KeyVersion, (seqno, cas, rev, expiration, False))
+        return _tuple_new(LogItem, (
+            seqno, _MUTATION, key, value, rev, cas, flags, expiration, 0, datatype,
+            checkpoint, backfill, first, now, 0,
+        ))  # fmt: skip
 
     def _delete(self, d: TapDelete, now: float) -> list[LogRecord]:
+        item = self.delete(d.key, d.cas, d.rev_seqno, now)
+        return [] if item is None else [item]
+
+    def delete(self, key: bytes, cas: int, rev_seqno: int | None, now: float) -> LogItem | None:
+        """The log item of one TAP delete's fields (None: a duplicate, skipped)."""
         if self.resetting is not None:
-            self.resetting.add(d.key)
-        old = self.index.get(d.key)
-        rev = d.rev_seqno if d.rev_seqno is not None else (old.rev_seqno + 1 if old else 1)
-        if old is not None and old.deleted and old.cas == d.cas and old.rev_seqno == rev:
+            self.resetting.add(key)
+        old = self.index.get(key)
+        rev = rev_seqno if rev_seqno is not None else (old.rev_seqno + 1 if old else 1)
+        if old is not None and old.deleted and old.cas == cas and old.rev_seqno == rev:
             self.duplicates += 1
-            return []
-        return [self._tombstone(d.key, old, d.cas, rev, now)]
+            return None
+        return self._tombstone(key, old, cas, rev, now)
 
     def _tombstone(
         self, key: bytes, old: KeyVersion | None, cas: int, rev: int, now: float

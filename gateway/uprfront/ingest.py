@@ -49,7 +49,7 @@ from contextlib import AsyncExitStack
 import trio
 
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, FrameReader, Opcode
+from adapters.mcbp import Frame, FrameReader, Magic, Opcode
 from adapters.mcbp.constants import VBucketState
 from adapters.tap import (
     ConnectFlags,
@@ -67,6 +67,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from adapters.translate.tap_to_log_fast import FAST_OPCODES, ack_frame, item_from_frame
 from gateway.capture.mapping import TapRecording
 from gateway.client import McbpClient
 from gateway.stats import GatewayStats
@@ -96,6 +97,7 @@ _OPCODES: dict[str, TapOpcode] = {
 }
 
 _ACK = int(TapFlags.ACK)
+_REQUEST = Magic.REQUEST.value
 
 StateHook = Callable[[int, VBucketState], Awaitable[None]]
 """Called with a VBUCKET_SET before it is acked (takeover hand-off)."""
@@ -142,6 +144,10 @@ class Ingest:
         self.batches = 0
         self.messages = 0
         self.last_error: str | None = None
+        self.fast = True
+        """Item frames skip the event objects (``tap_to_log_fast``); tests turn it off."""
+        self.clock: Callable[[], float] = time.time
+        """Wall-clock seconds: items' arrival, and what decides an expiration."""
 
     async def run(self) -> None:
         """Stream from the upstream for ever, reconnecting with backoff."""
@@ -250,60 +256,81 @@ class Ingest:
 
     async def _apply(self, frames: list[Frame], stream: trio.abc.Stream) -> list[bytes]:
         """Log one batch durably; the acks and NOOP replies to send afterwards."""
-        now = time.time()
+        now = self.clock()
         replies: list[bytes] = []
         acks: list[bytes] = []
         touched: dict[int, VbLog] = {}
         always = self.config.fsync == "always"
         logs = self.logs.logs
         recording = self.recording
-        for frame in frames:
-            event = decode_frame(frame)
-            if recording is not None:
-                recording.record(event, now)
-            kind = type(event)
-            if kind is TapMutation or kind is TapDelete:  # the common case first
-                vbucket = event.vbucket  # type: ignore[union-attr]
-                vblog = logs.get(vbucket) or self.logs.ensure(vbucket)
-                vblog.ingest(event, now)  # type: ignore[arg-type]
-                touched[vbucket] = vblog
-                self.messages += 1
-                if always:
+        fast = self.fast and recording is None
+        messages = 0
+        try:
+            for frame in frames:
+                if fast and frame.magic == _REQUEST and frame.opcode in FAST_OPCODES:
+                    vbucket = frame.vbucket_or_status
+                    vblog = logs.get(vbucket)  # a new vbucket's first item: the event path
+                    done = None if vblog is None else item_from_frame(frame, vblog.translator, now)
+                    if vblog is not None and done is not None:  # else the event path names it
+                        item, tap_flags = done
+                        if item is not None:
+                            vblog.append_item(item)
+                        touched[vbucket] = vblog
+                        messages += 1
+                        if always:
+                            await self._commit(touched)
+                            touched = {}
+                        if tap_flags & _ACK:
+                            acks.append(ack_frame(frame.opcode, frame.opaque))
+                        continue
+                event = decode_frame(frame)
+                if recording is not None:
+                    recording.record(event, now)
+                kind = type(event)
+                if kind is TapMutation or kind is TapDelete:  # the common case first
+                    vbucket = event.vbucket  # type: ignore[union-attr]
+                    vblog = logs.get(vbucket) or self.logs.ensure(vbucket)
+                    vblog.ingest(event, now)  # type: ignore[arg-type]
+                    touched[vbucket] = vblog
+                    messages += 1
+                    if always:
+                        await self._commit(touched)
+                        touched = {}
+                    if int(event.tap_flags) & _ACK:  # type: ignore[union-attr]
+                        acks.append(ack_of(event))  # type: ignore[arg-type]
+                    continue
+                if isinstance(event, TapNoop):
+                    replies.append(encode(TapNoopResponse(event.opaque)))
+                    continue
+                if isinstance(event, TapNoopResponse):
+                    continue
+                if isinstance(event, TapResponse):
+                    text = event.text.decode("utf-8", "replace")
+                    raise UpstreamError(
+                        f"upstream answered 0x{event.status:02x} to {event.opcode.name}: {text}"
+                    )
+                if isinstance(event, TapConnect):
+                    raise ProtocolError("CONNECT from a TAP producer", opcode=TapOpcode.CONNECT)
+                messages += 1
+                if isinstance(event, TapVbucketSet) and self.state_hook is not None:
+                    # Durable first: what came before the state change is logged.
                     await self._commit(touched)
                     touched = {}
-                if int(event.tap_flags) & _ACK:  # type: ignore[union-attr]
-                    acks.append(ack_of(event))  # type: ignore[arg-type]
-                continue
-            if isinstance(event, TapNoop):
-                replies.append(encode(TapNoopResponse(event.opaque)))
-                continue
-            if isinstance(event, TapNoopResponse):
-                continue
-            if isinstance(event, TapResponse):
-                text = event.text.decode("utf-8", "replace")
-                raise UpstreamError(
-                    f"upstream answered 0x{event.status:02x} to {event.opcode.name}: {text}"
-                )
-            if isinstance(event, TapConnect):
-                raise ProtocolError("CONNECT from a TAP producer", opcode=TapOpcode.CONNECT)
-            self.messages += 1
-            if isinstance(event, TapVbucketSet) and self.state_hook is not None:
-                # Durable first: what came before the state change is logged.
-                await self._commit(touched)
-                touched = {}
-                if replies or acks:
-                    await stream.send_all(b"".join(replies + acks))
-                    replies, acks = [], []
-                await self.state_hook(event.vbucket, event.state)
-            if not (isinstance(event, TapOpaque) and event.vbucket not in logs):
-                vblog = self.logs.ensure(event.vbucket)
-                vblog.ingest(event, now)
-                touched[event.vbucket] = vblog
-                if always:
-                    await self._commit(touched)
-                    touched = {}
-            if int(event.tap_flags) & _ACK:
-                acks.append(ack_of(event))
+                    if replies or acks:
+                        await stream.send_all(b"".join(replies + acks))
+                        replies, acks = [], []
+                    await self.state_hook(event.vbucket, event.state)
+                if not (isinstance(event, TapOpaque) and event.vbucket not in logs):
+                    vblog = self.logs.ensure(event.vbucket)
+                    vblog.ingest(event, now)
+                    touched[event.vbucket] = vblog
+                    if always:
+                        await self._commit(touched)
+                        touched = {}
+                if int(event.tap_flags) & _ACK:
+                    acks.append(ack_of(event))
+        finally:
+            self.messages += messages  # once per batch, whatever stopped it
         await self._commit(touched)
         self.batches += 1
         return replies + acks

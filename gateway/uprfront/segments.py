@@ -30,6 +30,8 @@ from typing import Any
 
 import msgpack
 
+from adapters.translate.log_records import LogItem
+
 FRAME = struct.Struct(">II")
 MAX_RECORD = 64 * 1024 * 1024
 HEADER_ROW = 2
@@ -63,6 +65,19 @@ def segment_name(first: int) -> str:
 def frame(row: list[Any]) -> bytes:
     payload: bytes = _packer.pack(row)
     return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+_pack = _packer.pack
+_frame_head = FRAME.pack
+_crc32 = zlib.crc32
+
+
+def frame_item(item: LogItem) -> bytes:
+    """``frame(to_row(item))`` in one call (once per logged item)."""
+    (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, arr, dt) = item
+    payload: bytes = _pack([0, seqno, int(kind), key, value, rev, cas, flags, exp, lock, dtype,
+                            cp, bf | cs << 1, arr, dt])  # fmt: skip
+    return _frame_head(len(payload), _crc32(payload)) + payload
 
 
 def scan(

@@ -62,7 +62,9 @@ Memory: the index (key -> latest version), the sparse offsets, one write
 buffer, the last written and not yet published batch, and a tail of the
 latest published items (about ``tail_bytes`` of keys and values) from which
 streams that keep up are served without reading the disk; everything else
-stays on disk. ``disk_bytes`` is a running total of the segment files.
+stays on disk. Streams read the disk in a worker thread (``read_async``), so
+one stream catching up from disk does not stall the loop. ``disk_bytes`` is
+a running total of the segment files.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ from gateway.uprfront.segments import (
     SPARSE_EVERY,
     Segment,
     frame,
+    frame_item,
     fsync_dir,
     scan_bytes,
     segment_name,
@@ -379,18 +382,24 @@ class VbLog:
     def ingest(self, message: TapStreamMessage, now: float) -> list[LogRecord]:
         """Translate and buffer one TAP message; nothing is visible before ``publish``."""
         records = self.translator.feed(message, now)
-        buffer = self._buffer
         for record in records:
             if type(record) is LogItem:
-                # Only every SPARSE_EVERY-th item of a segment is indexed.
-                if (self.segments[-1].count + self._pending_items) % SPARSE_EVERY == 0:
-                    self._pending.append((record.by_seqno, len(buffer)))
-                self._pending_items += 1
-                self._buffer_high = record.by_seqno
-                self._unwritten.append(record)
-                self.items_total += 1
-            buffer += frame(to_row(record))
+                self.append_item(record)
+            else:
+                self._buffer += frame(to_row(record))
         return records
+
+    def append_item(self, item: LogItem) -> None:
+        """Buffer one item the translator made (the ingest's fast path calls this)."""
+        buffer = self._buffer
+        # Only every SPARSE_EVERY-th item of a segment is indexed.
+        if (self.segments[-1].count + self._pending_items) % SPARSE_EVERY == 0:
+            self._pending.append((item.by_seqno, len(buffer)))
+        self._pending_items += 1
+        self._buffer_high = item.by_seqno
+        self._unwritten.append(item)
+        self.items_total += 1
+        buffer += frame_item(item)
 
     @property
     def dirty(self) -> bool:
@@ -594,11 +603,32 @@ class VbLog:
         read to this many bytes (at least one item is always returned).
         """
         upto = min(upto, self.high_seqno)
-        out: list[LogItem] = []
         if after >= upto:
-            return out
+            return []
         if after >= self._tail_floor and self._tail:
             return self._read_tail(after, upto, limit, max_bytes)
+        return self._read_disk(after, upto, limit, max_bytes)
+
+    async def read_async(
+        self, after: int, upto: int, limit: int, max_bytes: int | None = None
+    ) -> list[LogItem]:
+        """``read``, with what must come from disk read in a worker thread.
+
+        One stream's disk read then stalls only that stream, not every
+        connection on the loop. The range is fixed here, on the loop, to what
+        is published now; a published record is on disk whole and is never
+        cut back (``unwrite`` stops at the published size), so the thread
+        reads the same items ``read`` would have.
+        """
+        upto = min(upto, self.high_seqno)
+        if after >= upto:
+            return []
+        if after >= self._tail_floor and self._tail:
+            return self._read_tail(after, upto, limit, max_bytes)
+        return await trio.to_thread.run_sync(self._read_disk, after, upto, limit, max_bytes)
+
+    def _read_disk(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
+        out: list[LogItem] = []
         budget = [max_bytes if max_bytes is not None else -1]
         for _attempt in range(3):
             try:
