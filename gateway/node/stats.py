@@ -77,7 +77,7 @@ def _vbucket_seqno(node: Node, args: list[str]) -> Pairs:
             (f"vb_{vb}:high_seqno", str(s.high_seqno)),
             (f"vb_{vb}:abs_high_seqno", str(s.high_seqno)),
             (f"vb_{vb}:last_persisted_seqno", str(s.high_seqno)),
-            (f"vb_{vb}:purge_seqno", "0"),
+            (f"vb_{vb}:purge_seqno", str(s.purge_seqno)),
             (f"vb_{vb}:last_persisted_snap_start", str(s.snapshot_start)),
             (f"vb_{vb}:last_persisted_snap_end", str(s.snapshot_end)),
         ]

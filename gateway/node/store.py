@@ -345,6 +345,10 @@ class Store(StoreCore):
         v.failover.replace(entries)
         self._log_failover(v)
 
+    def purge_seqno(self, vb: int) -> int:
+        """The highest seqno of a tombstone purged from ``vb`` (0: none)."""
+        return self._vb(vb).purge_seqno
+
     def rollback_decision(
         self, vb: int, start: int, uuid: int, snap_start: int, snap_end: int
     ) -> int | None:

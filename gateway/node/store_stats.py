@@ -26,6 +26,7 @@ class VBucketStats:
     failover_entries: int
     snapshot_start: int
     snapshot_end: int
+    purge_seqno: int
 
     @classmethod
     def of(cls, v: VBucket) -> VBucketStats:
@@ -44,6 +45,7 @@ class VBucketStats:
             failover_entries=len(v.failover),
             snapshot_start=v.snapshot[0],
             snapshot_end=v.snapshot[1],
+            purge_seqno=v.purge_seqno,
         )
 
 

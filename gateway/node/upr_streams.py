@@ -2,8 +2,9 @@
 
 Theory of operation. ``check_request`` answers a STREAM_REQ from the store's
 state in one synchronous step: NOT_MY_VBUCKET unless the vbucket is ACTIVE,
+then ``adapters.upr.rollback.answer_stream_request`` as the UPR front uses it:
 RANGE_ERROR unless start <= end and snap_start <= start <= snap_end, ROLLBACK
-by the 3.0 rule of the store's failover log, else OK with that log. (A live
+by the 3.0 rule of the store's failover log and purge seqno, else OK with that log. (A live
 stream on the vbucket, KEY_EXISTS, is the connection's business.)
 
 ``ProducerStream.run`` then sends, tagged with the request's opaque:
@@ -46,6 +47,7 @@ import trio
 
 from adapters import upr
 from adapters.mcbp import Status
+from adapters.upr.rollback import answer_stream_request, refusal
 from gateway.node.items import Item, ItemKind, VBucketState
 
 if TYPE_CHECKING:
@@ -82,35 +84,25 @@ class StreamSettings:
     """CONTROL enable_expiry_opcode: expirations travel as EXPIRATION."""
 
 
-def _refusal(req: upr.StreamRequest, status: Status, text: str) -> upr.Response:
-    return upr.Response(upr.Command.STREAM_REQ, req.opaque, status.value, text.encode())
-
-
 def check_request(
     store: Any, req: upr.StreamRequest, draft: bool
 ) -> upr.StreamRequestOk | upr.StreamRequestRollback | upr.Response:
     """The answer to ``req`` from the store as it is now."""
     vb = req.vbucket
     if not 0 <= vb < store.n_vbuckets:
-        return _refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
+        return refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
     state = store.state(vb)
     if state is not VBucketState.ACTIVE:
-        return _refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is {state.name.lower()}")
-    start, end = req.start_seqno, req.end_seqno
-    if start > end:
-        return _refusal(req, Status.RANGE_ERROR, f"start seqno {start} > end seqno {end}")
-    # The draft names no snapshot: its consumers resume at snapshot boundaries.
-    snap = (start, start) if draft else (req.snap_start_seqno, req.snap_end_seqno)
-    if not snap[0] <= start <= snap[1]:
-        return _refusal(
-            req,
-            Status.RANGE_ERROR,
-            f"start seqno {start} outside snapshot {snap[0]}..{snap[1]}",
-        )
-    rollback = store.rollback_decision(vb, start, req.vbucket_uuid, *snap)
-    if rollback is not None:
-        return upr.StreamRequestRollback(rollback, req.opaque)
-    return upr.StreamRequestOk(store.failover_log(vb), req.opaque)
+        return refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is {state.name.lower()}")
+    # The same answer as the UPR front's, from the store's log, high seqno and
+    # purge seqno (ep-engine 3.0 FailoverTable::needsRollback).
+    return answer_stream_request(
+        req,
+        store.failover_log(vb),
+        store.high_seqno(vb),
+        purge_seqno=store.purge_seqno(vb),
+        draft=draft,
+    )
 
 
 def item_event(

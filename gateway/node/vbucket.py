@@ -48,6 +48,7 @@ class VBucket:
         "items",
         "max_deleted_rev",
         "memory",
+        "purge_seqno",
         "snapshot",
         "state",
         "tombstones",
@@ -69,6 +70,9 @@ class VBucket:
         # Rev seqnos of purged tombstones live on here, so a re-created key
         # still gets a rev seqno above every version a replica may have seen.
         self.max_deleted_rev = 0
+        # The highest seqno of a purged tombstone: a consumer that starts below it
+        # may have missed a delete, so it must start over (the purge rule).
+        self.purge_seqno = 0
         # The last snapshot a consumer received into this vbucket (resume point).
         self.snapshot = (0, 0)
 
@@ -149,6 +153,7 @@ class VBucket:
         self.memory = 0
         self.high_seqno = 0
         self.max_deleted_rev = 0
+        self.purge_seqno = 0
         self.snapshot = (0, 0)
         return removed
 
@@ -160,6 +165,7 @@ class VBucket:
             item = self.remove(key)
             if item is not None:
                 self.max_deleted_rev = max(self.max_deleted_rev, item.rev_seqno)
+                self.purge_seqno = max(self.purge_seqno, item.by_seqno)
         return len(doomed)
 
     def _went_stale(self, count: int) -> None:

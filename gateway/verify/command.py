@@ -47,6 +47,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     )
     parser.add_argument("--report", metavar="FILE", help="write the JSON report here")
     parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write the report as one self-contained HTML page here (summary, mismatches and "
+        "in-flight changes per vbucket, latency distribution, first mismatching records)",
+    )
+    parser.add_argument(
         "--mismatches", metavar="DIR", help="write every mismatching record as Parquet here"
     )
     parser.add_argument(
@@ -91,7 +97,10 @@ def add_verify_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.A
             "Captures of a live bucket made by one `capture --tap A --upr B` carry a cut per "
             "vbucket: each vbucket is compared up to it, and a difference that comes only "
             "from changes past the cut is reported as in flight (counted and listed, not a "
-            "failure). Prints a summary (progress on stderr while Spark runs).\n\n"
+            "failure). Prints a summary (progress on stderr while Spark runs); --report "
+            "writes the whole report as JSON, --html as one self-contained page (no scripts, "
+            "nothing fetched) with charts per vbucket and of the latency, and the first "
+            "mismatching records.\n\n"
             "Needs the pipeline extra (" + INSTALL_HINT + ") and Java 17 or newer "
             "(java on PATH or JAVA_HOME). Capture files are checked before Spark starts. "
             "On a cluster the job ships its own code to the executors and, unless "
@@ -100,26 +109,37 @@ def add_verify_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.A
             "missing or foreign capture files, a damaged segment, no pipeline extra or Java)."
         ),
         epilog="examples:\n  tap-upr-gateway verify cap/tap cap/upr --report report.json "
-        "--mismatches bad/\n  tap-upr-gateway verify cap/tap cap/upr --master spark://HOST:7077",
+        "--mismatches bad/\n  tap-upr-gateway verify cap/tap cap/upr --html report.html\n"
+        "  tap-upr-gateway verify cap/tap cap/upr --master spark://HOST:7077",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return configure_parser(parser)
 
 
 def run_verify_command(args: argparse.Namespace, spark: Any = None) -> int:
-    from gateway.verify.inputs import InputError, capture_files, check_java, check_pipeline
+    from gateway.verify.inputs import (
+        InputError,
+        capture_files,
+        check_java,
+        check_pipeline,
+        writable_file,
+    )
 
     # Everything that can be checked without Spark is, so a bad input is one line in seconds.
     try:
         check_pipeline()
         capture_files(args.left, "LEFT")
         capture_files(args.right, "RIGHT")
+        for option, path in (("--report", args.report), ("--html", args.html)):
+            if path:
+                writable_file(path, option)
         if spark is None:
             check_java()
     except InputError as exc:
         print(f"verify: {exc}", file=sys.stderr)
         return EXIT_INPUT
     try:
+        from gateway.verify.html import render_html
         from gateway.verify.job import VerifyConfig, run_verify
         from gateway.verify.report import dumps, summary
     except ImportError as exc:
@@ -148,12 +168,14 @@ def run_verify_command(args: argparse.Namespace, spark: Any = None) -> int:
         print(f"verify: needs the pipeline extra: {INSTALL_HINT}: {exc}", file=sys.stderr)
         return EXIT_INPUT
     report = result.report
-    if config.report:
+    for path, text in ((config.report, dumps(report) + "\n"), (args.html, render_html(report))):
+        if not path:
+            continue
         try:
-            with open(config.report, "w", encoding="utf-8") as handle:
-                handle.write(dumps(report) + "\n")
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text)
         except OSError as exc:
-            print(f"verify: cannot write the report {config.report}: {exc}", file=sys.stderr)
+            print(f"verify: cannot write the report {path}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_INPUT
     print(summary(report))
     damaged = [d for d in report["diagnostics"] if d["kind"] == "damaged"]

@@ -113,3 +113,15 @@ def check_header(path: str, label: str) -> None:
         raise InputError(f"{label}: {exc}") from None
     if meta.get("side") not in ("tap", "upr"):
         raise InputError(f"{label}: {path}: not a capture of a TAP or UPR side: {meta!r:.80}")
+
+
+def writable_file(path: str, option: str) -> None:
+    """``path`` can be written when the job ends (its folder exists and is writable)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise InputError(f"{option} {path}: is a directory, not a file")
+    if not os.path.isdir(folder):
+        raise InputError(f"{option} {path}: no such directory {folder}")
+    target = path if os.path.exists(path) else folder
+    if not os.access(target, os.W_OK):
+        raise InputError(f"{option} {path}: not writable ({target})")

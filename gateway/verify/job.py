@@ -170,7 +170,7 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
             stats = results.filter("row_type = 'stats'").collect()
             diagnostics = results.filter("row_type = 'diagnostic'").collect()
             mismatch_rows = results.filter("row_type = 'mismatch'")
-            counts = mismatch_rows.groupBy("check", "side").count().collect()
+            counts = mismatch_rows.groupBy("check", "side", "vbucket").count().collect()
             ranked = mismatch_rows.withColumn(
                 "rank", F.row_number().over(Window.partitionBy("check").orderBy("vbucket", "key"))
             )

@@ -38,6 +38,16 @@ def bucket_value(index: int) -> float:
     return value if index > ZERO else -value
 
 
+def bucket_bounds(index: int) -> tuple[float, float]:
+    """The range of values ``bucket`` puts in ``index`` (low, high), signed."""
+    if index == ZERO:
+        return -(10.0**MIN_EXP), 10.0**MIN_EXP
+    step = abs(index - ZERO) - 1
+    low = 10.0 ** ((step + _LOG_MIN) / PER_DECADE)
+    high = 10.0 ** ((step + 1 + _LOG_MIN) / PER_DECADE)
+    return (low, high) if index > ZERO else (-high, -low)
+
+
 @dataclass
 class Histogram:
     counts: list[int] = field(default_factory=lambda: [0] * SIZE)
@@ -77,6 +87,10 @@ class Histogram:
             if seen > rank:
                 return min(self.high, max(self.low, bucket_value(i)))
         return self.high
+
+    def buckets(self) -> list[tuple[float, float, int]]:
+        """The non-empty buckets, lowest first: (low, high, count)."""
+        return [(*bucket_bounds(i), n) for i, n in enumerate(self.counts) if n]
 
     def summary(self) -> dict[str, float | int | None]:
         if not self.count:

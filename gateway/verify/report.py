@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from gateway.verify.checks import Check
+from gateway.verify.latency import Histogram
 
 if TYPE_CHECKING:
     from gateway.verify.job import VerifyConfig
@@ -54,6 +55,16 @@ def _sample(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _latency(hist: Histogram) -> dict[str, Any]:
+    """The summary figures and the non-empty buckets: the distribution, in fixed size."""
+    out: dict[str, Any] = dict(hist.summary())
+    if hist.count:
+        out["histogram"] = [
+            {"low_s": low, "high_s": high, "count": n} for low, high, n in hist.buckets()
+        ]
+    return out
+
+
 def build_report(
     config: VerifyConfig,
     *,
@@ -72,9 +83,15 @@ def build_report(
 
     by_check: dict[str, int] = {str(c): 0 for c in Check}
     by_side: dict[str, dict[str, int]] = {}
+    by_vbucket: dict[int, int] = {}
+    # Rows are counts per check and side, and per vbucket when the job grouped by it.
     for row in counts:
-        by_check[row["check"]] = by_check.get(row["check"], 0) + row["count"]
-        by_side.setdefault(row["check"], {})[row["side"]] = row["count"]
+        n = row["count"]
+        by_check[row["check"]] = by_check.get(row["check"], 0) + n
+        sides = by_side.setdefault(row["check"], {})
+        sides[row["side"]] = sides.get(row["side"], 0) + n
+        if row.get("vbucket") is not None:
+            by_vbucket[row["vbucket"]] = by_vbucket.get(row["vbucket"], 0) + n
     total = sum(by_check.values())
     records = {s: sum(r[f"{s}_records"] or 0 for r in stats) for s in ("left", "right")}
     items = {s: sum(r[f"{s}_items"] or 0 for r in stats) for s in ("left", "right")}
@@ -94,6 +111,7 @@ def build_report(
             "total": total,
             "by_check": by_check,
             "by_check_and_side": by_side,
+            "by_vbucket": {str(vb): by_vbucket[vb] for vb in sorted(by_vbucket)},
             "samples": [
                 _sample(s)
                 for s in sorted(samples, key=lambda s: (s["check"], s["vbucket"], s["key"] or b""))
@@ -108,7 +126,7 @@ def build_report(
             },
             "samples": [_sample(s) for s in in_flight or []],
         },
-        "latency": merge_histograms(stats).summary(),
+        "latency": _latency(merge_histograms(stats)),
         "diagnostics": [
             {
                 "kind": d["check"],

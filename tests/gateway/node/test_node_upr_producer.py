@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import trio
 
@@ -317,3 +318,51 @@ async def test_stats_name_streams_the_3_0_way(nursery: trio.Nursery) -> None:
     assert node.upr.takeover_stats(1, "stats") is None
     assert node.upr.takeover_stats(2, "nobody") is None
     await client.aclose()
+
+
+async def test_a_start_below_the_purge_seqno_starts_over(nursery: trio.Nursery) -> None:
+    """ep-engine 3.0 src/failover-table.cc ``FailoverTable::needsRollback``: a
+    consumer starting (not from 0) below the vbucket's purge seqno may have missed
+    a purged tombstone, so it rolls back to 0; at or past it, it resumes."""
+    store = filled_store()
+    _, port = await start_node(nursery, store)
+    uuid = store.uuid(1)
+    tombstone = max(
+        (it for it in store.items_since(1, 0) if it.kind is not ItemKind.MUTATION),
+        key=lambda it: it.by_seqno,
+    )
+    assert store.purge_tombstones(time.time() + 1, vb=1) > 0
+    assert store.purge_seqno(1) == tombstone.by_seqno
+    client = await producer(port)
+    async with await McbpClient.connect("127.0.0.1", port) as admin:
+        seqnos = await admin.stats("vbucket-seqno 1")
+    assert seqnos["vb_1:purge_seqno"] == str(tombstone.by_seqno)
+
+    below = tombstone.by_seqno - 1
+    reply = await client.stream_request(1, below, uuid=uuid, snap=(below, below))
+    assert reply == upr.StreamRequestRollback(0, reply.opaque)
+    # At the purge seqno nothing purged is missing: resume as asked.
+    at = tombstone.by_seqno
+    reply = await client.stream_request(1, at, uuid=uuid, snap=(at, at), end=at)
+    assert isinstance(reply, upr.StreamRequestOk)
+    # From 0 a consumer has nothing to lose, whatever was purged.
+    reply = await client.stream_request(1, 0, uuid=0, snap=(0, 0), end=0)
+    assert isinstance(reply, upr.StreamRequestOk)
+    # Other vbuckets purged nothing.
+    assert store.purge_seqno(0) == 0
+
+
+def test_the_purge_seqno_survives_a_restart(tmp_path: Path) -> None:
+    store = Store(VBUCKETS, data_dir=tmp_path)
+    now = time.time()
+    for i in range(10):
+        store.set(3, b"k-%d" % i, b"v", now=now)
+    for i in range(0, 10, 2):
+        store.delete(3, b"k-%d" % i, now=now)
+    store.purge_tombstones(now + 1)
+    purged = store.purge_seqno(3)
+    assert purged > 0
+    store.close()
+    reopened = Store(VBUCKETS, data_dir=tmp_path)
+    assert reopened.purge_seqno(3) == purged
+    reopened.close()

@@ -8,7 +8,7 @@ from hypothesis import given
 
 from gateway.capture import CaptureRecord, Kind, digest, item_record, marker_record
 from gateway.verify.checks import Check, final_state, latencies, reconcile_key
-from gateway.verify.latency import SIZE, Histogram, bucket, bucket_value
+from gateway.verify.latency import SIZE, Histogram, bucket, bucket_bounds, bucket_value
 from gateway.verify.streams import check_stream
 
 K = b"key"
@@ -235,6 +235,20 @@ def test_histogram_buckets_and_merge() -> None:
     one.merge(two.counts, two.count, two.total, two.low, two.high)
     assert one.summary()["count"] == 3 and one.low == -0.3 and one.high == 0.2
     assert Histogram().summary() == {"count": 0} and Histogram().quantile(0.5) is None
+
+
+@given(st.lists(st.floats(-999, 999, allow_nan=False), min_size=1, max_size=100))
+def test_histogram_buckets_hold_their_values(values: list[float]) -> None:
+    """Each non-empty bucket's bounds contain the values put in it (the HTML report's bars)."""
+    hist = Histogram()
+    hist.add_all(values)
+    buckets = hist.buckets()
+    assert sum(n for _, _, n in buckets) == len(values)
+    assert [low for low, _, _ in buckets] == sorted(low for low, _, _ in buckets)
+    for x in values:
+        low, high = bucket_bounds(bucket(x))
+        slack = 1e-9 * max(abs(low), abs(high))  # float rounding at a bucket's edge
+        assert low - slack <= x <= high + slack
 
 
 # -- the cut of a two-sided capture (gateway.capture.cut) ----------------------------

@@ -52,6 +52,10 @@ def test_identical_sides_agree(spark: Any, tmp_path: Path) -> None:
     assert report["segments"]["left"] > 1  # several partitions per side
     assert report["latency"]["count"] == report["items"]["left"]
     assert report["latency"]["p50_s"] == pytest.approx(0.004, rel=0.13)
+    (bucket,) = report["latency"]["histogram"]  # every version 4 ms late: one bucket
+    assert bucket["count"] == report["latency"]["count"]
+    assert bucket["low_s"] <= 0.004 <= bucket["high_s"]
+    assert report["mismatches"]["by_vbucket"] == {}
 
 
 def _edit(
@@ -91,6 +95,7 @@ def test_dropped_mutation(spark: Any, tmp_path: Path) -> None:
     # Nothing else (the snapshot it was in may end early on the right, if it was last).
     assert set(report["mismatches"]["by_check_and_side"]) <= {"metadata", "value", "snapshot"}
     assert report["mismatches"]["by_check"]["metadata"] == 1
+    assert report["mismatches"]["by_vbucket"] == {"2": report["mismatches"]["total"]}
 
 
 def test_extra_key(spark: Any, tmp_path: Path) -> None:
@@ -133,6 +138,8 @@ def test_changed_value(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture
             right,
             "--report",
             str(tmp_path / "r.json"),
+            "--html",
+            str(tmp_path / "r.html"),
             "--mismatches",
             str(tmp_path / "bad"),
             "--partitions",
@@ -148,6 +155,8 @@ def test_changed_value(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture
         sample["right"]["digest"] == "00" * 16
         and sample["left"]["digest"] != sample["right"]["digest"]
     )
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert 'id="verdict">DISAGREE<' in page and f"<code>{victim.key.decode()}</code>" in page
     out = capsys.readouterr().out
     assert out.startswith("DISAGREE") and "value: 1 (both 1)" in out
     bad = spark.read.parquet(str(tmp_path / "bad")).collect()

@@ -68,3 +68,18 @@ def test_without_java_one_line_says_so(tmp_path: Path) -> None:
     )
     done = _verify(left, right, JAVA_HOME=str(tmp_path))
     assert done.returncode == 2 and f"JAVA_HOME={tmp_path} has no bin/java" in done.stderr
+
+
+def test_a_report_path_that_cannot_be_written_is_named_before_spark_starts(
+    tmp_path: Path,
+) -> None:
+    left, right = _pair(tmp_path)
+    nowhere = tmp_path / "no-such-dir" / "report.html"
+    done = _verify(left, right, "--html", str(nowhere))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"verify: --html {nowhere}: no such directory {nowhere.parent}\n"), (
+        done.stderr
+    )
+    done = _verify(left, right, "--report", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr == f"verify: --report {tmp_path}: is a directory, not a file\n"
