@@ -90,9 +90,6 @@ class UprConnection(UprProducerBase):
         # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
         self._in_flight: deque[tuple[int, int, int, float]] = deque()
         self.streams_waiting = 0
-        self.reading = trio.Lock()
-        """One stream of the connection reads the log at a time: a disk read yields
-        (``VbLog.read_async``), and the room it was sized for stays its own."""
         """Streams blocked for room in the window or the outbox (all of them: stalled)."""
         self.recording: UprRecording | None = None
         """Records what this connection sends (``capture_dir``); set by the front."""

@@ -22,12 +22,7 @@ most that many bytes of keys and values, encodes them at once
 with ``send_messages`` without waiting; so a stream holds nothing while the
 consumer stalls, a connection's memory stays within its outbox limit plus
 one batch's framing, and a slow consumer stalls only its own connection.
-Without flow control the sent seqno is also the acknowledged one. Reads
-older than the log's in-memory tail go to disk in a worker thread
-(``VbLog.read_async``); the streams of one connection read in turn
-(``reading``), each sized to the room left when its turn comes, so a disk
-read neither stalls other connections nor lets the connection's streams
-overfill the outbox.
+Without flow control the sent seqno is also the acknowledged one.
 
 Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
 (after the consumer took SET_VBUCKET_STATE(pending)); once caught up the
@@ -148,12 +143,8 @@ class LogStream:
             high = vblog.high_seqno
             self.progress.upstream_high_seqno = high
             upto = min(high, self.end_seqno)
-            async with self.conn.reading:
-                asked = min(BATCH_BYTES, budget, self.conn.room_now())
-                if asked <= 0:
-                    continue  # the room went to other streams meanwhile
-                read = await vblog.read_async(self.position, upto, BATCH, asked)
-            batch = self._fit(read, asked)
+            read = await vblog.read_async(self.position, upto, BATCH, min(BATCH_BYTES, budget))
+            batch = self._fit(read, min(BATCH_BYTES, budget))
             if read and not batch:
                 continue  # the room went to other streams meanwhile: not a gap
             if batch:
@@ -290,12 +281,8 @@ class LogStream:
         while self.position < min(self.vblog.high_seqno, self.end_seqno):
             budget = await self.conn.send_budget()
             upto = min(self.vblog.high_seqno, self.end_seqno)
-            async with self.conn.reading:
-                asked = min(BATCH_BYTES, budget, self.conn.room_now())
-                if asked <= 0:
-                    continue  # the room went to other streams meanwhile
-                read = await self.vblog.read_async(self.position, upto, BATCH, asked)
-            batch = self._fit(read, asked)
+            read = await self.vblog.read_async(self.position, upto, BATCH, min(BATCH_BYTES, budget))
+            batch = self._fit(read, min(BATCH_BYTES, budget))
             if read and not batch:
                 continue
             if batch:
