@@ -172,23 +172,14 @@ class UprConnection(UprProducerBase):
             while True:
                 await self._wait_for_room()
                 await conn.wait_for_room()
-                if not conn.outbox_room:
+                budget = conn.outbox_room
+                if not budget:
                     raise ConnectionClosed(conn.name)  # closing: the outbox never drains
-                budget = self.room_now()
-                if budget > 0:
-                    return budget
+                room = self.window.room
+                if room is None or room > 0:
+                    return budget if room is None else min(budget, room)
         finally:
             self.streams_waiting -= 1
-
-    def room_now(self) -> int:
-        """``send_budget`` without waiting: what may be queued now (0 or less: nothing).
-
-        A stream that read the disk in a worker thread checks it again
-        before queuing: other streams may have queued meanwhile.
-        """
-        budget = self.conn.outbox_room
-        room = self.window.room
-        return budget if room is None else min(budget, room)
 
     async def _wait_for_room(self) -> None:
         window = self.window

@@ -143,10 +143,7 @@ class LogStream:
             high = vblog.high_seqno
             self.progress.upstream_high_seqno = high
             upto = min(high, self.end_seqno)
-            read = await vblog.read_async(self.position, upto, BATCH, min(BATCH_BYTES, budget))
-            batch = self._fit(read, min(BATCH_BYTES, budget))
-            if read and not batch:
-                continue  # the room went to other streams meanwhile: not a gap
+            batch = vblog.read(self.position, upto, BATCH, min(BATCH_BYTES, budget))
             if batch:
                 await self._send_batch(batch)
             if not batch or batch[-1].by_seqno >= upto:
@@ -158,25 +155,6 @@ class LogStream:
                 if self.takeover:
                     return await self.conn.front.take_over(self)
                 await vblog.wait_beyond(self.position)
-
-    def _fit(self, batch: list[LogItem], asked: int) -> list[LogItem]:
-        """What of a batch read for ``asked`` bytes may be queued now.
-
-        A disk read yields to other streams of the connection, which may
-        have filled the outbox or the window meanwhile: keep the items that
-        fit the room left (read's rule: up to the item that fills it), none
-        when there is none (they are read again once there is room).
-        """
-        room = self.conn.room_now()
-        if room >= asked or not batch:
-            return batch
-        if room <= 0:
-            return []
-        for n, item in enumerate(batch):
-            room -= len(item.key) + len(item.value)
-            if room <= 0:
-                return batch[: n + 1]
-        return batch
 
     def _encoder(self) -> ItemEncoder:
         settings = self.conn.settings
@@ -281,10 +259,7 @@ class LogStream:
         while self.position < min(self.vblog.high_seqno, self.end_seqno):
             budget = await self.conn.send_budget()
             upto = min(self.vblog.high_seqno, self.end_seqno)
-            read = await self.vblog.read_async(self.position, upto, BATCH, min(BATCH_BYTES, budget))
-            batch = self._fit(read, min(BATCH_BYTES, budget))
-            if read and not batch:
-                continue
+            batch = self.vblog.read(self.position, upto, BATCH, min(BATCH_BYTES, budget))
             if batch:
                 await self._send_batch(batch)
             if not batch or batch[-1].by_seqno >= upto:

@@ -62,9 +62,7 @@ Memory: the index (key -> latest version), the sparse offsets, one write
 buffer, the last written and not yet published batch, and a tail of the
 latest published items (about ``tail_bytes`` of keys and values) from which
 streams that keep up are served without reading the disk; everything else
-stays on disk. Streams read the disk in a worker thread (``read_async``), so
-one stream catching up from disk does not stall the loop. ``disk_bytes`` is
-a running total of the segment files.
+stays on disk. ``disk_bytes`` is a running total of the segment files.
 """
 
 from __future__ import annotations
@@ -603,32 +601,11 @@ class VbLog:
         read to this many bytes (at least one item is always returned).
         """
         upto = min(upto, self.high_seqno)
-        if after >= upto:
-            return []
-        if after >= self._tail_floor and self._tail:
-            return self._read_tail(after, upto, limit, max_bytes)
-        return self._read_disk(after, upto, limit, max_bytes)
-
-    async def read_async(
-        self, after: int, upto: int, limit: int, max_bytes: int | None = None
-    ) -> list[LogItem]:
-        """``read``, with what must come from disk read in a worker thread.
-
-        One stream's disk read then stalls only that stream, not every
-        connection on the loop. The range is fixed here, on the loop, to what
-        is published now; a published record is on disk whole and is never
-        cut back (``unwrite`` stops at the published size), so the thread
-        reads the same items ``read`` would have.
-        """
-        upto = min(upto, self.high_seqno)
-        if after >= upto:
-            return []
-        if after >= self._tail_floor and self._tail:
-            return self._read_tail(after, upto, limit, max_bytes)
-        return await trio.to_thread.run_sync(self._read_disk, after, upto, limit, max_bytes)
-
-    def _read_disk(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
         out: list[LogItem] = []
+        if after >= upto:
+            return out
+        if after >= self._tail_floor and self._tail:
+            return self._read_tail(after, upto, limit, max_bytes)
         budget = [max_bytes if max_bytes is not None else -1]
         for _attempt in range(3):
             try:

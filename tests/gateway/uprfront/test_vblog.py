@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -198,53 +197,3 @@ def test_reads_from_the_in_memory_tail_equal_reads_from_disk(tmp_path: Path) -> 
             assert got == disk.read(after, high, limit, max_bytes), (after, limit, max_bytes)
             assert got == disk.read(after, high, 1000)[: len(got)]
     disk.close()
-
-
-async def test_disk_reads_in_a_worker_thread_see_what_reads_on_the_loop_see(
-    tmp_path: Path,
-) -> None:
-    """``read_async`` reads the disk off the loop while the ingest keeps appending,
-    publishing and rolling segments; every read gives what ``read`` gives for the
-    range published when it was asked, in seqno order, nothing unpublished."""
-    vblog = VbLog(tmp_path, 0, tail_bytes=300, segment_bytes=2000, fsync="never")
-    vblog.open()
-    fill(vblog, 3, keys=7)
-    threads: set[int] = set()
-    scan = vblog._read_disk
-
-    on_loop: list[bool] = []
-
-    def recording_scan(*args: object) -> list[LogItem]:
-        if not on_loop:
-            threads.add(threading.get_ident())
-        return scan(*args)  # type: ignore[arg-type]
-
-    vblog._read_disk = recording_scan  # type: ignore[method-assign]
-
-    async def write_more() -> None:
-        for r in range(4, 12):
-            vblog.ingest(TapCheckpointStart(r), NOW)
-            for k in range(7):
-                message = TapMutation(b"k%d" % k, b"w%d" % r * 10, cas=1000 * r + k, rev_seqno=r,
-                                      tap_flags=TapFlags.NETWORK_BYTE_ORDER)  # fmt: skip
-                vblog.ingest(message, NOW)
-            vblog.ingest(TapCheckpointEnd(r), NOW)
-            await commit({0: vblog}, sync=False)
-            await trio.lowlevel.checkpoint()
-
-    async def read_while_writing() -> None:
-        for after in range(0, 60, 3):
-            high = vblog.high_seqno
-            got = await vblog.read_async(after, 10**9, 5, 60)
-            on_loop.append(True)
-            assert got == vblog.read(after, high, 5, 60)
-            on_loop.clear()
-            assert all(after < i.by_seqno <= high for i in got)
-            assert [i.by_seqno for i in got] == sorted(i.by_seqno for i in got)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(write_more)
-        nursery.start_soon(read_while_writing)
-    assert len(vblog.segments) > 2 and vblog._tail_floor > 0
-    assert threads and threading.get_ident() not in threads  # the disk was read off the loop
-    vblog.close()
