@@ -28,7 +28,10 @@ EXIT_CODES = f"""exit status:
   {EXIT_NOT_PROVEN}  a vbucket's log is not proven (serve sets it aside, starts a new
      history and re-fetches it from the TAP node), or the manifest is missing
      or damaged while logs exist
-  {EXIT_USAGE}  no such state directory, or bad arguments"""
+  {EXIT_USAGE}  no such state directory, or bad arguments
+
+example:
+  tap-upr-gateway check-log --state-dir /var/lib/tap-upr-gateway"""
 
 
 def describe(proof: VbProof) -> str:
