@@ -106,13 +106,19 @@ async def compact_log(vblog: VbLog, now: float, purge_interval: float) -> int:
     doomed = {s.path for s in sealed[1:]}
     vblog.doomed |= doomed
     tmp = result.path.with_name(result.path.name + ".compact")
+    # From the replace until ``segments`` names the new file, a read would use the
+    # old offsets on it: readers wait (``VbLog.segments_settled``).
+    vblog.begin_segment_swap()
     try:
-        vblog.save_meta()
-        await trio.to_thread.run_sync(_install, tmp, result.path, [s.path for s in sealed[1:]])
+        try:
+            vblog.save_meta()
+            await trio.to_thread.run_sync(_install, tmp, result.path, [s.path for s in sealed[1:]])
+        finally:
+            vblog.doomed -= doomed
+        assert all(a is b for a, b in zip(vblog.segments, sealed, strict=False))
+        vblog.segments[: len(sealed)] = [result]
     finally:
-        vblog.doomed -= doomed
-    assert all(a is b for a, b in zip(vblog.segments, sealed, strict=False))
-    vblog.segments[: len(sealed)] = [result]
+        vblog.end_segment_swap()
     vblog.compacted_path = result.path
     vblog.disk_bytes -= before - result.size
     vblog.drop_tail_upto(max(s.last for s in sealed))

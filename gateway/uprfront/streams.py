@@ -143,6 +143,7 @@ class LogStream:
             high = vblog.high_seqno
             self.progress.upstream_high_seqno = high
             upto = min(high, self.end_seqno)
+            await vblog.segments_settled()  # no checkpoint between it and the read
             batch = vblog.read(self.position, upto, BATCH, min(BATCH_BYTES, budget))
             if batch:
                 await self._send_batch(batch)
@@ -259,6 +260,7 @@ class LogStream:
         while self.position < min(self.vblog.high_seqno, self.end_seqno):
             budget = await self.conn.send_budget()
             upto = min(self.vblog.high_seqno, self.end_seqno)
+            await self.vblog.segments_settled()  # no checkpoint between it and the read
             batch = self.vblog.read(self.position, upto, BATCH, min(BATCH_BYTES, budget))
             if batch:
                 await self._send_batch(batch)

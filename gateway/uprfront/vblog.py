@@ -178,6 +178,8 @@ class VbLog:
         is published (the log set records it in its manifest)."""
         self.doomed: set[Path] = set()
         """Segments a compaction is about to delete: the meta no longer lists them."""
+        self._swapping: trio.Event | None = None
+        """Set while a compaction swaps segment files under ``segments``."""
         self._fd: int | None = None
         self._broken: str | None = None
         """Set when a failed write could not even be cut back: no more appends."""
@@ -591,6 +593,24 @@ class VbLog:
             self._fd = None
 
     # -- reading ---------------------------------------------------------------
+
+    def begin_segment_swap(self) -> None:
+        """A compaction is about to replace segment files: disk reads must wait."""
+        self._swapping = trio.Event()
+
+    def end_segment_swap(self) -> None:
+        """``segments`` describes the files on disk again."""
+        swapping, self._swapping = self._swapping, None
+        if swapping is not None:
+            swapping.set()
+
+    async def segments_settled(self) -> None:
+        """Wait until no compaction is swapping files. A reader calls it before
+        ``read`` (with no checkpoint between): while files are swapped,
+        ``segments`` still holds the old offsets, and a read could come back
+        short and be taken for a gap."""
+        while (swapping := self._swapping) is not None:
+            await swapping.wait()
 
     def read(
         self, after: int, upto: int, limit: int, max_bytes: int | None = None

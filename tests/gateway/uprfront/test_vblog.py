@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from adapters.tap import (
@@ -17,6 +19,7 @@ from adapters.tap import (
     TapOpaque,
 )
 from adapters.translate.log_records import LogItem
+from gateway.uprfront import compaction
 from gateway.uprfront.compaction import compact_log
 from gateway.uprfront.ingest import commit
 from gateway.uprfront.vblog import VbLog
@@ -197,3 +200,40 @@ def test_reads_from_the_in_memory_tail_equal_reads_from_disk(tmp_path: Path) -> 
             assert got == disk.read(after, high, limit, max_bytes), (after, limit, max_bytes)
             assert got == disk.read(after, high, 1000)[: len(got)]
     disk.close()
+
+
+async def test_a_reader_waits_while_a_compaction_swaps_segment_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the install of a compacted file and ``segments`` naming it, a read
+    would use the old offsets on the new file (or a deleted file). A stream reads
+    after ``segments_settled``, so it sees the log before or after, never between."""
+    vblog = VbLog(tmp_path, 0, segment_bytes=20_000, tail_bytes=1)  # reads go to disk
+    vblog.open()
+    fill(vblog, 100)
+    before = vblog.read(0, 10**9, 10**6)
+    assert len(vblog.segments) > 2
+    # A start deep in the first segment: its sparse index points past the start of the file.
+    first = [i for i in before if i.by_seqno <= vblog.segments[0].last]
+    middle = first[len(first) * 3 // 4].by_seqno
+    expected = latest([i for i in before if i.by_seqno > middle])
+    got: list[LogItem] = []
+    reader_started = threading.Event()
+    real_install = compaction._install
+
+    async def reader() -> None:
+        reader_started.set()
+        await vblog.segments_settled()
+        got.extend(vblog.read(middle, 10**9, 10**6))
+
+    async with trio.open_nursery() as nursery:
+
+        def install(tmp: Path, target: Path, doomed: list[Path]) -> None:
+            real_install(tmp, target, doomed)  # files swapped; segments not yet
+            trio.from_thread.run_sync(nursery.start_soon, reader)
+            assert reader_started.wait(10)
+
+        monkeypatch.setattr(compaction, "_install", install)
+        assert await compact_log(vblog, NOW + 10, purge_interval=3600) > 0
+    assert latest(got) == expected
+    assert [i.by_seqno for i in got] == sorted({i.by_seqno for i in got})
