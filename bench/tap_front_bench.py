@@ -83,27 +83,6 @@ async def high_seqnos(port: int) -> dict[int, int]:
     }
 
 
-async def relay(
-    target: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """A plain byte relay: every accepted connection is piped to ``target`` both ways."""
-
-    async def pipe(source: trio.abc.Stream, sink: trio.abc.Stream) -> None:
-        while data := await source.receive_some(RECEIVE):
-            await sink.send_all(data)
-
-    async def serve(client: trio.SocketStream) -> None:
-        upstream = await trio.open_tcp_stream("127.0.0.1", target)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pipe, client, upstream)
-            nursery.start_soon(pipe, upstream, client)
-
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, serve, listeners)
-        task_status.started(listeners[0].socket.getsockname()[1])
-
-
 async def tap_dump(port: int, name: bytes = b"bench") -> tuple[int, int, float]:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     flags = tap.ConnectFlags.BACKFILL | tap.ConnectFlags.DUMP
@@ -118,17 +97,11 @@ async def tap_dump(port: int, name: bytes = b"bench") -> tuple[int, int, float]:
 async def relay_baseline(node_port: int, highs: dict[int, int]) -> tuple[int, int, float]:
     """UPR streams of every vbucket through a trio byte relay run in a child process."""
     code = (
-        "import sys, trio; sys.path.insert(0, 'bench'); import tap_front_bench as b;"
-        f"trio.run(b.relay_main, {node_port})"
+        "import sys, trio; sys.path.insert(0, 'bench'); import inmem;"
+        f"trio.run(inmem.relay_main, {node_port})"
     )
     with process([sys.executable, "-c", code, "relay"], r"relay on (\d+)") as (_, port):
         return await upr_streams(port, highs)
-
-
-async def relay_main(target: int) -> None:
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(relay, target)
-        print(f"relay on {port}", file=sys.stderr, flush=True)
 
 
 def throughput(items: int, value_size: int, vbuckets: int) -> None:
