@@ -103,33 +103,18 @@ class TapProducer:
 
     def stamp(self, message: TapStreamMessage, *, force_ack: bool = False) -> TapStreamMessage:
         """Give ``message`` its sequence number and ack flag; keep it until acked."""
-        if not self.can_send:
-            raise LocalProtocolError(
-                f"cannot send in state {self.state.name} with "
-                f"{len(self._outstanding)} messages unacked"
-            )
-        seqno = self._next_seqno
-        self._next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
-        self.sent_total += 1
-        flags = int(message.tap_flags) & ~TapFlags.ACK.value
-        if self.support_ack:
-            self._since_ack_request += 1
-            if (
-                force_ack
-                or isinstance(message, _ALWAYS_ACKED)
-                or self._since_ack_request >= self.ack_interval
-            ):
-                flags |= TapFlags.ACK
-                self._since_ack_request = 0
+        seqno, flags = self.next_stamp(
+            int(message.tap_flags), force_ack=force_ack or isinstance(message, _ALWAYS_ACKED)
+        )
         stamped = _restamped(message, seqno, _tap_flags(flags))
         if self.support_ack:
             self._outstanding.append(stamped)
         self.last_stamped = stamped
         return stamped
 
-    def next_stamp(self, tap_flags: int) -> tuple[int, int]:
-        """The fast path's ``stamp`` of an item (MUTATION or DELETE) before it is
-        encoded: its sequence number and TAP flags. ``keep`` the frame next."""
+    def next_stamp(self, tap_flags: int, *, force_ack: bool = False) -> tuple[int, int]:
+        """The sequence number and TAP flags of the next message (``stamp`` and the
+        fast path's items, which ``keep`` the frame they encode next)."""
         if not self.can_send:
             raise LocalProtocolError(
                 f"cannot send in state {self.state.name} with "
@@ -141,7 +126,7 @@ class TapProducer:
         flags = tap_flags & _NOT_ACK
         if self.support_ack:
             self._since_ack_request += 1
-            if self._since_ack_request >= self.ack_interval:
+            if force_ack or self._since_ack_request >= self.ack_interval:
                 flags |= _ACK
                 self._since_ack_request = 0
         return seqno, flags
