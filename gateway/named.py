@@ -72,8 +72,15 @@ class NamedConnections(Generic[C]):
             entry[1].cancel()
         return entry is not None
 
+    def __getitem__(self, name: str) -> C:
+        return self._entries[name][0]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
-    def connections(self) -> list[C]:
+    def values(self) -> list[C]:
+        """The open connections (a copy: closing one while iterating is safe)."""
         return [connection for connection, _ in self._entries.values()]

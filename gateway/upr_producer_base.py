@@ -29,8 +29,9 @@ import trio
 
 from adapters import upr
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status, encode_frame
+from adapters.mcbp import Frame, Magic, Status
 from adapters.upr.flow_control import ProducerWindow
+from gateway.io.replies import error_reply
 from gateway.wire import PacketConnection
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,6 @@ class AnsweringStream(Protocol):
     def live(self) -> bool: ...
 
     def on_response(self, event: Any) -> None: ...
-
-
-def error_reply(frame: Frame, status: int, text: str) -> bytes:
-    """An error response to ``frame`` whose value says what was wrong."""
-    return encode_frame(
-        Magic.RESPONSE, frame.opcode, vbucket_or_status=status, opaque=frame.opaque,
-        value=text.encode(),
-    )  # fmt: skip
 
 
 def seconds(value: bytes) -> float | None:

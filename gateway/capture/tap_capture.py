@@ -25,22 +25,17 @@ import trio
 from adapters.errors import ProtocolError
 from adapters.tap import (
     ConnectFlags,
-    TapCheckpointEnd,
-    TapCheckpointStart,
     TapConnect,
-    TapDelete,
     TapFlags,
     TapFlush,
-    TapMutation,
     TapNoop,
     TapNoopResponse,
     TapOpaque,
-    TapOpcode,
     TapResponse,
-    TapVbucketSet,
     decode_frame,
     encode,
 )
+from adapters.tap_acks import ack_of
 from gateway.capture.mapping import TapRecording
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.records import Kind
@@ -62,15 +57,6 @@ CONNECT_FLAGS = (
     | ConnectFlags.SUPPORT_ACK
     | ConnectFlags.FIX_FLAG_BYTEORDER
 )
-OPCODES = {
-    TapMutation: TapOpcode.MUTATION,
-    TapDelete: TapOpcode.DELETE,
-    TapFlush: TapOpcode.FLUSH,
-    TapOpaque: TapOpcode.OPAQUE,
-    TapCheckpointStart: TapOpcode.CHECKPOINT_START,
-    TapCheckpointEnd: TapOpcode.CHECKPOINT_END,
-    TapVbucketSet: TapOpcode.VBUCKET_SET,
-}
 FLUSH_SECONDS = 2.0
 
 
@@ -158,7 +144,7 @@ async def _consume(
         if isinstance(event, TapFlush):
             log.warning("%s: the server flushed vbucket %d", conn.name, event.vbucket)
         if not isinstance(event, TapConnect | TapNoopResponse) and event.tap_flags & TapFlags.ACK:
-            conn.send_nowait(encode(TapResponse(OPCODES[type(event)], event.opaque)))
+            conn.send_nowait(ack_of(event))
         if until and not pending:
             result.stopped = "caught-up"
             return

@@ -27,9 +27,11 @@ import trio
 
 from adapters import tap, upr
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from adapters.mcbp import Frame, Status
 from gateway import logs
 from gateway.auth import Authenticator, Users
+from gateway.io.door import Door
+from gateway.io.replies import error_reply
 from gateway.limits import ConnectionLimits, ListenerCounters
 from gateway.memory import TrimAfterCloses
 from gateway.node.changes import ChangeFeed
@@ -40,9 +42,6 @@ log = logging.getLogger(__name__)
 
 VERSION = "3.0.0-tap-upr-reference"
 LABEL = "node"
-UNAUTHENTICATED_OPCODES = frozenset(
-    {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
-)
 _TAP_STREAM_OPCODES = frozenset(op for op in tap.TapOpcode if op != tap.TapOpcode.CONNECT)
 
 
@@ -67,13 +66,8 @@ class NodeConfig:
     max_frame_size: int = 20 * 1024 * 1024
 
 
-@dataclass
-class Session:
-    """What a command connection has established (authentication so far)."""
-
-    authenticated: bool
-    auth: Authenticator
-    counters: dict[str, int] = field(default_factory=dict)
+class QuitRequested(Exception):
+    """QUIT: the client asked the server to close the connection."""
 
 
 class Node:
@@ -94,6 +88,20 @@ class Node:
         self.listener_counters = ListenerCounters()
         self.trimmer = TrimAfterCloses()
         """Gives the heap of closed connections (their outboxes) back to the system."""
+        self.door = Door(
+            LABEL,
+            self.users,
+            self.config.limits,
+            self.listener_counters,
+            VERSION,
+            self._stat,
+            stream_opcodes=frozenset(
+                {tap.TapOpcode.CONNECT, *_TAP_STREAM_OPCODES, *self.dialect.commands}
+            ),
+            begin_stream=self._become_stream,
+            command=self._command,
+            full_frames=True,  # memcached commands carry items: the full frame size
+        )
 
     # -- serving -------------------------------------------------------------
 
@@ -125,44 +133,29 @@ class Node:
             task_status.started(listeners)
 
     async def handle(self, conn: PacketConnection) -> None:
-        from gateway.node import commands
-
         self.connections += 1
-        limits = self.config.limits
-        auth = conn.authority = Authenticator(
-            self.users,
-            label=LABEL,
-            peer=conn.name.rpartition(" ")[2],
-            counters=self.listener_counters,
-            max_failures=limits.max_auth_failures,
-            failure_delay=limits.auth_failure_delay,
-        )
-        session = Session(authenticated=self.users is None, auth=auth)
-        if session.authenticated:
-            conn.streaming()  # memcached commands carry items: the full frame size
         try:
-            while (frame := await conn.receive_frame()) is not None:
-                if frame.magic != Magic.REQUEST:
-                    raise ProtocolError(
-                        "unexpected response on a command connection",
-                        opcode=frame.opcode,
-                        field="magic",
-                        value=frame.magic,
-                    )
-                if not session.authenticated and frame.opcode not in UNAUTHENTICATED_OPCODES:
-                    await conn.send(error_response(frame, Status.AUTH_ERROR, "authenticate first"))
-                    continue
-                if await self._become_stream(conn, frame):
-                    return
-                try:
-                    await commands.execute(self, session, conn, frame)
-                except commands.QuitRequested:
-                    return
+            await self.door.serve(conn)
+        except QuitRequested:
+            pass
         finally:
             self.connections -= 1
 
-    async def _become_stream(self, conn: PacketConnection, frame: Frame) -> bool:
-        """Hand the connection to a stream role if ``frame`` starts one."""
+    async def _stat(self, group: str) -> list[tuple[str, str]]:
+        from gateway.node import stats
+
+        return stats.collect(self, group)
+
+    async def _command(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
+        from gateway.node import commands
+
+        await commands.execute(self, auth, conn, frame)
+
+    async def _become_stream(
+        self, conn: PacketConnection, frame: Frame, auth: Authenticator
+    ) -> bool:
+        """Hand the connection to the stream role ``frame`` starts; False when it
+        was refused with an answer and the connection stays a command one."""
         from gateway.node.tap_producer import serve_tap_stream
         from gateway.node.tap_receiver import receive_tap_stream
         from gateway.node.upr_consumer import serve_upr_consumer
@@ -173,14 +166,13 @@ class Node:
             try:
                 connect = tap.decode_frame(frame)
             except ProtocolError as exc:
-                await conn.send(error_response(frame, Status.NOT_SUPPORTED, str(exc)))
+                await conn.send(error_reply(frame, Status.NOT_SUPPORTED, str(exc)))
                 raise
             assert isinstance(connect, tap.TapConnect)
-            authority = conn.authority
             takeover = connect.connect_flags & tap.ConnectFlags.TAKEOVER_VBUCKETS
-            if takeover and authority is not None and not authority.may_administer():
-                denied = authority.refuse_admin("TAP takeover")
-                await conn.send(error_response(frame, Status.NO_ACCESS, denied))
+            if takeover and not auth.may_administer():
+                denied = auth.refuse_admin("TAP takeover")
+                await conn.send(error_reply(frame, Status.NO_ACCESS, denied))
                 return True
             logs.name_connection(connect.name.decode("utf-8", "replace"))
             await serve_tap_stream(self, conn, connect)
@@ -188,19 +180,17 @@ class Node:
         if opcode in _TAP_STREAM_OPCODES:
             await receive_tap_stream(self, conn, frame)
             return True
-        if opcode not in self.dialect.commands:
-            return False
         try:
             event = upr.decode_frame(frame, self.dialect)
         except ProtocolError as exc:
-            await conn.send(error_response(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc)))
+            await conn.send(error_reply(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc)))
             raise
         if isinstance(event, upr.Open):
             if event.flags & upr.OpenFlags.PRODUCER:
                 await serve_upr_producer(self, conn, event, first=None)
             elif event.flags & upr.OpenFlags.NOTIFIER:
                 await conn.send(
-                    error_response(
+                    error_reply(
                         frame, Status.NOT_SUPPORTED, "notifier connections are not supported"
                     )
                 )
@@ -214,7 +204,7 @@ class Node:
             await serve_upr_producer(self, conn, None, first=event)
             return True
         await conn.send(
-            error_response(
+            error_reply(
                 frame, Status.INVALID_ARGUMENTS, f"{event.NAME} needs an open UPR connection"
             )
         )
@@ -244,30 +234,3 @@ def _in_trio() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def response(
-    frame: Frame,
-    status: int = Status.SUCCESS,
-    *,
-    key: bytes = b"",
-    value: bytes = b"",
-    extras: bytes = b"",
-    cas: int = 0,
-) -> bytes:
-    """A response to ``frame`` (same opcode and opaque)."""
-    return encode_frame(
-        Magic.RESPONSE,
-        frame.opcode,
-        vbucket_or_status=status,
-        opaque=frame.opaque,
-        cas=cas,
-        key=key,
-        value=value,
-        extras=extras,
-    )
-
-
-def error_response(frame: Frame, status: int, message: str) -> bytes:
-    """An error response whose value says what was wrong, as memcached does."""
-    return response(frame, status, value=message.encode())

@@ -50,7 +50,7 @@ from typing import Any
 import trio
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Magic, Status, encode_frame
+from adapters.mcbp import Status
 from adapters.tap import (
     ConnectFlags,
     OpaqueCode,
@@ -73,6 +73,7 @@ from adapters.tap import (
 from adapters.tap.connect import connect_refusal
 from adapters.tap.constants import swap32
 from adapters.tap.producer import ProducerState, TapProducer
+from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import Item, VBucketState
 from gateway.node.tap_plan import Phase, StreamPlan, VbCursor, plan_stream
 from gateway.node.tap_registry import Registration, TapHub, VbPosition
@@ -85,7 +86,6 @@ log = logging.getLogger(__name__)
 
 BATCH = 256
 """Items read from the store at a time."""
-REFUSAL_FLUSH_SECONDS = 2.0
 TAKEOVER_SETTLE_ROUNDS = 3
 """Times a takeover waits for every ack and catches up again before going dead."""
 INITIAL_NRU = 2
@@ -105,34 +105,19 @@ async def serve_tap_stream(node: Any, conn: PacketConnection, connect: TapConnec
             refused = connect_refusal(
                 f"TAP client {name!r} is already connected", field="key", value=connect.name
             )
-            await refuse(conn, error_reply(TapOpcode.CONNECT, connect.opaque, refused))
+            await send_refusal(conn, refusal(TapOpcode.CONNECT, connect.opaque, refused))
             raise refused
         registration = hub.registration(name)
     try:
         plan = plan_stream(connect, name, node.store, registration, time.time())
     except ProtocolError as exc:
-        await refuse(conn, error_reply(TapOpcode.CONNECT, connect.opaque, exc))
+        await send_refusal(conn, refusal(TapOpcode.CONNECT, connect.opaque, exc))
         raise
     if plan.registered:
         registration = hub.register(name)
     stream = TapStream(node, conn, plan, registration)
     with hub.running(stream):
         await stream.run()
-
-
-async def refuse(conn: PacketConnection, reply: bytes) -> None:
-    """Send an error reply and see it out before the caller raises (which closes)."""
-    conn.send_nowait(reply)
-    with trio.move_on_after(REFUSAL_FLUSH_SECONDS):  # a peer that does not read gets none
-        await conn.drain()
-
-
-def error_reply(opcode: int, opaque: int, exc: ProtocolError) -> bytes:
-    """An error response naming what was wrong (any opcode, TAP's or not)."""
-    status = exc.status or Status.INVALID_ARGUMENTS
-    return encode_frame(
-        Magic.RESPONSE, opcode, vbucket_or_status=status, opaque=opaque, value=str(exc).encode()
-    )
 
 
 class TapStream:
@@ -413,7 +398,7 @@ class TapStream:
                 event = decode_frame(frame)
             except ProtocolError as exc:
                 if frame.is_request:
-                    await refuse(conn, error_reply(frame.opcode, frame.opaque, exc))
+                    await send_refusal(conn, refusal(frame.opcode, frame.opaque, exc))
                 raise
             if isinstance(event, TapResponse):
                 self._on_response(event)
@@ -425,7 +410,7 @@ class TapStream:
                     opcode=frame.opcode,
                     status=Status.NOT_SUPPORTED,
                 )
-                await refuse(conn, error_reply(frame.opcode, frame.opaque, refused))
+                await send_refusal(conn, refusal(frame.opcode, frame.opaque, refused))
                 raise refused
         log.info("%s: client closed the TAP connection", self.name)
         scope.cancel()

@@ -44,12 +44,10 @@ from adapters.tap import (
     TapConnect,
     TapDelete,
     TapFlags,
-    TapFlush,
     TapMutation,
     TapNoop,
     TapNoopResponse,
     TapOpaque,
-    TapOpcode,
     TapResponse,
     TapStreamMessage,
     TapVbucketSet,
@@ -57,21 +55,13 @@ from adapters.tap import (
     encode,
 )
 from adapters.tap.constants import swap32
+from adapters.tap_acks import ack_of
+from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import StoreError, VBucketState
-from gateway.node.tap_producer import error_reply, refuse
 from gateway.wire import PacketConnection
 
 log = logging.getLogger(__name__)
 
-OPCODES: dict[type, TapOpcode] = {
-    TapMutation: TapOpcode.MUTATION,
-    TapDelete: TapOpcode.DELETE,
-    TapFlush: TapOpcode.FLUSH,
-    TapOpaque: TapOpcode.OPAQUE,
-    TapVbucketSet: TapOpcode.VBUCKET_SET,
-    TapCheckpointStart: TapOpcode.CHECKPOINT_START,
-    TapCheckpointEnd: TapOpcode.CHECKPOINT_END,
-}
 _NO_RESET_STATES = (VBucketState.ACTIVE, VBucketState.DEAD)
 
 
@@ -84,7 +74,7 @@ async def receive_tap_stream(node: Any, conn: PacketConnection, first: Frame) ->
         try:
             reply = receiver.handle(frame)
         except _Refused as exc:
-            await refuse(conn, exc.reply)
+            await send_refusal(conn, exc.reply)
             raise
         if reply:
             await conn.send(reply)
@@ -108,7 +98,7 @@ class TapReceiver:
         except ProtocolError as exc:
             if not frame.is_request:
                 raise
-            raise _Refused(error_reply(frame.opcode, frame.opaque, exc), exc) from None
+            raise _Refused(refusal(frame.opcode, frame.opaque, exc), exc) from None
         if isinstance(event, TapResponse | TapNoopResponse):
             return b""  # the sender's answers to our NOOPs, or stray acks: nothing to do
         if isinstance(event, TapNoop):
@@ -117,24 +107,23 @@ class TapReceiver:
             refused = ProtocolError(
                 "CONNECT inside a TAP stream", opcode=frame.opcode, status=Status.NOT_SUPPORTED
             )
-            raise _Refused(error_reply(frame.opcode, frame.opaque, refused), refused)
+            raise _Refused(refusal(frame.opcode, frame.opaque, refused), refused)
         return self.receive(event)
 
     def receive(self, message: TapStreamMessage) -> bytes:
         """Apply one stream message; the ack, the nack or nothing."""
-        opcode = OPCODES[type(message)]
         if message.ttl == 0:
             self.nacks += 1
-            return _reply(opcode, message.opaque, Status.INVALID_ARGUMENTS, b"TTL expired")
+            return ack_of(message, Status.INVALID_ARGUMENTS, b"TTL expired")
         try:
             self._apply(message)
         except StoreError as exc:
             self.nacks += 1
-            log.info("TAP %s into vbucket %d refused: %s", opcode.name, message.vbucket, exc)
-            return _reply(opcode, message.opaque, exc.status, exc.message.encode())
+            log.info("TAP %s into vbucket %d refused: %s", message.NAME, message.vbucket, exc)
+            return ack_of(message, exc.status, exc.message.encode())
         self.applied += 1
         if message.tap_flags & TapFlags.ACK:
-            return _reply(opcode, message.opaque, Status.SUCCESS)
+            return ack_of(message)
         return b""
 
     def _apply(self, message: TapStreamMessage) -> None:
@@ -195,10 +184,6 @@ class TapReceiver:
             self.store.reset_vbucket(vb)
         elif message.opaque_code == OpaqueCode.CLOSE_TAP_STREAM:
             self.closing = True
-
-
-def _reply(opcode: TapOpcode, opaque: int, status: int, text: bytes = b"") -> bytes:
-    return encode(TapResponse(opcode, opaque, status, text))
 
 
 class _Refused(ProtocolError):

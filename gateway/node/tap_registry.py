@@ -119,7 +119,7 @@ class TapHub:
         return self._named.get(name)
 
     def connections(self) -> list[TapConnection]:
-        return self._named.connections()
+        return self._named.values()
 
     # -- registered clients --------------------------------------------------
 

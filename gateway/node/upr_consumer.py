@@ -41,6 +41,7 @@ from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Status
 from adapters.upr.flow_control import ConsumerAcker, is_counted
+from gateway.io.replies import refusal
 from gateway.node.items import ItemKind, StoreError, VBucketState
 from gateway.wire import PacketConnection
 
@@ -128,10 +129,7 @@ class ConsumerConnection:
             event = upr.decode_frame(frame, self.dialect)
         except ProtocolError as exc:
             if frame.magic == Magic.REQUEST:
-                from gateway.node.server import error_response
-
-                status = exc.status or Status.INVALID_ARGUMENTS
-                await self.conn.send(error_response(frame, status, str(exc)))
+                await self.conn.send(refusal(frame.opcode, frame.opaque, exc))
             raise
         self.bytes_received += frame.size
         await self.handle(event)

@@ -67,7 +67,7 @@ class UprHub:
         return self._named.get(name)
 
     def connections(self) -> list[UprConnection]:
-        return self._named.connections()
+        return self._named.values()
 
     # -- statistics ----------------------------------------------------------
 

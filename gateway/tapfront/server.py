@@ -33,12 +33,14 @@ import trio
 
 from adapters import tap, upr
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from adapters.mcbp import Frame, Opcode, Status
 from adapters.mcbp.constants import status_name
 from adapters.tap.connect import connect_refusal
 from gateway import logs
 from gateway.auth import Authenticator, Users
 from gateway.client import McbpClient, RequestFailed
+from gateway.io.door import Door, unknown_command
+from gateway.io.replies import error_reply, refusal, reply, send_refusal
 from gateway.limits import ConnectionLimits
 from gateway.named import NamedConnections
 from gateway.startup import describe, show
@@ -60,12 +62,8 @@ from gateway.wire import PacketConnection, bound_port, serve_packets
 log = logging.getLogger(__name__)
 
 LABEL = "tap-front"
-REFUSAL_FLUSH_SECONDS = 2.0
 UPSTREAM_QUERY_TIMEOUT = 10.0
 UPSTREAM_STAT_GROUPS = frozenset({"vbucket", "vbucket-seqno"})
-_OPEN_OPCODES = frozenset(
-    {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
-)
 
 
 def upstream_trouble(address: tuple[str, int], exc: BaseException) -> str:
@@ -119,27 +117,6 @@ class TapFrontConfig:
         )
 
 
-def reply(
-    frame: Frame, status: int = Status.SUCCESS, *, key: bytes = b"", value: bytes = b""
-) -> bytes:
-    return encode_frame(
-        Magic.RESPONSE,
-        frame.opcode,
-        vbucket_or_status=status,
-        opaque=frame.opaque,
-        key=key,
-        value=value,
-    )
-
-
-async def refuse(conn: PacketConnection, frame: Frame, exc: ProtocolError) -> None:
-    """Send the error reply and see it out before the caller raises (which closes)."""
-    status = exc.status or Status.INVALID_ARGUMENTS
-    conn.send_nowait(reply(frame, status, value=str(exc).encode()))
-    with trio.move_on_after(REFUSAL_FLUSH_SECONDS):
-        await conn.drain()
-
-
 async def read_upstream_vbuckets(
     address: tuple[str, int],
     user: str | None,
@@ -182,6 +159,22 @@ class TapFront:
         self.users = Users.of(config.users)
         self.sessions: NamedConnections[TapSession] = NamedConnections("TAP front")
         self._anonymous = itertools.count(1)
+        self.door = Door(
+            LABEL,
+            self.users,
+            config.limits,
+            self.stats.listeners,
+            f"tap-upr-gateway {version()} (TAP front)",
+            self.stat_pairs,
+            stream_opcodes=frozenset({tap.TapOpcode.CONNECT}),
+            begin_stream=self._stream,
+            command=self._command,
+            stray_response="a response before any stream",
+            on_stray_response=self._count_malformed,
+        )
+
+    def _count_malformed(self) -> None:
+        self.stats.protocol_errors_total["tap_front", "malformed"] += 1
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         host, port = self.config.listen
@@ -190,7 +183,7 @@ class TapFront:
                 listeners = await nursery.start(
                     partial(
                         serve_packets,
-                        self.handle,
+                        self.door.serve,
                         host,
                         port,
                         label=LABEL,
@@ -214,81 +207,17 @@ class TapFront:
 
     # -- one connection ------------------------------------------------------
 
-    async def handle(self, conn: PacketConnection) -> None:
-        auth = Authenticator(
-            self.users,
-            label=LABEL,
-            peer=conn.name.rpartition(" ")[2],
-            counters=self.stats.listeners,
-            max_failures=self.config.limits.max_auth_failures,
-            failure_delay=self.config.limits.auth_failure_delay,
-        )
-        conn.authority = auth
-        authenticated = self.users is None
-        while (frame := await conn.receive_frame()) is not None:
-            if frame.magic != Magic.REQUEST:
-                self.stats.protocol_errors_total["tap_front", "malformed"] += 1
-                raise ProtocolError(
-                    "a response before any stream",
-                    opcode=frame.opcode,
-                    field="magic",
-                    value=frame.magic,
-                )
-            if not authenticated and frame.opcode not in _OPEN_OPCODES:
-                await conn.send(reply(frame, Status.AUTH_ERROR, value=b"authenticate first"))
-                continue
-            if frame.opcode == tap.TapOpcode.CONNECT:
-                logs.name_connection(frame.key.decode("utf-8", "replace"))
-                conn.streaming()
-                await self._stream(conn, frame, auth)
-                return
-            if frame.opcode == Opcode.SASL_AUTH:
-                authenticated = await self._sasl_auth(conn, frame, auth) or authenticated
-            else:
-                await self._command(conn, frame, auth)
-
-    async def _sasl_auth(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
-        outcome = await auth.authenticate(frame)
-        if outcome.user is None:
-            await conn.send(reply(frame, Status.AUTH_ERROR, value=outcome.message.encode()))
-            if outcome.closing is not None:
-                raise outcome.closing
-            return False
-        conn.authenticated()
-        await conn.send(reply(frame, value=b"Authenticated"))
-        return True
-
     async def _command(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
-        opcode = frame.opcode
-        if opcode == Opcode.NOOP:
-            await conn.send(reply(frame))
-        elif opcode == Opcode.VERSION:
-            await conn.send(reply(frame, value=f"tap-upr-gateway {version()} (TAP front)".encode()))
-        elif opcode == Opcode.SASL_LIST_MECHS:
-            await conn.send(reply(frame, value=b"PLAIN"))
-        elif opcode == Opcode.STAT:
-            try:
-                pairs = await self.stat_pairs(frame.key.decode("utf-8", "replace"))
-            except StatError as exc:
-                await conn.send(reply(frame, exc.status, value=str(exc).encode()))
-                return
-            await conn.send(
-                b"".join(reply(frame, key=k.encode(), value=v.encode()) for k, v in pairs)
-                + reply(frame)
-            )
-        elif opcode == Opcode.DEREGISTER_TAP_CLIENT:
-            if not auth.may_administer():
-                message = auth.refuse_admin("DEREGISTER_TAP_CLIENT")
-                await conn.send(reply(frame, Status.AUTH_ERROR, value=message.encode()))
-                return
+        if frame.opcode != Opcode.DEREGISTER_TAP_CLIENT:
+            await unknown_command(conn, frame, auth)
+        elif not auth.may_administer():
+            message = auth.refuse_admin("DEREGISTER_TAP_CLIENT")
+            await conn.send(error_reply(frame, Status.AUTH_ERROR, message))
+        else:
             name = frame.key.decode("utf-8", "replace")
             self.registry.forget(name)
             self.sessions.close(name)
             await conn.send(reply(frame))
-        else:
-            await conn.send(
-                reply(frame, Status.UNKNOWN_COMMAND, value=b"unknown command 0x%02x" % opcode)
-            )
 
     async def stat_pairs(self, group: str) -> list[tuple[str, str]]:
         """``STAT tap`` and ``tap-vbtakeover`` from the gateway's own figures,
@@ -372,23 +301,22 @@ class TapFront:
             per_connection += [(f"{fig.connection}:{k}", str(v)) for k, v in values]
         return dcp_group(totals, per_connection)
 
-    async def _stream(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
+    async def _stream(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
+        """Serve a TAP CONNECT for the rest of the connection's life."""
+        logs.name_connection(frame.key.decode("utf-8", "replace"))
+        conn.streaming()
         try:
             connect = tap.decode_frame(frame)
         except ProtocolError as exc:
             self.stats.protocol_errors_total["tap_front", "malformed_connect"] += 1
-            await refuse(
-                conn,
-                frame,
-                ProtocolError(str(exc), opcode=frame.opcode, status=Status.NOT_SUPPORTED),
-            )
+            await send_refusal(conn, error_reply(frame, Status.NOT_SUPPORTED, str(exc)))
             raise
         assert isinstance(connect, tap.TapConnect)
         if connect.connect_flags & tap.ConnectFlags.TAKEOVER_VBUCKETS and not auth.may_administer():
             denied = ProtocolError(
                 auth.refuse_admin("TAP takeover"), opcode=frame.opcode, status=Status.AUTH_ERROR
             )
-            await refuse(conn, frame, denied)
+            await send_refusal(conn, refusal(frame.opcode, frame.opaque, denied))
             raise denied
         config = self.config
         name = connect.name.decode("utf-8", "replace") or f"anon_{next(self._anonymous)}"
@@ -405,7 +333,7 @@ class TapFront:
                 opcode=frame.opcode,
                 status=Status.TEMPORARY_FAILURE,
             )
-            await refuse(conn, frame, failure)
+            await send_refusal(conn, refusal(frame.opcode, frame.opaque, failure))
             raise failure from None
         registry = self.registry
         registered = connect.connect_flags & tap.ConnectFlags.REGISTERED_CLIENT
@@ -416,7 +344,7 @@ class TapFront:
             taken = connect_refusal(
                 f"TAP client {name!r} is already connected", field="key", value=connect.name
             )
-            await refuse(conn, frame, taken)
+            await send_refusal(conn, refusal(frame.opcode, frame.opaque, taken))
             raise taken
         try:
             plan = plan_connection(
@@ -429,7 +357,7 @@ class TapFront:
             )
         except ProtocolError as exc:
             self.stats.protocol_errors_total["tap_front", "refused_connect"] += 1
-            await refuse(conn, frame, exc)
+            await send_refusal(conn, refusal(frame.opcode, frame.opaque, exc))
             raise
         if plan.registered:
             registry.register(name)
@@ -443,3 +371,4 @@ class TapFront:
         )
         with self.sessions.running(name, session):
             await session.run()
+        return True

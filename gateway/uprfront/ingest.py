@@ -62,11 +62,11 @@ from adapters.tap import (
     TapOpaque,
     TapOpcode,
     TapResponse,
-    TapStreamMessage,
     TapVbucketSet,
     decode_frame,
     encode,
 )
+from adapters.tap_acks import ack_of
 from adapters.translate.tap_to_log_fast import FAST_OPCODES, ack_frame, item_from_frame
 from gateway.capture.mapping import TapRecording
 from gateway.client import McbpClient
@@ -86,16 +86,6 @@ CONNECT_FLAGS = (
     | ConnectFlags.REGISTERED_CLIENT
     | ConnectFlags.FIX_FLAG_BYTEORDER
 )
-_OPCODES: dict[str, TapOpcode] = {
-    "MUTATION": TapOpcode.MUTATION,
-    "DELETE": TapOpcode.DELETE,
-    "FLUSH": TapOpcode.FLUSH,
-    "OPAQUE": TapOpcode.OPAQUE,
-    "VBUCKET_SET": TapOpcode.VBUCKET_SET,
-    "CHECKPOINT_START": TapOpcode.CHECKPOINT_START,
-    "CHECKPOINT_END": TapOpcode.CHECKPOINT_END,
-}
-
 _ACK = int(TapFlags.ACK)
 _REQUEST = Magic.REQUEST.value
 
@@ -110,10 +100,6 @@ class UpstreamError(GatewayError):
 def _cannot_resume(vblog: VbLog) -> bool:
     """The vbucket must be backfilled whole: an interrupted reconcile, or a re-fetch."""
     return vblog.translator.reset_interrupted or vblog.needs_refetch
-
-
-def ack_of(message: TapStreamMessage) -> bytes:
-    return encode(TapResponse(_OPCODES[message.NAME], message.opaque, 0))
 
 
 class Ingest:

@@ -27,29 +27,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 
 import trio
 
 from adapters import upr
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, Magic, Opcode, Status, encode_frame
+from adapters.mcbp import Frame, Opcode, Status
 from adapters.mcbp.constants import VBucketState
 from gateway import logs
 from gateway.auth import Authenticator, Users
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
+from gateway.io.door import OPEN_OPCODES, Door
+from gateway.io.replies import error_reply
 from gateway.memory import TrimAfterCloses
+from gateway.named import NamedConnections
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
-from gateway.upr_producer_base import error_reply
 from gateway.uprfront.compaction import compact_log
 from gateway.uprfront.config import UprFrontConfig, UprFrontError
 from gateway.uprfront.ingest import Ingest
 from gateway.uprfront.logset import LogOptions, LogSet
 from gateway.uprfront.producer import UprConnection, delete_kind
-from gateway.uprfront.stat_groups import StatError, collect
+from gateway.uprfront.stat_groups import collect
 from gateway.uprfront.streams import LogStream
 from gateway.version import version
 from gateway.wire import PacketConnection, bound_port, serve_packets
@@ -57,20 +59,8 @@ from gateway.wire import PacketConnection, bound_port, serve_packets
 log = logging.getLogger(__name__)
 
 LABEL = "upr-front"
-_OPEN_WITHOUT_AUTH = frozenset(
-    {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.NOOP, Opcode.VERSION}
-)
-
-
-def _response(frame: Frame, status: int = 0, *, key: bytes = b"", value: bytes = b"") -> bytes:
-    return encode_frame(
-        Magic.RESPONSE,
-        frame.opcode,
-        vbucket_or_status=status,
-        opaque=frame.opaque,
-        key=key,
-        value=value,
-    )
+_OPEN_WITHOUT_AUTH = OPEN_OPCODES - {Opcode.SASL_STEP}
+"""SASL_STEP before SASL succeeded gets ``authenticate first`` here, as it always did."""
 
 
 class UprFront:
@@ -88,10 +78,21 @@ class UprFront:
         )
         self.ingest = Ingest(config, self.logs, self.stats)
         self.users = Users.of(config.users)
-        self.connections: dict[str, UprConnection] = {}
+        self.connections: NamedConnections[UprConnection] = NamedConnections("UPR front")
         self.trimmer = TrimAfterCloses()
         """Gives the heap of closed connections back to the system."""
-        self._scopes: dict[str, trio.CancelScope] = {}
+        self.door = Door(
+            LABEL,
+            self.users,
+            config.limits,
+            self.stats.listeners,
+            f"tap-upr-gateway {version()} (UPR front)",
+            self._stat,
+            stream_opcodes=self.dialect.commands,
+            begin_stream=self._become_producer,
+            stray_response="unexpected response before OPEN",
+            open_opcodes=_OPEN_WITHOUT_AUTH,
+        )
         self.taken_over: set[int] = set()
         self.port = 0
 
@@ -121,7 +122,7 @@ class UprFront:
                 listeners = await nursery.start(
                     partial(
                         serve_packets,
-                        self.handle,
+                        self.door.serve,
                         host,
                         port,
                         label=LABEL,
@@ -158,73 +159,14 @@ class UprFront:
 
     # -- connections -----------------------------------------------------------
 
-    async def handle(self, conn: PacketConnection) -> None:
-        limits = self.config.limits
-        auth = conn.authority = Authenticator(
-            self.users,
-            label=LABEL,
-            peer=conn.name.rpartition(" ")[2],
-            counters=self.stats.listeners,
-            max_failures=limits.max_auth_failures,
-            failure_delay=limits.auth_failure_delay,
-        )
-        authenticated = self.users is None
-        while (frame := await conn.receive_frame()) is not None:
-            if frame.magic != Magic.REQUEST:
-                raise ProtocolError(
-                    "unexpected response before OPEN",
-                    opcode=frame.opcode,
-                    field="magic",
-                    value=frame.magic,
-                )
-            if not authenticated and frame.opcode not in _OPEN_WITHOUT_AUTH:
-                await conn.send(error_reply(frame, Status.AUTH_ERROR, "authenticate first"))
-                continue
-            if frame.opcode == Opcode.SASL_LIST_MECHS:
-                await conn.send(_response(frame, value=b"PLAIN"))
-            elif frame.opcode == Opcode.SASL_AUTH:
-                authenticated = await self._sasl(conn, frame, auth) or authenticated
-            elif frame.opcode == Opcode.NOOP:
-                await conn.send(_response(frame))
-            elif frame.opcode == Opcode.VERSION:
-                await conn.send(
-                    _response(frame, value=f"tap-upr-gateway {version()} (UPR front)".encode())
-                )
-            elif frame.opcode == Opcode.STAT:
-                await self._stat(conn, frame)
-            elif frame.opcode in self.dialect.commands:
-                if await self._become_producer(conn, frame):
-                    return
-            else:
-                await conn.send(
-                    error_reply(
-                        frame, Status.UNKNOWN_COMMAND, f"unknown command 0x{frame.opcode:02x}"
-                    )
-                )
+    async def _stat(self, request: str) -> list[tuple[str, str]]:
+        return collect(self, request)
 
-    async def _sasl(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
-        outcome = await auth.authenticate(frame)
-        if outcome.user is None:
-            await conn.send(error_reply(frame, Status.AUTH_ERROR, outcome.message))
-            if outcome.closing is not None:
-                raise outcome.closing
-            return False
-        conn.authenticated()
-        await conn.send(_response(frame, value=b"Authenticated"))
-        return True
-
-    async def _stat(self, conn: PacketConnection, frame: Frame) -> None:
-        request = frame.key.decode("utf-8", "replace")
-        try:
-            pairs = collect(self, request)
-        except StatError as exc:
-            await conn.send(error_reply(frame, exc.status, str(exc)))
-            return
-        out = [_response(frame, key=k.encode(), value=v.encode()) for k, v in pairs]
-        out.append(_response(frame))
-        await conn.send(b"".join(out))
-
-    async def _become_producer(self, conn: PacketConnection, frame: Frame) -> bool:
+    async def _become_producer(
+        self, conn: PacketConnection, frame: Frame, _auth: Authenticator
+    ) -> bool:
+        """Serve a UPR producer connection for the rest of the connection's life;
+        False when ``frame`` was refused with an answer."""
         try:
             event = upr.decode_frame(frame, self.dialect)
         except ProtocolError as exc:
@@ -263,18 +205,15 @@ class UprFront:
         stream_stats = StreamStats(
             direction=UPR_FRONT, connection=name, upstream=self.ingest.address, created=time.time()
         )
-        with self.stats.stream(stream_stats), self._named(name) as scope:
+        with self.stats.stream(stream_stats):
             producer = UprConnection(self, conn, name, flags, stream_stats)
-            self.connections[name] = producer
             try:
-                with scope:
+                with self.connections.running(name, producer):  # a namesake replaces it
                     async with self._capture(producer):
                         if isinstance(event, upr.Open):
                             await producer.respond(upr.Response(upr.Command.OPEN, event.opaque, 0))
                         await producer.run(first)
             finally:
-                if self.connections.get(name) is producer:
-                    del self.connections[name]
                 self.trimmer.connection_closed()
         return True
 
@@ -318,18 +257,6 @@ class UprFront:
             finally:
                 await recorder.close()
 
-    @contextmanager
-    def _named(self, name: str) -> Iterator[trio.CancelScope]:
-        old = self._scopes.get(name)
-        if old is not None:
-            old.cancel()  # the name is reused: the old connection goes
-        scope = self._scopes[name] = trio.CancelScope()
-        try:
-            yield scope
-        finally:
-            if self._scopes.get(name) is scope:
-                del self._scopes[name]
-
     # -- takeover --------------------------------------------------------------
 
     async def take_over(self, stream: LogStream) -> upr.StreamEndReason:
@@ -371,7 +298,7 @@ class UprFront:
             )
         self.taken_over.add(vb)
         await stream.catch_up()
-        for connection in list(self.connections.values()):
+        for connection in self.connections.values():
             other = connection.streams.get(vb)
             if other is not None and other is not stream and other.live:
                 other.close(upr.StreamEndReason.STATE_CHANGED)

@@ -19,41 +19,25 @@ from adapters.mcbp import Frame, FrameReader
 from adapters.tap import (
     ConnectFlags,
     OpaqueCode,
-    TapCheckpointEnd,
-    TapCheckpointStart,
     TapConnect,
-    TapDelete,
     TapEvent,
     TapFlags,
-    TapFlush,
-    TapMutation,
     TapOpaque,
-    TapOpcode,
     TapResponse,
     TapStreamMessage,
-    TapVbucketSet,
     decode_frame,
     encode,
 )
+from adapters.tap_acks import ACK_OPCODES, ack_opcode
 from tests.support.waiting import until as until  # re-exported for the tests
 
-OPCODES: dict[type, TapOpcode] = {
-    TapMutation: TapOpcode.MUTATION,
-    TapDelete: TapOpcode.DELETE,
-    TapFlush: TapOpcode.FLUSH,
-    TapOpaque: TapOpcode.OPAQUE,
-    TapVbucketSet: TapOpcode.VBUCKET_SET,
-    TapCheckpointStart: TapOpcode.CHECKPOINT_START,
-    TapCheckpointEnd: TapOpcode.CHECKPOINT_END,
-}
-STREAM_TYPES = tuple(OPCODES)
+STREAM_TYPES = tuple(ACK_OPCODES)
 FUTURE = (1 << 64) - 1
 """Backfill date in the future (all ones): new changes only."""
 NO_FLAGS = ConnectFlags(0)
 
 
-def opcode_of(event: TapStreamMessage) -> TapOpcode:
-    return OPCODES[type(event)]
+opcode_of = ack_opcode
 
 
 def wants_ack(event: TapEvent) -> bool:

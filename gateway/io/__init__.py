@@ -1,0 +1,9 @@
+"""I/O shared by every listener and dialer here: what moves bytes, not what they mean.
+
+- ``replies``: the memcached responses every role builds alike (a reply to a
+  request, an error reply whose value says why, a STAT answer, a refusal
+  seen out before the connection closes);
+- ``door``: the command door every accepted connection passes through before
+  it becomes a stream (SASL PLAIN, NOOP, VERSION, STAT), with a hook for each
+  role's stream opcodes and commands.
+"""

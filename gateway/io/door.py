@@ -1,0 +1,146 @@
+"""The command door: what every listener here answers before a connection streams.
+
+Theory of operation. An accepted connection starts as a memcached command
+connection, as on a 2.x or 3.0 node, whatever it later becomes. ``Door.serve``
+reads its requests in order:
+
+- a response (any magic but a request's) closes the connection
+  (``ProtocolError``, whose text the role chooses);
+- until SASL PLAIN succeeds (when the listener has users) only the
+  ``open_opcodes`` are answered; anything else gets AUTH_ERROR
+  ``authenticate first`` and the connection stays open;
+- SASL_LIST_MECHS (``PLAIN``), SASL_AUTH (checked by ``Authenticator``: too
+  many failures close the connection), NOOP, VERSION and STAT are answered
+  alike by every role; the role supplies its VERSION text and its STAT
+  groups (a ``StatError`` becomes an error reply with its status);
+- an opcode in the role's ``stream_opcodes`` goes to its ``begin_stream``
+  hook, which either keeps the connection for the rest of its life (returns
+  True: the door is done) or has answered the request itself (False: the
+  door reads on);
+- anything else goes to the role's ``command`` hook (UNKNOWN_COMMAND unless
+  the role knows it).
+
+A role whose commands carry items (the reference node's GET/SET) has
+``full_frames``: once authenticated, its frames may be as large as a
+stream's; the fronts' command connections stay at the command frame size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Container
+from dataclasses import dataclass, field
+
+from adapters.errors import ProtocolError
+from adapters.mcbp import Frame, Magic, Opcode, Status
+from gateway.auth import Authenticator, Users
+from gateway.io.replies import error_reply, reply, stat_reply
+from gateway.limits import ConnectionLimits, ListenerCounters
+from gateway.stat_replies import StatError
+from gateway.wire import PacketConnection
+
+OPEN_OPCODES = frozenset(
+    {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
+)
+"""What a connection may send before it has authenticated."""
+
+Pairs = list[tuple[str, str]]
+StatHook = Callable[[str], Awaitable[Pairs]]
+StreamHook = Callable[[PacketConnection, Frame, Authenticator], Awaitable[bool]]
+CommandHook = Callable[[PacketConnection, Frame, Authenticator], Awaitable[None]]
+
+
+async def unknown_command(conn: PacketConnection, frame: Frame, _auth: Authenticator) -> None:
+    await conn.send(
+        error_reply(frame, Status.UNKNOWN_COMMAND, f"unknown command 0x{frame.opcode:02x}")
+    )
+
+
+async def no_stream(_conn: PacketConnection, _frame: Frame, _auth: Authenticator) -> bool:
+    return False
+
+
+@dataclass
+class Door:
+    """One listener's command door (see the module docstring)."""
+
+    label: str
+    """The listener's name in logs and counters (``"node"``, ``"tap-front"``)."""
+    users: Users | None
+    limits: ConnectionLimits
+    counters: ListenerCounters
+    version: str
+    """The VERSION answer."""
+    stat: StatHook
+    stream_opcodes: Container[int] = frozenset()
+    begin_stream: StreamHook = no_stream
+    command: CommandHook = unknown_command
+    stray_response: str = "unexpected response on a command connection"
+    """The error a response before any stream closes the connection with."""
+    on_stray_response: Callable[[], None] = lambda: None
+    open_opcodes: Container[int] = field(default=OPEN_OPCODES)
+    full_frames: bool = False
+
+    def authenticator(self, conn: PacketConnection) -> Authenticator:
+        limits = self.limits
+        auth = conn.authority = Authenticator(
+            self.users,
+            label=self.label,
+            peer=conn.name.rpartition(" ")[2],
+            counters=self.counters,
+            max_failures=limits.max_auth_failures,
+            failure_delay=limits.auth_failure_delay,
+        )
+        return auth
+
+    async def serve(self, conn: PacketConnection) -> None:
+        """Answer commands until the connection closes or becomes a stream."""
+        auth = self.authenticator(conn)
+        authenticated = self.users is None
+        if authenticated and self.full_frames:
+            conn.streaming()
+        while (frame := await conn.receive_frame()) is not None:
+            opcode = frame.opcode
+            if frame.magic != Magic.REQUEST:
+                self.on_stray_response()
+                raise ProtocolError(
+                    self.stray_response, opcode=opcode, field="magic", value=frame.magic
+                )
+            if not authenticated and opcode not in self.open_opcodes:
+                await conn.send(error_reply(frame, Status.AUTH_ERROR, "authenticate first"))
+            elif opcode == Opcode.SASL_AUTH:
+                authenticated = await self._sasl_auth(conn, frame, auth) or authenticated
+            elif opcode == Opcode.SASL_LIST_MECHS:
+                await conn.send(reply(frame, value=b"PLAIN"))
+            elif opcode == Opcode.NOOP:
+                await conn.send(reply(frame))
+            elif opcode == Opcode.VERSION:
+                await conn.send(reply(frame, value=self.version.encode()))
+            elif opcode == Opcode.STAT:
+                await self._stat(conn, frame)
+            elif opcode in self.stream_opcodes:
+                if await self.begin_stream(conn, frame, auth):
+                    return
+            else:
+                await self.command(conn, frame, auth)
+
+    async def _sasl_auth(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
+        outcome = await auth.authenticate(frame)
+        if outcome.user is None:
+            await conn.send(error_reply(frame, Status.AUTH_ERROR, outcome.message))
+            if outcome.closing is not None:
+                raise outcome.closing
+            return False
+        if self.full_frames:
+            conn.streaming()
+        else:
+            conn.authenticated()
+        await conn.send(reply(frame, value=b"Authenticated"))
+        return True
+
+    async def _stat(self, conn: PacketConnection, frame: Frame) -> None:
+        try:
+            pairs = await self.stat(frame.key.decode("utf-8", "replace"))
+        except StatError as exc:
+            await conn.send(error_reply(frame, exc.status, str(exc)))
+            return
+        await conn.send(stat_reply(frame, pairs))
