@@ -39,7 +39,8 @@ from adapters.upr.events import (
     UprRequest,
     UprResponse,
 )
-from adapters.upr.failover import FailoverLog, decode_failover_log, encode_failover_log
+from adapters.upr.failover import FailoverEntries, decode_failover_log, encode_failover_log
+from adapters.upr.failover_log import FailoverLog
 from adapters.upr.responses import (
     AddStreamResponse,
     FailoverLogResponse,
@@ -62,6 +63,7 @@ __all__ = [
     "Deletion",
     "Dialect",
     "Expiration",
+    "FailoverEntries",
     "FailoverLog",
     "FailoverLogResponse",
     "Flush",

@@ -16,7 +16,9 @@ from adapters.mcbp.constants import HEADER_SIZE, Status
 
 ENTRY = struct.Struct(">QQ")
 
-FailoverLog = tuple[tuple[int, int], ...]
+FailoverEntries = tuple[tuple[int, int], ...]
+"""A failover log as it travels: (uuid, seqno) pairs, newest first (the
+vbucket's own, with its rules, is ``failover_log.FailoverLog``)."""
 
 
 def encode_failover_log(pairs: Iterable[tuple[int, int]]) -> bytes:
@@ -25,7 +27,7 @@ def encode_failover_log(pairs: Iterable[tuple[int, int]]) -> bytes:
     return b"".join([pack(uuid, seqno) for uuid, seqno in pairs])
 
 
-def decode_failover_log(value: bytes, opcode: int, *, offset: int = HEADER_SIZE) -> FailoverLog:
+def decode_failover_log(value: bytes, opcode: int, *, offset: int = HEADER_SIZE) -> FailoverEntries:
     """Parse a failover log value; ``offset`` is where the value starts in its packet."""
     if len(value) % ENTRY.size:
         raise ProtocolError(

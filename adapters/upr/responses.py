@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from adapters.mcbp.constants import Status
 from adapters.upr.constants import Command
-from adapters.upr.failover import FailoverLog
+from adapters.upr.failover import FailoverEntries
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class StreamRequestOk:
     NAME: ClassVar[str] = "STREAM_REQ"
     IS_RESPONSE: ClassVar[bool] = True
     COMMAND: ClassVar[Command] = Command.STREAM_REQ
-    failover_log: FailoverLog = ()
+    failover_log: FailoverEntries = ()
     opaque: int = 0
 
     @property
@@ -55,7 +55,7 @@ class FailoverLogResponse:
     NAME: ClassVar[str] = "GET_FAILOVER_LOG"
     IS_RESPONSE: ClassVar[bool] = True
     COMMAND: ClassVar[Command] = Command.GET_FAILOVER_LOG
-    failover_log: FailoverLog = ()
+    failover_log: FailoverEntries = ()
     opaque: int = 0
 
     @property

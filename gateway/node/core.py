@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any, Self
 
 from adapters.mcbp.constants import Status
+from adapters.upr.failover_log import FailoverLog
 from gateway.node.checkpoints import DEFAULT_HISTORY, Checkpoints
 from gateway.node.expiry import ExpiryQueue
-from gateway.node.failover import FailoverLog
 from gateway.node.items import Item, ItemKind, StoreError, VBucketState
 from gateway.node.persistence import Journal, Rec, item_record
 from gateway.node.recovery import recover, state_records

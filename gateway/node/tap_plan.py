@@ -1,28 +1,15 @@
-"""What a TAP CONNECT asks for, resolved against the store: a plan per vbucket.
+"""What a TAP CONNECT asks of the node, resolved against the store: a cursor per vbucket.
 
-Theory of operation. ``plan_stream`` reads the CONNECT flags once, at
-connect time, and decides for every vbucket of the stream where it starts,
-in this order of precedence (as ep-engine 2.x did):
-
-1. a registered client that already holds a position in the vbucket resumes
-   there: it continues an unfinished backfill, or streams live from its
-   seqno while the store still keeps checkpoints from there on;
-2. DUMP: a backfill of everything (wrapped like any backfill), then
-   nothing live;
-3. CHECKPOINT with an entry for the vbucket: live from the end of the
-   client's last closed checkpoint, if the store still knows every
-   checkpoint after it;
-4. BACKFILL with a date now or in the past (0 included): everything;
-   a date in the future (all ones, say): only new changes;
-5. otherwise only new changes, from the current high seqno.
-
-Whenever a resume point is no longer available the vbucket falls back to a
-full backfill that starts with OPAQUE(INITIAL_VBUCKET_STREAM), so the
-receiver resets it first. The vbuckets are the listed ones (LIST_VBUCKETS
-with a non-empty list) or every vbucket ACTIVE at connect time. Unknown
-flag bits are ignored (see ``adapters.tap.connect``). A CONNECT the node
-cannot honour (a vbucket out of range, TAKEOVER without a list) raises
-``ProtocolError`` with status NOT_SUPPORTED.
+Theory of operation. ``plan_stream`` reads the CONNECT once, at connect
+time; which vbuckets it streams and how each starts (a registered client's
+position, DUMP, CHECKPOINT, BACKFILL, live) are ``adapters.tap_plan``'s
+rules, shared with the TAP front. What is the node's own is the cursor: a
+registered client resumes an unfinished backfill, or streams live from its
+seqno while the store still keeps checkpoints from there on; a CHECKPOINT
+client goes live from the end of its last closed checkpoint if the store
+still knows every checkpoint after it. Whenever a resume point is no longer
+available the vbucket falls back to a full backfill that starts with
+OPAQUE(INITIAL_VBUCKET_STREAM), so the receiver resets it first.
 
 The store keeps each key once, at its latest by_seqno, so "everything after
 seqno S" is exactly what a client holding S lacks: backfill and live
@@ -36,7 +23,8 @@ from enum import Enum, auto
 from typing import Any
 
 from adapters.tap import ConnectFlags, TapConnect
-from adapters.tap.connect import ConnectView, connect_refusal, listed_vbuckets
+from adapters.tap.connect import ConnectView
+from adapters.tap_plan import Start, connect_vbuckets, start_of
 from gateway.node.items import VBucketState
 from gateway.node.tap_registry import Registration, VbPosition
 
@@ -69,16 +57,6 @@ class StreamPlan(ConnectView):
     cursors: tuple[VbCursor, ...]
 
 
-def stream_vbuckets(connect: TapConnect, store: Any) -> tuple[int, ...]:
-    """The listed vbuckets (in order, once each), or every ACTIVE one."""
-    if not listed_vbuckets(connect):
-        return tuple(vb for vb in range(store.n_vbuckets) if store.state(vb) is VBucketState.ACTIVE)
-    for vb in connect.vbuckets:
-        if vb >= store.n_vbuckets:
-            raise connect_refusal("no such vbucket", field="vbuckets", value=vb)
-    return tuple(dict.fromkeys(connect.vbuckets))
-
-
 def plan_stream(
     connect: TapConnect,
     name: str,
@@ -87,15 +65,15 @@ def plan_stream(
     now: float,
 ) -> StreamPlan:
     """Resolve ``connect`` into per-vbucket cursors (see the module docstring)."""
-    vbuckets = stream_vbuckets(connect, store)
-    for vb, _ in connect.checkpoints:
-        if vb >= store.n_vbuckets:
-            raise connect_refusal("no such vbucket", field="checkpoints", value=vb)
+    active = (vb for vb in range(store.n_vbuckets) if store.state(vb) is VBucketState.ACTIVE)
+    vbuckets = connect_vbuckets(connect, range(store.n_vbuckets), active)
     checkpoints = dict(connect.checkpoints)
-    cursors = tuple(
-        _cursor(vb, connect, store, registration, checkpoints.get(vb), now) for vb in vbuckets
-    )
-    return StreamPlan(name, connect.connect_flags, cursors)
+    positions = registration.positions if registration is not None else {}
+    cursors = []
+    for vb in vbuckets:
+        start = start_of(connect, vb, registered=positions, checkpoints=checkpoints, now=now)
+        cursors.append(_cursor(vb, start, store, positions.get(vb), checkpoints.get(vb)))
+    return StreamPlan(name, connect.connect_flags, tuple(cursors))
 
 
 def full_backfill(vb: int, *, reset: bool = True) -> VbCursor:
@@ -103,25 +81,18 @@ def full_backfill(vb: int, *, reset: bool = True) -> VbCursor:
 
 
 def _cursor(
-    vb: int,
-    connect: TapConnect,
-    store: Any,
-    registration: Registration | None,
-    checkpoint: int | None,
-    now: float,
+    vb: int, start: Start, store: Any, position: VbPosition | None, checkpoint: int | None
 ) -> VbCursor:
-    flags = connect.connect_flags
-    position = registration.positions.get(vb) if registration is not None else None
-    if position is not None:
+    if start is Start.RESUME:
+        assert position is not None
         return _resume_registered(vb, position, store)
-    if flags & ConnectFlags.DUMP:
-        return full_backfill(vb)
-    if flags & ConnectFlags.CHECKPOINT and checkpoint is not None:
+    if start is Start.CHECKPOINT:
+        assert checkpoint is not None
         after = resume_after_checkpoint(store, vb, checkpoint)
         return full_backfill(vb) if after is None else VbCursor(vb, after, Phase.LIVE)
-    if flags & ConnectFlags.BACKFILL and (connect.backfill_date or 0) <= now:
-        return full_backfill(vb)
-    return VbCursor(vb, store.high_seqno(vb), Phase.LIVE)
+    if start is Start.LIVE:
+        return VbCursor(vb, store.high_seqno(vb), Phase.LIVE)
+    return full_backfill(vb)  # DUMP, BACKFILL
 
 
 def _resume_registered(vb: int, position: VbPosition, store: Any) -> VbCursor:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from operator import attrgetter
 
+from adapters.upr.failover_log import FailoverLog
 from gateway.node.checkpoints import Checkpoints
-from gateway.node.failover import FailoverLog
 from gateway.node.items import Item, ItemKind, VBucketState
 
 # Bytes per item beyond the key and value contents: the Item object, its

@@ -1,25 +1,23 @@
 """What a TAP CONNECT asks of the TAP front, resolved against the upstream UPR node.
 
-Theory of operation. ``plan_connection`` reads the CONNECT once and decides,
-for every vbucket, the UPR stream request that serves it, in the order of
-precedence a 2.x server used:
+Theory of operation. ``plan_connection`` reads the CONNECT once; which
+vbuckets it streams (listed, or every ACTIVE one upstream) and how each
+starts (a registered client's position, DUMP, CHECKPOINT, BACKFILL, live)
+are ``adapters.tap_plan``'s rules, shared with the reference node. What is
+the front's own is the UPR stream request that serves each vbucket:
 
-1. a registered client that holds a position in the vbucket resumes there
-   (same upstream uuid, seqno and snapshot range it last acknowledged);
-2. DUMP: everything up to the high seqno at connect, wrapped like any
-   backfill, then the stream ends (an empty or non-ACTIVE vbucket sends
-   nothing, as 2.x dumped only ACTIVE vbuckets holding items);
-3. CHECKPOINT with an entry for the vbucket: after the last closed
-   checkpoint the client names, if the gateway still knows where it ended;
-4. BACKFILL with a date now or in the past (0 included): everything; a date
-   in the future (all ones, say): only new changes;
-5. otherwise only new changes, from the current high seqno.
+- RESUME: the upstream uuid, seqno and snapshot range the client last
+  acknowledged (its open backfill, if any, continues);
+- DUMP: everything up to the high seqno at connect, wrapped like any
+  backfill, then the stream ends (an empty or non-ACTIVE vbucket sends
+  nothing, as 2.x dumped only ACTIVE vbuckets holding items);
+- CHECKPOINT: from where the gateway saw the client's last closed
+  checkpoint end, if it still knows;
+- BACKFILL: everything; LIVE: from the current high seqno.
 
 A vbucket whose resume point is unknown falls back to a full backfill that
 starts with OPAQUE(INITIAL_VBUCKET_STREAM), so the client resets it first;
 so does one the upstream answers with a rollback (the session's business).
-The vbuckets are the listed ones (a list of none means all) or every ACTIVE
-vbucket upstream; unknown flag bits are ignored (see ``adapters.tap.connect``).
 A CONNECT the gateway cannot honour raises ``ProtocolError`` (status
 NOT_SUPPORTED).
 """
@@ -29,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adapters.tap import ConnectFlags, TapConnect
-from adapters.tap.connect import ConnectView, connect_refusal, listed_vbuckets
+from adapters.tap.connect import ConnectView
+from adapters.tap_plan import Start, connect_vbuckets, start_of
 from gateway.tapfront.registry import VbResume
 
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
@@ -98,39 +97,25 @@ def plan_connection(
     ``checkpoint_ends`` maps (vbucket, checkpoint id) to where that
     checkpoint ended, for clients that resume with the CHECKPOINT flag.
     """
-    flags = connect.connect_flags
-    listed = listed_vbuckets(connect)
-    if flags & ConnectFlags.TAKEOVER_VBUCKETS and flags & ConnectFlags.DUMP:
-        raise connect_refusal(
-            "TAKEOVER_VBUCKETS and DUMP exclude each other", field="flags", value=int(flags)
-        )
-    if listed:
-        for vb in connect.vbuckets:
-            if vb not in upstream:
-                raise connect_refusal("no such vbucket upstream", field="vbuckets", value=vb)
-        vbuckets = tuple(dict.fromkeys(connect.vbuckets))
-    else:
-        vbuckets = tuple(vb for vb, state in sorted(upstream.items()) if state.active)
-    for vb, _ in connect.checkpoints:
-        if vb not in upstream:
-            raise connect_refusal("no such vbucket upstream", field="checkpoints", value=vb)
+    active = (vb for vb, state in sorted(upstream.items()) if state.active)
+    vbuckets = connect_vbuckets(connect, upstream, active, missing="no such vbucket upstream")
     checkpoints = dict(connect.checkpoints)
     registered = registered or {}
     starts = []
     for vb in vbuckets:
         state = upstream[vb]
-        position = registered.get(vb)
-        if position is not None:
-            starts.append(VbStart.from_resume(vb, position))
-        elif flags & ConnectFlags.DUMP:
+        start = start_of(connect, vb, registered=registered, checkpoints=checkpoints, now=now)
+        if start is Start.RESUME:
+            starts.append(VbStart.from_resume(vb, registered[vb]))
+        elif start is Start.DUMP:
             # 2.x dumped ACTIVE vbuckets that hold items; an empty stream sends nothing.
             starts.append(VbStart.full(vb, end=state.high_seqno if state.active else 0))
-        elif flags & ConnectFlags.CHECKPOINT and vb in checkpoints:
+        elif start is Start.CHECKPOINT:
             ended = checkpoint_ends.get((vb, checkpoints[vb]))
             starts.append(VbStart.full(vb) if ended is None else VbStart.from_resume(vb, ended))
-        elif flags & ConnectFlags.BACKFILL and (connect.backfill_date or 0) <= now:
+        elif start is Start.BACKFILL:
             starts.append(VbStart.full(vb))
         else:
             high = state.high_seqno
             starts.append(VbStart(vb, high, uuid=state.uuid, snap_start=high, snap_end=high))
-    return ConnectionPlan(name, flags, tuple(starts))
+    return ConnectionPlan(name, connect.connect_flags, tuple(starts))

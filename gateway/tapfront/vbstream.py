@@ -80,7 +80,7 @@ class VbStream:
             vbucket=self.vbucket,
         )
 
-    def accepted(self, failover_log: upr.FailoverLog) -> None:
+    def accepted(self, failover_log: upr.FailoverEntries) -> None:
         if failover_log:
             self.uuid = failover_log[0][0]
 

@@ -79,7 +79,7 @@ import trio
 from adapters.tap.events import TapStreamMessage
 from adapters.translate.log_records import LogItem, LogRecord, from_row, to_row
 from adapters.translate.tap_to_upr import TapToUpr
-from gateway.node.failover import UUID_BITS, FailoverLog
+from adapters.upr.failover_log import UUID_BITS, FailoverLog
 from gateway.uprfront.config import UprFrontError
 from gateway.uprfront.proof import (
     META_NAME,

@@ -15,6 +15,7 @@ from gateway.node.items import VBucketState
 from gateway.node.store import Store
 from gateway.node.tap_plan import Phase, plan_stream, resume_after_checkpoint
 from gateway.node.tap_registry import Registration, VbPosition
+from gateway.tapfront.plan import UpstreamVbucket, plan_connection
 from tests.support.tap_client import FUTURE
 
 F = ConnectFlags
@@ -129,3 +130,25 @@ def test_connects_the_node_cannot_serve(request_: TapConnect) -> None:
     with pytest.raises(ProtocolError) as info:
         plan_stream(request_, "c", Store(4), None, time.time())
     assert info.value.status == Status.NOT_SUPPORTED
+
+
+NOW = 1_000_000.0
+PLAN_FLAGS = [ConnectFlags.DUMP, ConnectFlags.CHECKPOINT, ConnectFlags.BACKFILL]
+DATES = st.sampled_from([None, 0, int(NOW), int(NOW) + 1, (1 << 64) - 1])
+
+
+@given(st.lists(st.sampled_from(PLAN_FLAGS), unique=True), DATES)
+def test_the_node_and_the_front_start_a_vbucket_alike(
+    chosen: list[ConnectFlags], date: int | None
+) -> None:
+    """Without a registration or checkpoint map both producers decide the same
+    (``adapters.tap_plan``): a full backfill or live from the high seqno."""
+    flags = ConnectFlags(0)
+    for flag in chosen:
+        flags |= flag
+    connect = TapConnect(b"c", flags, backfill_date=date)
+    node = plan_stream(connect, "c", Store(4), None, NOW)
+    upstream = {vb: UpstreamVbucket(vb, True, 1, 0) for vb in range(4)}
+    front = plan_connection(connect, "c", upstream, registered=None, checkpoint_ends={}, now=NOW)
+    assert [c.vb for c in node.cursors] == [s.vbucket for s in front.starts]
+    assert [c.phase is Phase.BACKFILL for c in node.cursors] == [s.backfill for s in front.starts]

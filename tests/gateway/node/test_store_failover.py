@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.node.failover import MAX_ENTRIES, FailoverLog, rollback_decision
+from adapters.upr.failover_log import MAX_ENTRIES, FailoverLog, rollback_decision
 from gateway.node.store import Store
 
 # Newest first: history B began at seqno 100, history A at 0; we are at 150.

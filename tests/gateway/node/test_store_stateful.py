@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from adapters.mcbp.constants import Status
-from gateway.node.failover import MAX_ENTRIES, rollback_decision
+from adapters.upr.failover_log import MAX_ENTRIES, rollback_decision
 from gateway.node.store import ItemKind, Store, StoreError, VBucketState
 
 VBS = 3

@@ -1,4 +1,9 @@
-"""Vbucket uuids, failover logs and the 3.0 rollback decision.
+"""One vbucket's failover log: uuids handed out, entries added and pruned.
+
+The one implementation for every vbucket here: the reference node's and the
+UPR front's logs. The wire form of a log (``FailoverEntries``) is in
+``adapters.upr.failover``; the rollback rule over it in
+``adapters.upr.rollback``.
 
 A failover log is a list of (uuid, seqno) pairs, newest first: each entry
 says "from this seqno on, history is the one named by this uuid". A vbucket
@@ -17,14 +22,13 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
+from adapters.upr.failover import FailoverEntries
 from adapters.upr.rollback import rollback_decision
 
 __all__ = ["MAX_ENTRIES", "UUID_BITS", "FailoverLog", "rollback_decision"]
 
 MAX_ENTRIES = 25
 UUID_BITS = 48
-
-FailoverEntries = tuple[tuple[int, int], ...]
 
 
 class FailoverLog:
