@@ -16,11 +16,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-
-class ItemKind(IntEnum):
-    MUTATION = 0
-    DELETION = 1
-    EXPIRATION = 2
+from adapters.upr.items import ItemKind as ItemKind  # its home is adapters.upr.items
 
 
 class MarkKind(IntEnum):

@@ -34,6 +34,7 @@ from adapters.upr.codec import encode
 from adapters.upr.constants import Command, SnapshotFlags
 from adapters.upr.dialect import Dialect, ItemLayout
 from adapters.upr.events import Deletion, Expiration, Mutation
+from adapters.upr.items import StoredItem
 
 NO_FLAGS = SnapshotFlags(0)
 
@@ -87,7 +88,7 @@ def cut_snapshots(items: Sequence[LogItem], *, extra: SnapshotFlags = NO_FLAGS) 
 
 
 def item_event(
-    item: LogItem,
+    item: StoredItem,
     opaque: int,
     vbucket: int,
     *,

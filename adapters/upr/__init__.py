@@ -12,6 +12,7 @@ from adapters.upr.constants import (
     SnapshotFlags,
     StreamEndReason,
     StreamFlags,
+    StreamState,
     VBucketState,
 )
 from adapters.upr.dialect import DCP, DIALECTS, UPR_DRAFT, Dialect, get_dialect
@@ -41,6 +42,7 @@ from adapters.upr.events import (
 )
 from adapters.upr.failover import FailoverEntries, decode_failover_log, encode_failover_log
 from adapters.upr.failover_log import FailoverLog
+from adapters.upr.items import ItemKind, StoredItem
 from adapters.upr.responses import (
     AddStreamResponse,
     FailoverLogResponse,
@@ -68,6 +70,7 @@ __all__ = [
     "FailoverLogResponse",
     "Flush",
     "GetFailoverLog",
+    "ItemKind",
     "Mutation",
     "Noop",
     "Open",
@@ -78,6 +81,7 @@ __all__ = [
     "SnapshotFlags",
     "SnapshotMarker",
     "SnapshotStart",
+    "StoredItem",
     "StreamEnd",
     "StreamEndReason",
     "StreamFlags",
@@ -85,6 +89,7 @@ __all__ = [
     "StreamRequestOk",
     "StreamRequestRollback",
     "StreamStart",
+    "StreamState",
     "UprDecoder",
     "UprEvent",
     "UprRequest",

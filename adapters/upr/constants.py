@@ -11,7 +11,7 @@ maps them to its own wire numbers.
 
 from __future__ import annotations
 
-from enum import IntEnum, IntFlag
+from enum import Enum, IntEnum, IntFlag
 
 from adapters.mcbp.constants import VBucketState
 
@@ -21,6 +21,7 @@ __all__ = [
     "SnapshotFlags",
     "StreamEndReason",
     "StreamFlags",
+    "StreamState",
     "VBucketState",
 ]
 
@@ -93,3 +94,15 @@ class StreamEndReason(IntEnum):
 NO_OPEN_FLAGS = OpenFlags(0)
 NO_STREAM_FLAGS = StreamFlags(0)
 NO_SNAPSHOT_FLAGS = SnapshotFlags(0)
+
+
+class StreamState(Enum):
+    """A producer stream's state, as 3.0 reports it in
+    ``eq_dcpq:<name>:stream_<vb>_state`` (ep-engine v3.0.0 ``Stream::stateName``)."""
+
+    PENDING = "pending"
+    BACKFILLING = "backfilling"
+    IN_MEMORY = "in-memory"
+    TAKEOVER_SEND = "takeover-send"
+    TAKEOVER_WAIT = "takeover-wait"
+    DEAD = "dead"

@@ -8,18 +8,12 @@ Items are immutable; every change makes a new one with a new by_seqno.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
 
 from adapters.errors import GatewayError
 from adapters.mcbp.constants import Status, VBucketState, status_name
+from adapters.upr.items import ItemKind
 
 __all__ = ["Item", "ItemKind", "StoreError", "VBucketState"]
-
-
-class ItemKind(IntEnum):
-    MUTATION = 0
-    DELETION = 1
-    EXPIRATION = 2
 
 
 @dataclass(frozen=True, slots=True)

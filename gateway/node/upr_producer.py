@@ -34,9 +34,10 @@ import trio
 
 from adapters import upr
 from adapters.mcbp import Status
+from adapters.upr.constants import StreamState
 from adapters.upr.flow_control import is_counted
 from gateway.node.upr_hub import UprHub
-from gateway.node.upr_streams import ProducerStream, StreamSettings, StreamState, check_request
+from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
 from gateway.upr_producer_base import UprProducerBase
 from gateway.wire import PacketConnection
 

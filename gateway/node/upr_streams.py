@@ -38,7 +38,6 @@ stream does not wait for replies.
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,8 +46,10 @@ import trio
 
 from adapters import upr
 from adapters.mcbp import Status
+from adapters.translate.upr_snapshots import item_event
+from adapters.upr.constants import StreamState
 from adapters.upr.rollback import answer_stream_request, refusal
-from gateway.node.items import Item, ItemKind, VBucketState
+from gateway.node.items import Item, VBucketState
 
 if TYPE_CHECKING:
     from gateway.node.upr_producer import ProducerConnection
@@ -59,17 +60,6 @@ _COUNT_CHUNK = 4096
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 
 SF = upr.SnapshotFlags
-
-
-class StreamState(enum.Enum):
-    """As 3.0 reports them in ``eq_dcpq:<name>:stream_<vb>_state``."""
-
-    PENDING = "pending"
-    BACKFILLING = "backfilling"
-    IN_MEMORY = "in-memory"
-    TAKEOVER_SEND = "takeover-send"
-    TAKEOVER_WAIT = "takeover-wait"
-    DEAD = "dead"
 
 
 @dataclass
@@ -102,41 +92,6 @@ def check_request(
         store.high_seqno(vb),
         purge_seqno=store.purge_seqno(vb),
         draft=draft,
-    )
-
-
-def item_event(
-    item: Item, opaque: int, settings: StreamSettings
-) -> upr.Mutation | upr.Deletion | upr.Expiration:
-    """The stream message of one stored item."""
-    if item.kind is ItemKind.MUTATION:
-        return upr.Mutation(
-            key=item.key,
-            value=item.value,
-            by_seqno=item.by_seqno,
-            rev_seqno=item.rev_seqno,
-            flags=item.flags,
-            expiration=item.expiration,
-            lock_time=item.lock_time,
-            cas=item.cas,
-            datatype=item.datatype,
-            opaque=opaque,
-            vbucket=item.vbucket,
-        )
-    # 3.0 sends every delete as DELETION; EXPIRATION only for consumers that ask.
-    cls = (
-        upr.Expiration
-        if settings.expiry_opcode and item.kind is ItemKind.EXPIRATION
-        else (upr.Deletion)
-    )
-    return cls(
-        key=item.key,
-        by_seqno=item.by_seqno,
-        rev_seqno=item.rev_seqno,
-        delete_time=item.delete_time if settings.delete_times else None,
-        cas=item.cas,
-        opaque=opaque,
-        vbucket=item.vbucket,
     )
 
 
@@ -322,9 +277,11 @@ class ProducerStream:
             await self._send(upr.SnapshotEnd(opaque=self.opaque, vbucket=self.vbucket))
 
     async def _send_items(self, batch: list[Item]) -> None:
-        opaque, settings = self.opaque, self.settings
+        opaque, vb, settings = self.opaque, self.vbucket, self.settings
+        expiry, times = settings.expiry_opcode, settings.delete_times
         for item in batch:
-            await self.producer.send_counted(item_event(item, opaque, settings))
+            event = item_event(item, opaque, vb, expiry_opcode=expiry, delete_times=times)
+            await self.producer.send_counted(event)
             self.last_read = self.last_sent = item.by_seqno
             self.items_sent += 1
 

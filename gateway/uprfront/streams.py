@@ -35,7 +35,6 @@ confirmed the stream ends with OK.
 
 from __future__ import annotations
 
-import enum
 import time
 from typing import TYPE_CHECKING
 
@@ -46,6 +45,7 @@ from adapters.mcbp import FrameReader
 from adapters.mcbp.constants import VBucketState
 from adapters.translate.log_records import ItemKind, LogItem
 from adapters.translate.upr_snapshots import ItemEncoder, cut_snapshots
+from adapters.upr.constants import StreamState
 from gateway.uprfront.vblog import VbLog
 
 if TYPE_CHECKING:
@@ -59,14 +59,6 @@ MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 SF = upr.SnapshotFlags
 _KIND_NAMES = {ItemKind.MUTATION: "mutation", ItemKind.DELETION: "deletion",
                ItemKind.EXPIRATION: "expiration"}  # fmt: skip
-
-
-class StreamState(enum.Enum):
-    BACKFILLING = "backfilling"
-    IN_MEMORY = "in-memory"
-    TAKEOVER_SEND = "takeover-send"
-    TAKEOVER_WAIT = "takeover-wait"
-    DEAD = "dead"
 
 
 class LogStream:
