@@ -44,7 +44,8 @@ class Frame(NamedTuple):
     response. ``extras``/``key``/``value`` slice the body by the header's
     lengths; TAP, whose engine-specific bytes sit between extras and key,
     slices ``body`` itself. A tuple, not a dataclass: it is built once per
-    packet on the hot path and never leaves the codecs.
+    packet on the hot path. The codecs decode it into events; the command
+    door (``gateway.io.door``) and the fast paths read it directly.
     """
 
     magic: int

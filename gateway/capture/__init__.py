@@ -21,7 +21,7 @@ from gateway.capture.records import (
     marker_record,
 )
 from gateway.capture.segments import (
-    Segment,
+    CaptureSegment,
     SegmentError,
     SegmentWriter,
     TornTail,
@@ -35,8 +35,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "CaptureRecord",
     "CaptureRecorder",
+    "CaptureSegment",
     "Kind",
-    "Segment",
     "SegmentError",
     "SegmentWriter",
     "TornTail",

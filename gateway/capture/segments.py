@@ -1,4 +1,4 @@
-"""Segment files: a small header, then CRC-checked blocks of msgpack records.
+"""Capture segment files: a small header, then CRC-checked blocks of msgpack records.
 
 Layout of one segment::
 
@@ -13,7 +13,7 @@ metadata names the side (``tap``/``upr``), connection, direction
 Writers append whole blocks and rotate to a new segment past a size limit.
 Readers accept a torn last block (a crash or a copy of a file still being
 written): they keep the whole records before the tear and say so in
-``Segment.torn``. Damage anywhere else is a ``SegmentError`` naming the
+``CaptureSegment.torn``. Damage anywhere else is a ``SegmentError`` naming the
 file and offset.
 """
 
@@ -82,7 +82,7 @@ class TornTail:
 
 
 @dataclass(slots=True)
-class Segment:
+class CaptureSegment:
     meta: dict[str, Any]
     records: list[list[Any]] = field(default_factory=list)
     """Raw records in field order (see ``CaptureRecord``); ``typed()`` wraps them."""
@@ -332,9 +332,9 @@ def iter_blocks(
         offset = body + length
 
 
-def decode_segment(data: bytes, source: str = "segment") -> Segment:
+def decode_segment(data: bytes, source: str = "segment") -> CaptureSegment:
     meta, _ = decode_header(data, source)
-    segment = Segment(meta)
+    segment = CaptureSegment(meta)
     for _, got in iter_blocks(data, source):
         if isinstance(got, TornTail):
             segment.torn = got
@@ -343,7 +343,7 @@ def decode_segment(data: bytes, source: str = "segment") -> Segment:
     return segment
 
 
-def read_segment(path: Path | str) -> Segment:
+def read_segment(path: Path | str) -> CaptureSegment:
     with open(path, "rb") as handle:
         return decode_segment(handle.read(), str(path))
 
@@ -356,7 +356,7 @@ def list_segments(directory: Path | str) -> list[Path]:
     return sorted(p for p in root.rglob(f"*{SUFFIX}") if p.is_file())
 
 
-def read_capture(directory: Path | str) -> Iterator[tuple[Path, Segment]]:
+def read_capture(directory: Path | str) -> Iterator[tuple[Path, CaptureSegment]]:
     """Every segment of a capture directory, in order (for tests and small tools)."""
     for path in list_segments(directory):
         yield path, read_segment(path)

@@ -29,7 +29,7 @@ from gateway.stat_replies import dcp_group
 log = logging.getLogger(__name__)
 
 
-class UprConnection(Protocol):
+class HubConnection(Protocol):
     """What the hub needs from a producer or consumer connection."""
 
     name: str
@@ -57,16 +57,16 @@ class UprHub:
 
     def __init__(self, node: Any) -> None:
         self.node = node
-        self._named: NamedConnections[UprConnection] = NamedConnections("UPR")
+        self._named: NamedConnections[HubConnection] = NamedConnections("UPR")
 
-    def running(self, connection: UprConnection) -> AbstractContextManager[trio.CancelScope]:
+    def running(self, connection: HubConnection) -> AbstractContextManager[trio.CancelScope]:
         """Register ``connection`` while the block runs; a later namesake cancels it."""
         return self._named.running(connection.name, connection)
 
-    def get(self, name: str) -> UprConnection | None:
+    def get(self, name: str) -> HubConnection | None:
         return self._named.get(name)
 
-    def connections(self) -> list[UprConnection]:
+    def connections(self) -> list[HubConnection]:
         return self._named.values()
 
     # -- statistics ----------------------------------------------------------

@@ -35,7 +35,7 @@ omits that vbucket's checkpoint: the node backfills it from date 0, while
 the other vbuckets resume by their checkpoints or are reconciled.
 
 Takeover requests from consumer streams go through ``takeover`` (see
-``gateway.uprfront.takeover``): VBUCKET_SET messages are held, unacked, until
+``UprFront.take_over``): VBUCKET_SET messages are held, unacked, until
 the consumer has answered the matching SET_VBUCKET_STATE.
 """
 

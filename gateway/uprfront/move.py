@@ -1,9 +1,10 @@
 """Move vbuckets from a TAP node into a UPR node, through the UPR front.
 
-Theory of operation (``spec/vbucket-move-3x.md`` with the gateway as the
-producer). ``move_tap_to_upr`` runs a UPR front of its own (ingest from the
-TAP node into ``state_dir``, a listener on a loopback port) and plays the
-orchestrator's part:
+Theory of operation (the 3.0 UPR design's "VBucket Move (3.x)" sequence:
+handshake, catch-up, takeover, with the gateway as the producer and this
+command as ns_server's ebucketmigrator). ``move_tap_to_upr`` runs a UPR
+front of its own (ingest from the TAP node into ``state_dir``, a listener
+on a loopback port) and plays the orchestrator's part:
 
 1. it opens a producer connection on the gateway and a consumer connection
    (OPEN with no flags) on the destination, under one name;
