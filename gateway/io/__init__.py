@@ -5,5 +5,7 @@
   seen out before the connection closes);
 - ``door``: the command door every accepted connection passes through before
   it becomes a stream (SASL PLAIN, NOOP, VERSION, STAT), with a hook for each
-  role's stream opcodes and commands.
+  role's stream opcodes and commands;
+- ``named``: open connections by name, where a newer namesake replaces the
+  older one (the node's TAP and UPR connections, both fronts').
 """

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import trio
 
-from gateway.named import NamedConnections
+from gateway.io.named import NamedConnections
 
 log = logging.getLogger(__name__)
 

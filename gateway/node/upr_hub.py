@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import trio
 
-from gateway.named import NamedConnections
+from gateway.io.named import NamedConnections
 from gateway.stat_replies import dcp_group
 
 log = logging.getLogger(__name__)

@@ -40,9 +40,9 @@ from gateway import logs
 from gateway.auth import Authenticator, Users
 from gateway.client import McbpClient, RequestFailed
 from gateway.io.door import Door, unknown_command
+from gateway.io.named import NamedConnections
 from gateway.io.replies import error_reply, refusal, reply, send_refusal
 from gateway.limits import ConnectionLimits
-from gateway.named import NamedConnections
 from gateway.startup import describe, show
 from gateway.stat_replies import (
     TAP_TAKEOVER_GROUPS,

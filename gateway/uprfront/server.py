@@ -42,9 +42,9 @@ from gateway.auth import Authenticator, Users
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
 from gateway.io.door import OPEN_OPCODES, Door
+from gateway.io.named import NamedConnections
 from gateway.io.replies import error_reply
 from gateway.memory import TrimAfterCloses
-from gateway.named import NamedConnections
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
 from gateway.uprfront.compaction import compact_log
 from gateway.uprfront.config import UprFrontConfig, UprFrontError
