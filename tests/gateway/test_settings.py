@@ -104,7 +104,7 @@ def test_a_missing_config_file_is_named(tmp_path: Path) -> None:
     "argv",
     [
         ["capture", "--tap", "127.0.0.1:11210", "--out", "/tmp/c", "--user", "ops"],
-        ["load", "127.0.0.1:11299", "--items", "1", "--user", "ops"],
+        ["load", "--target", "127.0.0.1:11299", "--items", "1", "--user", "ops"],
     ],
 )
 def test_client_passwords_never_need_the_command_line(argv: list[str]) -> None:
