@@ -142,9 +142,9 @@ class Node:
             self.connections -= 1
 
     async def _stat(self, group: str) -> list[tuple[str, str]]:
-        from gateway.node import stats
+        from gateway.node import stat_groups
 
-        return stats.collect(self, group)
+        return stat_groups.collect(self, group)
 
     async def _command(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
         from gateway.node import commands
