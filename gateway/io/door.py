@@ -29,6 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
+from typing import Any
+
+import trio
 
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status
@@ -36,7 +39,7 @@ from gateway.auth import Authenticator, Users
 from gateway.io.replies import error_reply, reply, stat_reply
 from gateway.limits import ConnectionLimits, ListenerCounters
 from gateway.stat_replies import StatError
-from gateway.wire import PacketConnection
+from gateway.wire import PacketConnection, serve_packets
 
 OPEN_OPCODES = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}
@@ -79,6 +82,30 @@ class Door:
     on_stray_response: Callable[[], None] = lambda: None
     open_opcodes: Container[int] = field(default=OPEN_OPCODES)
     full_frames: bool = False
+
+    async def listen(
+        self,
+        host: str,
+        port: int,
+        *,
+        handler: Callable[[PacketConnection], Awaitable[None]] | None = None,
+        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+        **options: Any,
+    ) -> None:
+        """Serve the door on ``host:port`` (``serve_packets``, whose other options
+        pass through); ``handler`` wraps ``serve`` where the role counts or ends
+        connections itself; ``task_status`` gets the listeners."""
+        await serve_packets(
+            handler or self.serve,
+            host,
+            port,
+            label=self.label,
+            limits=self.limits,
+            auth_required=self.users is not None,
+            counters=self.counters,
+            task_status=task_status,
+            **options,
+        )
 
     def authenticator(self, conn: PacketConnection) -> Authenticator:
         limits = self.limits

@@ -36,7 +36,7 @@ from gateway.limits import ConnectionLimits, ListenerCounters
 from gateway.memory import TrimAfterCloses
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
-from gateway.wire import PacketConnection, serve_packets
+from gateway.wire import PacketConnection
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +118,11 @@ class Node:
             nursery.start_soon(self.trimmer.run)
             listeners = await nursery.start(
                 partial(
-                    serve_packets,
-                    self.handle,
+                    self.door.listen,
                     host,
                     port,
-                    label=LABEL,
+                    handler=self.handle,
                     max_frame_size=self.config.max_frame_size,
-                    limits=self.config.limits,
-                    auth_required=self.users is not None,
-                    counters=self.listener_counters,
                     ssl_context=self.config.ssl_context,
                 )
             )

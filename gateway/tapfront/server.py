@@ -57,7 +57,7 @@ from gateway.tapfront.plan import UpstreamVbucket, plan_connection
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.session import SessionConfig, TapSession
 from gateway.version import version
-from gateway.wire import PacketConnection, bound_port, serve_packets
+from gateway.wire import PacketConnection, bound_port
 
 log = logging.getLogger(__name__)
 
@@ -182,14 +182,9 @@ class TapFront:
             async with trio.open_nursery() as nursery:
                 listeners = await nursery.start(
                     partial(
-                        serve_packets,
-                        self.door.serve,
+                        self.door.listen,
                         host,
                         port,
-                        label=LABEL,
-                        limits=self.config.limits,
-                        auth_required=self.users is not None,
-                        counters=self.stats.listeners,
                         ssl_context=self.config.ssl_context,
                     )
                 )

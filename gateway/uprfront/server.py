@@ -54,7 +54,7 @@ from gateway.uprfront.producer import UprConnection, delete_kind
 from gateway.uprfront.stat_groups import collect
 from gateway.uprfront.streams import LogStream
 from gateway.version import version
-from gateway.wire import PacketConnection, bound_port, serve_packets
+from gateway.wire import PacketConnection, bound_port
 
 log = logging.getLogger(__name__)
 
@@ -121,15 +121,10 @@ class UprFront:
                 host, port = self.config.listen
                 listeners = await nursery.start(
                     partial(
-                        serve_packets,
-                        self.door.serve,
+                        self.door.listen,
                         host,
                         port,
-                        label=LABEL,
                         max_frame_size=self.config.max_frame_size,
-                        limits=self.config.limits,
-                        auth_required=self.users is not None,
-                        counters=self.stats.listeners,
                         ssl_context=self.config.ssl_context,
                         max_outbox_bytes=self.config.max_outbox_bytes,
                     )

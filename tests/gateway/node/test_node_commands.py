@@ -18,6 +18,7 @@ from gateway.node.commands import NODE_FAILOVER
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
 from gateway.wire import bound_port
+from tests.support.waiting import until
 
 VBUCKETS = 8
 
@@ -169,3 +170,21 @@ async def test_load_generator_writes_deletes_and_ttls(node_port: tuple[Node, int
     assert len(expiring) == report.with_ttl
     assert node.store.expire(max(i.expiration for i in expiring) + 1) != []
     assert node.store.stats().items == 600 - report.deletes - report.with_ttl
+
+
+async def test_quit_closes_the_connection_and_curr_connections_counts_open_ones(
+    node_port: tuple[Node, int],
+) -> None:
+    """memcached daemon/memcached.c: QUIT closes the connection without a reply."""
+    node, port = node_port
+    with trio.fail_after(10):
+        async with await McbpClient.connect("127.0.0.1", port) as watcher:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(encode_frame(Magic.REQUEST, Opcode.NOOP))
+                assert await stream.receive_some(24)  # the NOOP's reply: served, counted
+                assert (await watcher.stats(""))["curr_connections"] == "2"
+                await stream.send_all(encode_frame(Magic.REQUEST, Opcode.QUIT))
+                assert await stream.receive_some(1024) == b""
+            await until(lambda: node.connections == 1)  # the QUIT one has gone
+        await until(lambda: node.connections == 0)
