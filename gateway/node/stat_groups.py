@@ -22,6 +22,7 @@ from gateway.stat_replies import (
     StatError,
     UnknownStatGroup,
     failover_pairs,
+    seqno_pairs,
     takeover_arguments,
     vbucket_argument,
 )
@@ -72,15 +73,8 @@ def _vbucket_seqno(node: Node, args: list[str]) -> Pairs:
     out: Pairs = []
     for vb in _vbuckets(node, args):
         s = node.store.vbucket_stats(vb)
-        out += [
-            (f"vb_{vb}:uuid", str(s.uuid)),
-            (f"vb_{vb}:high_seqno", str(s.high_seqno)),
-            (f"vb_{vb}:abs_high_seqno", str(s.high_seqno)),
-            (f"vb_{vb}:last_persisted_seqno", str(s.high_seqno)),
-            (f"vb_{vb}:purge_seqno", str(s.purge_seqno)),
-            (f"vb_{vb}:last_persisted_snap_start", str(s.snapshot_start)),
-            (f"vb_{vb}:last_persisted_snap_end", str(s.snapshot_end)),
-        ]
+        snapshot = (s.snapshot_start, s.snapshot_end)
+        out += seqno_pairs(vb, s.uuid, s.high_seqno, s.purge_seqno, snapshot)
     return out
 
 

@@ -21,6 +21,7 @@ from gateway.stat_replies import (
     UnknownStatGroup,
     dcp_group,
     failover_pairs,
+    seqno_pairs,
     takeover_arguments,
     vbucket_argument,
 )
@@ -66,13 +67,7 @@ def _vbucket_seqno(front: UprFront, args: list[str]) -> Pairs:
     out: Pairs = []
     for vb in _vbuckets(front, args):
         v = front.logs.logs[vb]
-        out += [
-            (f"vb_{vb}:uuid", str(v.failover.uuid)),
-            (f"vb_{vb}:high_seqno", str(v.high_seqno)),
-            (f"vb_{vb}:abs_high_seqno", str(v.high_seqno)),
-            (f"vb_{vb}:last_persisted_seqno", str(v.high_seqno)),
-            (f"vb_{vb}:purge_seqno", str(v.purge_seqno)),
-        ]
+        out += seqno_pairs(vb, v.failover.uuid, v.high_seqno, v.purge_seqno)
     return out
 
 
