@@ -67,11 +67,13 @@ from adapters.tap import (
     encode,
 )
 from adapters.tap.producer import ProducerState, TapProducer
+from adapters.translate.upr_to_tap import UprToTap
 from adapters.translate.upr_to_tap_fast import (
-    DCP_MUTATION,
-    FAST_OPCODES,
-    item_from_frame,
+    close_frame,
+    marker_frame,
+    snapshot_marker,
     stamped_item,
+    translate_items,
 )
 from adapters.upr.flow_control import is_counted
 from gateway.capture.mapping import TapRecording, UprRecording
@@ -97,6 +99,7 @@ _KINDS: dict[type, str] = {
 }
 _ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
 _FAST_ITEMS = frozenset(_ITEMS)
+_MARKER_ACK = upr.SnapshotFlags.ACK.value
 _RESPONSES = (
     upr.StreamRequestOk,
     upr.StreamRequestRollback,
@@ -206,6 +209,10 @@ class TapSession:
             for start in plan.starts
         }
         self.by_opaque: dict[int, VbStream] = {}
+        self._fast_streams: dict[int, UprToTap] = {}
+        """By stream opaque, the translators whose items may take the fast path."""
+        self._opaque_of: dict[int, int] = {}
+        """The stream opaque of each vbucket's current upstream stream."""
         self.upstream: UprUpstream | None = None
         self.generation = 0
         self._batch: list[bytes] = []
@@ -270,7 +277,8 @@ class TapSession:
                 failures = 0
                 await self._request_streams()
                 while not all(vb.ended for vb in self.vbuckets.values()):
-                    await self._on_upstream_batch(await self.upstream.receive_batch())
+                    await self.upstream.receive()
+                    await self._on_upstream_data()
                     await self._flush()
             except UpstreamError as exc:
                 failures += 1
@@ -318,6 +326,7 @@ class TapSession:
         delay = min(self.config.reconnect_max, self.config.reconnect_initial * 2 ** (failures - 1))
         log.warning("%s: %s; reconnecting in %.1fs", self.name, exc, delay)
         self.by_opaque.clear()
+        self._fast_streams.clear()
         for vb in self.vbuckets.values():
             vb.prepare_resume()
         await trio.sleep(delay)
@@ -330,7 +339,7 @@ class TapSession:
             if vb.ended:
                 continue
             opaque = upstream.next_opaque()
-            self.by_opaque[opaque] = vb
+            self._route(opaque, vb)
             requests.append(
                 upr.encode(vb.stream_request(opaque, self.plan.takeover), upstream.dialect)
             )
@@ -338,75 +347,118 @@ class TapSession:
 
     # -- upstream messages ---------------------------------------------------
 
-    async def _on_upstream_batch(self, frames: list[Frame]) -> None:
-        """One socket read's frames: runs of items take the fast path, the rest the events'."""
+    def _route(self, opaque: int, vb: VbStream) -> None:
+        """``vb``'s stream now answers to ``opaque``."""
+        self.by_opaque[opaque] = vb
+        self._opaque_of[vb.vbucket] = opaque
+        self._refresh_fast(vb)
+
+    def _refresh_fast(self, vb: VbStream) -> None:
+        """Let ``vb``'s items take the fast path unless a marker waits for its reply."""
+        opaque = self._opaque_of.get(vb.vbucket)
+        if opaque is None or self.by_opaque.get(opaque) is not vb:
+            return
+        if vb.awaits_marker_reply or vb.ended:
+            self._fast_streams.pop(opaque, None)
+        else:
+            self._fast_streams[opaque] = vb.translator
+
+    async def _on_upstream_data(self) -> None:
+        """What one socket read brought: runs of items and plain markers take the fast
+        path (frame bytes to frame bytes), anything else the events'."""
         upstream = self.upstream
         assert upstream is not None
         fast = self.captured_out is None and upstream.dialect is upr.DCP
-        index, count = 0, len(frames)
-        while index < count:
-            if fast:
-                index, closing = self._fast_items(frames, index)
-                if closing is not None:
-                    for message in closing.translator.close():
-                        await self._emit(message, closing)
-                    closing.item_done()
-                    continue
-                if index == count:
-                    break
-            await self._on_upstream_frame(frames[index])
-            index += 1
-
-    def _fast_items(self, frames: list[Frame], index: int) -> tuple[int, VbStream | None]:
-        """Translate the run of items from ``index`` frame to frame, with the bookkeeping
-        of ``_on_upstream_frame`` and ``_emit`` done once per run. Stops before a frame
-        the event path must take (or with no room in the ack window), and after an item
-        that ends its snapshot: returns where it stopped and that item's stream."""
         producer = self.producer
-        by_opaque = self.by_opaque
-        batch = self._batch
-        touched = self._settling.touched
-        credit = mutations = deletions = 0
-        count = len(frames)
-        closing = None
-        while index < count:
-            frame = frames[index]
-            if frame[0] != _REQUEST or frame[1] not in FAST_OPCODES:
-                break
-            vb = by_opaque.get(frame[6])
-            if vb is None or vb.awaits_marker_reply or not producer.can_send:
-                break
-            result = item_from_frame(frame, vb.translator, producer)
-            if result is None:
-                break
-            data, by_seqno, closes = result
-            batch.append(data)
-            credit += HEADER_SIZE + len(frame[8])
-            if frame[1] == DCP_MUTATION:
-                mutations += 1
-            else:
-                deletions += 1
-            vb.took_item(by_seqno)
-            touched[vb.vbucket] = vb
-            index += 1
-            if closes:
-                closing = vb
-                break
-            vb.item_done()
-        if credit:
-            upstream = self.upstream
-            assert upstream is not None
-            upstream.unacked_bytes += credit
-            settling = self._settling
-            settling.credit += credit
-            if not settling.arrival:
-                settling.arrival = time.time()
-            items_sent = self.stats.items_sent
-            if mutations:
-                items_sent["mutation"] += mutations
-            if deletions:
-                items_sent["deletion"] += deletions
-        return index, closing
+        while True:
+            if fast:
+                closing = self._fast_items(upstream)
+                if closing is not None:
+                    await self._close_fast(closing)
+                    continue
+                if not producer.can_send:
+                    await self._wait_for_room()
+                    continue
+                marker = snapshot_marker(upstream.buffer, upstream.offset)
+                if marker is not None and await self._marker_fast(upstream, *marker):
+                    continue
+            frame = upstream.next_frame()
+            if frame is None:
+                return
+            await self._on_upstream_frame(frame)
+
+    def _fast_items(self, upstream: UprUpstream) -> VbStream | None:
+        """``translate_items`` from where the upstream's buffer stands, with the
+        bookkeeping of ``_on_upstream_frame`` and ``_emit`` done once per run:
+        returns the stream whose snapshot the run's last item ended (or None)."""
+        touched: dict[int, UprToTap] = {}
+        offset, credit, mutations, deletions, closing = translate_items(
+            upstream.buffer,
+            upstream.offset,
+            self._fast_streams,
+            self.producer,
+            self._batch,
+            touched,
+        )
+        upstream.offset = offset
+        if not credit:
+            return None
+        upstream.unacked_bytes += credit
+        settling = self._settling
+        settling.credit += credit
+        if not settling.arrival:
+            settling.arrival = time.time()
+        items_sent = self.stats.items_sent
+        if mutations:
+            items_sent["mutation"] += mutations
+        if deletions:
+            items_sent["deletion"] += deletions
+        vbuckets = self.vbuckets
+        settled = settling.touched
+        for vbucket, translator in touched.items():
+            vb = vbuckets[vbucket]
+            vb.took_item(translator.last_seqno)
+            settled[vbucket] = vb
+            if translator is not closing:
+                vb.item_done()
+        return None if closing is None else vbuckets[closing.vbucket]
+
+    async def _close_fast(self, vb: VbStream) -> None:
+        """Close the snapshot ``vb``'s last item ended, as ``_emit`` of ``close()`` would."""
+        if not self.producer.can_send:
+            await self._wait_for_room()
+        closed = close_frame(vb.translator, self.producer)
+        if closed is not None:
+            data, checkpoint_id = closed
+            if checkpoint_id is not None:
+                self.registry.checkpoint_closed(vb.vbucket, checkpoint_id, vb.position())
+                self.stats.items_sent["marker"] += 1
+            self._batch.append(data)
+        self._settling.touched[vb.vbucket] = vb
+        vb.item_done()
+
+    async def _marker_fast(
+        self, upstream: UprUpstream, opaque: int, start: int, end: int, flags: int
+    ) -> bool:
+        """A snapshot marker that only opens a checkpoint, as ``_on_upstream_frame``
+        would take it; false (nothing done) for one the event path must take."""
+        vb = self.by_opaque.get(opaque)
+        if vb is None or opaque not in self._fast_streams or flags & _MARKER_ACK:
+            return False
+        if not self.producer.can_send:
+            await self._wait_for_room()
+        data = marker_frame(vb.translator, self.producer, start, end, flags)
+        if data is None:
+            return False
+        upstream.offset += HEADER_SIZE + 20
+        upstream.unacked_bytes += HEADER_SIZE + 20
+        self._settling.credit += HEADER_SIZE + 20
+        vb.took_marker(start, end, flags)
+        self._batch.append(data)
+        self.stats.items_sent["marker"] += 1
+        self._settling.touched[vb.vbucket] = vb
+        vb.item_done()
+        return True
 
     async def _on_upstream_frame(self, frame: Frame) -> None:
         upstream = self.upstream
@@ -446,6 +498,7 @@ class TapSession:
         if reply is not None:
             self._settling.replies.append(upr.encode(reply, upstream.dialect))
             self._end_settlement()
+        self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
 
@@ -468,10 +521,11 @@ class TapSession:
             self.gateway_stats.last_rollback_seqno["tap_front"] = response.rollback_seqno
             for message in vb.restart_from_zero():
                 await self._emit(message, vb)
+            self._fast_streams.pop(response.opaque, None)
             upstream = self.upstream
             assert upstream is not None
             opaque = upstream.next_opaque()
-            self.by_opaque[opaque] = vb
+            self._route(opaque, vb)
             await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
             return
         status = getattr(response, "status", -1)
@@ -487,6 +541,7 @@ class TapSession:
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
+        self._refresh_fast(vb)
         self.gateway_stats.stream_ends_total["tap_front", reason] += 1
         for message in vb.translator.finish():
             await self._emit(message, vb)
@@ -548,11 +603,11 @@ class TapSession:
         settlement.close(self.generation)
         if settlement.empty:
             return
-        last = self.producer.last_stamped
-        if self.plan.support_ack and last is not None and self.producer.unacked:
-            held = self._pending.get(last.opaque)
+        last = self.producer.last_opaque
+        if self.plan.support_ack and last and self.producer.unacked:
+            held = self._pending.get(last)
             if held is None:
-                self._pending[last.opaque] = settlement
+                self._pending[last] = settlement
             else:
                 held.merge(settlement)
         else:
@@ -561,7 +616,7 @@ class TapSession:
     async def _flush(self) -> None:
         """Write the batch (its last message asking for an ack), then settle what may be."""
         if self._batch and self.plan.support_ack:
-            self._batch[-1] = encode(self.producer.request_ack_on_last())
+            self._batch[-1] = self.producer.ack_request_on_last()
         self._end_settlement()
         if self._batch:
             data = b"".join(self._batch)
@@ -665,10 +720,10 @@ class TapSession:
             await trio.sleep_until(deadline)
             now = trio.current_time()
             backing_off = self.producer.state is ProducerState.BACKING_OFF
-            again = self.producer.retransmit_due(now)
+            again = self.producer.retransmit_frames(now)
             if again:
                 log.info("%s: resending %d unacked messages", self.name, len(again))
-                await self.conn.send(b"".join(encode(message) for message in again))
+                await self.conn.send(b"".join(again))
                 self.last_send = now
                 self._update_ack_stats()
             if backing_off and self.producer.state is ProducerState.STREAMING:
