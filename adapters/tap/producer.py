@@ -220,6 +220,31 @@ class TapProducer:
             popleft()
         return count
 
+    def release_acks(self, opaques: list[int]) -> int:
+        """``release`` of successful acks in the order they came (one client read's
+        worth): the furthest one decides, as acking them one by one would."""
+        if self.state in (ProducerState.FAILED, ProducerState.CLOSED) or not self.support_ack:
+            return 0
+        outstanding = self._outstanding
+        size = len(outstanding)
+        first = _opaque_of(outstanding[0]) if size else 0
+        furthest = -1
+        for opaque in opaques:
+            position = (opaque - first) % SEQNO_MODULUS
+            if not (position < size and _opaque_of(outstanding[position]) == opaque):
+                found = self._position(opaque)  # raises for a number never sent
+                if found is None:
+                    continue  # a late ack for a message already covered
+                position = found
+            if position > furthest:
+                furthest = position
+        count = furthest + 1
+        self.acked_total += count
+        popleft = outstanding.popleft
+        for _ in range(count):
+            popleft()
+        return count
+
     def _acked_count(self, opaque: int, status: int, now: float, text: bytes, opcode: int) -> int:
         if self.state in (ProducerState.FAILED, ProducerState.CLOSED):
             return 0

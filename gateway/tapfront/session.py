@@ -60,13 +60,13 @@ from adapters.tap import (
     TapNoop,
     TapNoopResponse,
     TapOpaque,
-    TapResponse,
+    TapOpcode,
     TapStreamMessage,
     TapVbucketSet,
     decode_frame,
     encode,
 )
-from adapters.tap.producer import ProducerState, TapProducer
+from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer
 from adapters.translate.upr_to_tap import UprToTap
 from adapters.translate.upr_to_tap_fast import (
     close_frame,
@@ -100,6 +100,8 @@ _KINDS: dict[type, str] = {
 _ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
 _FAST_ITEMS = frozenset(_ITEMS)
 _MARKER_ACK = upr.SnapshotFlags.ACK.value
+_RESPONSE = Magic.RESPONSE.value
+_TAP_OPCODES = frozenset(opcode.value for opcode in TapOpcode)
 _RESPONSES = (
     upr.StreamRequestOk,
     upr.StreamRequestRollback,
@@ -682,17 +684,20 @@ class TapSession:
         conn = self.conn
         while (frame := await conn.receive_frame()) is not None:
             try:
-                event = decode_frame(frame)
-                if isinstance(event, TapResponse):
-                    await self._on_ack(event)
-                elif isinstance(event, TapNoop):
-                    await conn.send(encode(TapNoopResponse(event.opaque)))
-                elif not isinstance(event, TapNoopResponse):
-                    raise ProtocolError(
-                        f"{event.NAME} is not allowed from the TAP peer of a stream",
-                        opcode=frame.opcode,
-                        status=Status.NOT_SUPPORTED,
-                    )
+                # The acks of one read are applied together and what they release is
+                # settled in one upstream send; anything else keeps its place in order.
+                acks: list[int] = []
+                while frame is not None:
+                    if frame.magic != _RESPONSE or frame.opcode not in _TAP_OPCODES:
+                        await self._on_acks(acks)
+                        await self._on_peer_request(frame)
+                    elif frame.vbucket_or_status:
+                        await self._on_acks(acks)
+                        await self._settle_acked(self._on_ack(frame))
+                    else:
+                        acks.append(frame.opaque)
+                    frame = conn.next_buffered_frame()
+                await self._on_acks(acks)
             except ProtocolError as exc:
                 kind = "refused_ack" if exc.field in ("status", "opaque") else "malformed"
                 self.gateway_stats.protocol_errors_total["tap_front", kind] += 1
@@ -700,16 +705,68 @@ class TapSession:
         log.info("%s: TAP peer closed the connection", self.name)
         scope.cancel()
 
-    async def _on_ack(self, response: TapResponse) -> None:
-        released = self.producer.receive(response, trio.current_time())
-        if response.status and self.producer.state is ProducerState.BACKING_OFF:
-            log.info("%s: TAP peer busy (0x%02x): backing off", self.name, response.status)
-        for message in released:
-            settlement = self._pending.pop(message.opaque, None)
-            if settlement is not None:
-                await self._settle(settlement)
-        self._update_ack_stats()
+    async def _on_peer_request(self, frame: Frame) -> None:
+        event = decode_frame(frame)
+        if isinstance(event, TapNoop):
+            await self.conn.send(encode(TapNoopResponse(event.opaque)))
+        elif not isinstance(event, TapNoopResponse):
+            raise ProtocolError(
+                f"{event.NAME} is not allowed from the TAP peer of a stream",
+                opcode=frame.opcode,
+                status=Status.NOT_SUPPORTED,
+            )
+
+    async def _on_acks(self, opaques: list[int]) -> None:
+        """Apply the successful acks read so far, in order, and settle what they released."""
+        if not opaques:
+            return
+        producer = self.producer
+        first = producer.first_unacked
+        count = producer.release_acks(opaques)
+        opaques.clear()
         self._wake.set()
+        await self._settle_acked(self._released(first, count))
+
+    def _released(self, first: int, count: int) -> list[Settlement]:
+        """The settlements held on the ``count`` messages acked from ``first`` on."""
+        released: list[Settlement] = []
+        pending = self._pending
+        # Settlements wait in the order of their messages' sequence numbers.
+        while count and pending:
+            opaque = next(iter(pending))
+            if (opaque - first) % SEQNO_MODULUS >= count:
+                break
+            released.append(pending.pop(opaque))
+        return released
+
+    def _on_ack(self, frame: Frame) -> list[Settlement]:
+        """Apply a TAP ack or nack (a response to a stream message, framed as 2.x
+        framed them: only opaque and status count, the body is a nack's text);
+        the settlements it released, oldest first."""
+        producer = self.producer
+        status = frame.vbucket_or_status
+        first = producer.first_unacked
+        count = producer.release(
+            frame.opaque, status, trio.current_time() if status else 0.0, frame.body, frame.opcode
+        )
+        if status and producer.state is ProducerState.BACKING_OFF:
+            log.info("%s: TAP peer busy (0x%02x): backing off", self.name, status)
+        self._wake.set()
+        return self._released(first, count)
+
+    async def _settle_acked(self, settlements: list[Settlement]) -> None:
+        """Settle what acks released (the upstream's credit and replies in one send)."""
+        if settlements:
+            batch = Settlement(self.generation)
+            now = time.time()
+            for settlement in settlements:
+                batch.merge(settlement)
+                if settlement.arrival:
+                    self.stats.latency.observe(max(0.0, now - settlement.arrival))
+            batch.arrival = 0.0
+            settlements.clear()
+            await self._settle(batch)
+        self._update_ack_stats()
 
     async def _timers(self) -> None:
         while True:
