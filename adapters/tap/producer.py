@@ -29,6 +29,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 from enum import Enum, auto
+from itertools import islice
 from typing import TypeVar
 
 from adapters.errors import LocalProtocolError, ProtocolError
@@ -164,6 +165,13 @@ class TapProducer:
         if self.support_ack:
             self._outstanding.append(frame)
         self._last = frame
+
+    def keep_frames(self, frames: list[bytes], start: int) -> None:
+        """``keep`` of ``frames[start:]``, each stamped in turn by ``next_stamp``."""
+        if start < len(frames):
+            if self.support_ack:
+                self._outstanding.extend(islice(frames, start, None))
+            self._last = frames[-1]
 
     def request_ack_on_last(self) -> Stamped:
         """Ask for an ack on the message stamped last, before it is sent.

@@ -103,6 +103,8 @@ class UprToTap:
         if network_byte_order:
             item_flags |= TapFlags.NETWORK_BYTE_ORDER
         self._item_flags = TapFlags(item_flags)
+        self.item_flags = int(item_flags)
+        """TAP flags of a MUTATION from this stream, before stamping."""
 
     @property
     def last_closed_checkpoint(self) -> int:
@@ -164,11 +166,6 @@ class UprToTap:
             self.first_in_open = by_seqno
         self.last_seqno = by_seqno
         return self.open is not None and by_seqno >= self.open.end
-
-    @property
-    def item_flags(self) -> int:
-        """TAP flags of a MUTATION from this stream, before stamping."""
-        return int(self._item_flags)
 
     def close(self) -> list[TapStreamMessage]:
         """Close the open snapshot, if any (after ``advance`` said it ends)."""

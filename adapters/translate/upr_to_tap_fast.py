@@ -173,8 +173,9 @@ def translate_items(
     end = len(buf)
     room = producer.room
     next_stamp = producer.next_stamp
-    keep = producer.keep
     append = out.append
+    first_out = len(out)
+    swapped = _SWAPPED
     credit = mutations = deletions = 0
     closing = None
     while room > 0 and end - offset >= HEADER_SIZE:
@@ -200,15 +201,17 @@ def translate_items(
             value_end = frame_end - nmeta
             if value_end < key_at + keylen or by_seqno <= translator.last_seqno:
                 break
-            tap_flags = translator.item_flags
-            seqno, tap_flags = next_stamp(tap_flags)
+            seqno, tap_flags = next_stamp(translator.item_flags)
+            if not translator.network_byte_order:
+                swapped_flags = swapped.get(flags)
+                flags = _swap(flags) if swapped_flags is None else swapped_flags
             if translator.keys_only:
                 value_end = key_at + keylen
             head = _MUTATION.pack(
                 _REQUEST, _OP_MUTATION, keylen, 16, datatype, translator.vbucket,
                 _MUTATION_FIXED + value_end - key_at, seqno, cas,
                 9, tap_flags, DEFAULT_TTL,
-                flags if translator.network_byte_order else swap32(flags),
+                flags,
                 expiration, rev_seqno, nru,
             )  # fmt: skip
             mutations += 1
@@ -229,9 +232,7 @@ def translate_items(
             deletions += 1
         else:
             break
-        data = head + buf[key_at:value_end]
-        append(data)
-        keep(data)
+        append(head + buf[key_at:value_end])
         room -= 1
         credit += frame_end - offset
         offset = frame_end
@@ -244,7 +245,19 @@ def translate_items(
         if snapshot is not None and by_seqno >= snapshot.end:
             closing = translator
             break
+    producer.keep_frames(out, first_out)
     return offset, credit, mutations, deletions, closing
+
+
+_SWAPPED: dict[int, int] = {}
+"""Item flags in the other byte order, for the few values a bucket's items carry."""
+
+
+def _swap(flags: int) -> int:
+    swapped = swap32(flags)
+    if len(_SWAPPED) < 1024:
+        _SWAPPED[flags] = swapped
+    return swapped
 
 
 def snapshot_marker(buf: bytes | bytearray, offset: int) -> tuple[int, int, int, int] | None:
