@@ -176,75 +176,79 @@ def translate_items(
     append = out.append
     first_out = len(out)
     swapped = _SWAPPED
-    credit = mutations = deletions = 0
-    closing = None
-    while room > 0 and end - offset >= HEADER_SIZE:
-        if end - offset >= _DCP_MUTATION_END:
-            # (a mutation is longer: a shorter buffer cannot hold one whole)
-            (magic, opcode, keylen, extlen, datatype, _, bodylen, opaque, cas,
-             by_seqno, rev_seqno, flags, expiration, _, nmeta, nru,
-             ) = _DCP_MUTATION_HEAD.unpack_from(buf, offset)  # fmt: skip
-        else:
-            magic, opcode, keylen, extlen, datatype, _, bodylen, opaque, cas = HEADER.unpack_from(
-                buf, offset
-            )
-        frame_end = offset + HEADER_SIZE + bodylen
-        if magic != _REQUEST or frame_end > end or not keylen:
-            break
-        translator = streams.get(opaque)
-        if translator is None:
-            break
-        if opcode == DCP_MUTATION:
-            if extlen != 31:
+    # Key and value go from a view into the new frame: one copy, not two. (Each
+    # slice of it dies with its statement, so the view releases before ``buf``
+    # may grow again.)
+    with memoryview(buf) as view:
+        credit = mutations = deletions = 0
+        closing = None
+        while room > 0 and end - offset >= HEADER_SIZE:
+            if end - offset >= _DCP_MUTATION_END:
+                # (a mutation is longer: a shorter buffer cannot hold one whole)
+                (magic, opcode, keylen, extlen, datatype, _, bodylen, opaque, cas,
+                 by_seqno, rev_seqno, flags, expiration, _, nmeta, nru,
+                 ) = _DCP_MUTATION_HEAD.unpack_from(buf, offset)  # fmt: skip
+            else:
+                magic, opcode, keylen, extlen, datatype, _, bodylen, opaque, cas = (
+                    HEADER.unpack_from(buf, offset)
+                )
+            frame_end = offset + HEADER_SIZE + bodylen
+            if magic != _REQUEST or frame_end > end or not keylen:
                 break
-            key_at = offset + _DCP_MUTATION_END
-            value_end = frame_end - nmeta
-            if value_end < key_at + keylen or by_seqno <= translator.last_seqno:
+            translator = streams.get(opaque)
+            if translator is None:
                 break
-            seqno, tap_flags = next_stamp(translator.item_flags)
-            if not translator.network_byte_order:
-                swapped_flags = swapped.get(flags)
-                flags = _swap(flags) if swapped_flags is None else swapped_flags
-            if translator.keys_only:
+            if opcode == DCP_MUTATION:
+                if extlen != 31:
+                    break
+                key_at = offset + _DCP_MUTATION_END
+                value_end = frame_end - nmeta
+                if value_end < key_at + keylen or by_seqno <= translator.last_seqno:
+                    break
+                seqno, tap_flags = next_stamp(translator.item_flags)
+                if not translator.network_byte_order:
+                    swapped_flags = swapped.get(flags)
+                    flags = _swap(flags) if swapped_flags is None else swapped_flags
+                if translator.keys_only:
+                    value_end = key_at + keylen
+                head = _MUTATION.pack(
+                    _REQUEST, _OP_MUTATION, keylen, 16, datatype, translator.vbucket,
+                    _MUTATION_FIXED + value_end - key_at, seqno, cas,
+                    9, tap_flags, DEFAULT_TTL,
+                    flags,
+                    expiration, rev_seqno, nru,
+                )  # fmt: skip
+                mutations += 1
+            elif opcode in _REMOVALS:
+                if extlen != _DCP_REMOVAL_EXTRAS:
+                    break
+                by_seqno, rev_seqno, nmeta = _DCP_REMOVAL.unpack_from(buf, offset + HEADER_SIZE)
+                key_at = offset + HEADER_SIZE + _DCP_REMOVAL_EXTRAS
                 value_end = key_at + keylen
-            head = _MUTATION.pack(
-                _REQUEST, _OP_MUTATION, keylen, 16, datatype, translator.vbucket,
-                _MUTATION_FIXED + value_end - key_at, seqno, cas,
-                9, tap_flags, DEFAULT_TTL,
-                flags,
-                expiration, rev_seqno, nru,
-            )  # fmt: skip
-            mutations += 1
-        elif opcode in _REMOVALS:
-            if extlen != _DCP_REMOVAL_EXTRAS:
+                if frame_end - nmeta < value_end or by_seqno <= translator.last_seqno:
+                    break
+                seqno, tap_flags = next_stamp(0)
+                head = _DELETE.pack(
+                    _REQUEST, _OP_DELETE, keylen, 8, 0, translator.vbucket,
+                    _DELETE_FIXED + keylen, seqno, cas,
+                    8, tap_flags, DEFAULT_TTL, rev_seqno,
+                )  # fmt: skip
+                deletions += 1
+            else:
                 break
-            by_seqno, rev_seqno, nmeta = _DCP_REMOVAL.unpack_from(buf, offset + HEADER_SIZE)
-            key_at = offset + HEADER_SIZE + _DCP_REMOVAL_EXTRAS
-            value_end = key_at + keylen
-            if frame_end - nmeta < value_end or by_seqno <= translator.last_seqno:
+            append(head + view[key_at:value_end])
+            room -= 1
+            credit += frame_end - offset
+            offset = frame_end
+            # ``UprToTap.advance``, inline
+            snapshot = translator.open
+            if snapshot is not None and not translator.first_in_open:
+                translator.first_in_open = by_seqno
+            translator.last_seqno = by_seqno
+            touched[translator.vbucket] = translator
+            if snapshot is not None and by_seqno >= snapshot.end:
+                closing = translator
                 break
-            seqno, tap_flags = next_stamp(0)
-            head = _DELETE.pack(
-                _REQUEST, _OP_DELETE, keylen, 8, 0, translator.vbucket,
-                _DELETE_FIXED + keylen, seqno, cas,
-                8, tap_flags, DEFAULT_TTL, rev_seqno,
-            )  # fmt: skip
-            deletions += 1
-        else:
-            break
-        append(head + buf[key_at:value_end])
-        room -= 1
-        credit += frame_end - offset
-        offset = frame_end
-        # ``UprToTap.advance``, inline
-        snapshot = translator.open
-        if snapshot is not None and not translator.first_in_open:
-            translator.first_in_open = by_seqno
-        translator.last_seqno = by_seqno
-        touched[translator.vbucket] = translator
-        if snapshot is not None and by_seqno >= snapshot.end:
-            closing = translator
-            break
     producer.keep_frames(out, first_out)
     return offset, credit, mutations, deletions, closing
 
