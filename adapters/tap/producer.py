@@ -143,7 +143,8 @@ class TapProducer:
     def next_stamp(self, tap_flags: int, *, force_ack: bool = False) -> tuple[int, int]:
         """The sequence number and TAP flags of the next message (``stamp`` and the
         fast path's items, which ``keep`` the frame they encode next)."""
-        if not self.can_send:
+        # ``can_send``, spelled out: this runs once per message sent.
+        if self.state is not _STREAMING or len(self._outstanding) >= self.max_unacked:
             raise LocalProtocolError(
                 f"cannot send in state {self.state.name} with "
                 f"{len(self._outstanding)} messages unacked"
@@ -330,6 +331,7 @@ class TapProducer:
 
 
 _SET = object.__setattr__
+_STREAMING = ProducerState.STREAMING
 _SUCCESS = Status.SUCCESS.value
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
