@@ -38,6 +38,13 @@ UUID = 0x0BEEF
 OPS = upr.DCP.opcodes
 _STREAM_REQ = OPS[upr.Command.STREAM_REQ]
 _BUFFER_ACK = OPS[upr.Command.BUFFER_ACKNOWLEDGEMENT]
+# A live item's marker and mutation packed directly (what ``upr.encode`` makes of
+# them, at a fraction of the cost, so the source keeps up at high rates).
+_LIVE_MARKER = struct.Struct(">BBHBBHIIQQQI")
+_LIVE_MUTATION = struct.Struct(">BBHBBHIIQQQIIIHB")
+_MARKER = OPS[upr.Command.SNAPSHOT_MARKER]
+_MUTATION = OPS[upr.Command.MUTATION]
+_MEMORY = upr.SnapshotFlags.MEMORY.value
 
 
 def item_key(vbucket: int, index: int) -> bytes:
@@ -263,18 +270,18 @@ class LiveFeed:
                     opaque = sink.opaques.get(vb)
                     if opaque is None:
                         continue
+                    key = b"live::%d" % sent
                     out[id(sink)].append(
-                        upr.encode(
-                            upr.SnapshotMarker(seqno, seqno, upr.SnapshotFlags.MEMORY, opaque, vb)
+                        _LIVE_MARKER.pack(
+                            0x80, _MARKER, 0, 20, 0, vb, 20, opaque, 0,
+                            seqno, seqno, _MEMORY,
                         )
-                    )
-                    out[id(sink)].append(
-                        upr.encode(
-                            upr.Mutation(
-                                key=b"live::%d" % sent, value=stamped, by_seqno=seqno,
-                                rev_seqno=1, cas=sent + 1, vbucket=vb, opaque=opaque,
-                            )
+                        + _LIVE_MUTATION.pack(
+                            0x80, _MUTATION, len(key), 31, 0, vb, 31 + len(key) + len(stamped),
+                            opaque, sent + 1, seqno, 1, 0, 0, 0, 0, 0,
                         )
+                        + key
+                        + stamped
                     )  # fmt: skip
                 sent += 1
             for sink in self.sinks:

@@ -6,10 +6,12 @@ same items once through a plain trio byte relay and once through the
 gateway, alternately, best of ``--runs`` runs each.
 
     python bench/throughput.py [--items 400000] [--vbuckets 64] [--runs 2]
-        [--large-items 50000] [--rates 2000,20000] [--only tap-backfill,...]
+        [--large-items 50000] [--rates 2000,20000] [--capacity 10000,5000]
+        [--only tap-backfill,tap-large,upr,tap-live,tap-capacity]
 
 Prints one table: path, items/s (and MB/s), the relay's, and the ratio; then
-the live latency over the relay (p50/p99/p99.9) at each rate.
+the live latency over the relay (p50/p99/p99.9) at each rate, and the highest
+one-item-snapshot rate the TAP front keeps up with (``tap-capacity``).
 """
 
 from __future__ import annotations
@@ -174,8 +176,10 @@ def quantiles(samples: list[float]) -> tuple[float, float, float]:
     return cuts[499], cuts[989], cuts[998]
 
 
-def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
-    """One-item snapshots at ``rate`` items/s, read live through the TAP front and the relay."""
+def tap_live(rate: float, vbuckets: int, seconds: float) -> tuple[bool, bool] | None:
+    """One-item snapshots at ``rate`` items/s, read live through the TAP front and the relay;
+    whether each kept up (every item, and a p99 within ``KEPT_UP`` of the feed), or
+    None without enough samples."""
     with (
         upr_source(0, 100, vbuckets, rate) as (source_proc, source),
         relay(source) as (_, relay_port),
@@ -213,7 +217,7 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
         elapsed = time.perf_counter() - started
         if len(via_gateway) < 10 or len(via_relay) < 10:
             print(f"  live {rate:,.0f}/s: too few samples ({len(via_gateway)}, {len(via_relay)})")
-            return
+            return None
         g, r = quantiles(via_gateway), quantiles(via_relay)
         print(
             f"  TAP front live {rate:>7,.0f}/s: got {got_gateway:,}/{expected:,} "
@@ -223,6 +227,32 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
             f"gateway CPU {cpu / max(1, got_gateway) * 1e6:.1f} us/item",
             flush=True,
         )
+        return (
+            got_gateway >= expected and g[0] - r[0] < KEPT_UP,
+            got_relay >= expected and r[0] < KEPT_UP,
+        )
+
+
+KEPT_UP = 0.05
+"""A live reader keeps up when every item arrives and the median latency (for the
+front: added over the relay) stays under 50 ms; one that falls behind sees it grow
+with the run, to seconds."""
+
+
+def tap_capacity(vbuckets: int, seconds: float, start: float, step: float) -> None:
+    """The highest one-item-snapshot rate the TAP front keeps up with: rates from
+    ``start`` going up by ``step`` until the front (or the relay) falls behind."""
+    rate, sustained = start, 0.0
+    while True:
+        kept = tap_live(rate, vbuckets, seconds)
+        if kept is None or not kept[0]:
+            break
+        sustained = rate
+        if not kept[1]:
+            print(f"  the relay fell behind at {rate:,.0f}/s: the front kept up to there at least")
+            break
+        rate += step
+    print(f"  TAP front sustains {sustained:,.0f} items/s (one snapshot per item)", flush=True)
 
 
 def main() -> None:
@@ -233,7 +263,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--rates", default="2000,20000")
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--only", default="tap-backfill,tap-large,upr,tap-live")
+    parser.add_argument("--capacity", default="10000,5000", help="start,step of tap-capacity")
+    parser.add_argument("--only", default="tap-backfill,tap-large,upr,tap-live,tap-capacity")
     args = parser.parse_args()
     only = set(args.only.split(","))
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
@@ -246,6 +277,9 @@ def main() -> None:
     if "tap-live" in only:
         for rate in args.rates.split(","):
             tap_live(float(rate), args.vbuckets, args.seconds)
+    if "tap-capacity" in only:
+        start, step = (float(x) for x in args.capacity.split(","))
+        tap_capacity(args.vbuckets, args.seconds, start, step)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -26,12 +26,15 @@ Time enters as ``now`` (seconds, any monotonic origin).
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from enum import Enum, auto
+from itertools import islice
 from typing import TypeVar
 
 from adapters.errors import LocalProtocolError, ProtocolError
-from adapters.mcbp.constants import Status
+from adapters.mcbp.constants import HEADER_SIZE, Status
+from adapters.tap.codec import encode
 from adapters.tap.constants import TapFlags
 from adapters.tap.events import (
     EncodedTapFrame,
@@ -50,6 +53,11 @@ DEFAULT_BACKOFF = 5.0
 _RETRYABLE = frozenset({Status.BUSY, Status.TEMPORARY_FAILURE})
 _ALWAYS_ACKED = (TapOpaque, TapVbucketSet, TapCheckpointStart, TapCheckpointEnd)
 _SEQNO_LIMIT = 1 << 32
+SEQNO_MODULUS = _SEQNO_LIMIT - 1
+"""Sequence numbers run 1 .. 2**32-1, then 1 again: positions are counted modulo this."""
+
+Kept = Stamped | bytes
+"""An outstanding message: a stamped message, or the frame bytes the fast path sent."""
 
 
 class ProducerState(Enum):
@@ -79,9 +87,9 @@ class TapProducer:
         self.state = ProducerState.STREAMING
         self._next_seqno = 1
         self._since_ack_request = 0
-        self._outstanding: deque[Stamped] = deque()
+        self._outstanding: deque[Kept] = deque()
         self._resume_at = 0.0
-        self.last_stamped: Stamped | None = None
+        self._last: Kept | None = None
         self.sent_total = 0
         self.acked_total = 0
         self.nacks_total = 0
@@ -94,12 +102,32 @@ class TapProducer:
         return self.state is ProducerState.STREAMING and (len(self._outstanding) < self.max_unacked)
 
     @property
+    def room(self) -> int:
+        """How many messages may be stamped now."""
+        if self.state is not ProducerState.STREAMING:
+            return 0
+        return self.max_unacked - len(self._outstanding)
+
+    @property
     def unacked(self) -> int:
         return len(self._outstanding)
 
     @property
     def oldest_unacked(self) -> Stamped | None:
-        return self._outstanding[0] if self._outstanding else None
+        return _stamped(self._outstanding[0]) if self._outstanding else None
+
+    @property
+    def last_stamped(self) -> Stamped | None:
+        """The message stamped last (a fast-path frame as an ``EncodedTapFrame``)."""
+        return None if self._last is None else _stamped(self._last)
+
+    @property
+    def last_opaque(self) -> int:
+        """The sequence number of the message stamped last (0: none yet)."""
+        last = self._last
+        if last is None:
+            return 0
+        return _opaque_of(last)
 
     def stamp(self, message: TapStreamMessage, *, force_ack: bool = False) -> TapStreamMessage:
         """Give ``message`` its sequence number and ack flag; keep it until acked."""
@@ -109,13 +137,14 @@ class TapProducer:
         stamped = _restamped(message, seqno, _tap_flags(flags))
         if self.support_ack:
             self._outstanding.append(stamped)
-        self.last_stamped = stamped
+        self._last = stamped
         return stamped
 
     def next_stamp(self, tap_flags: int, *, force_ack: bool = False) -> tuple[int, int]:
         """The sequence number and TAP flags of the next message (``stamp`` and the
         fast path's items, which ``keep`` the frame they encode next)."""
-        if not self.can_send:
+        # ``can_send``, spelled out: this runs once per message sent.
+        if self.state is not _STREAMING or len(self._outstanding) >= self.max_unacked:
             raise LocalProtocolError(
                 f"cannot send in state {self.state.name} with "
                 f"{len(self._outstanding)} messages unacked"
@@ -131,11 +160,19 @@ class TapProducer:
                 self._since_ack_request = 0
         return seqno, flags
 
-    def keep(self, frame: EncodedTapFrame) -> None:
-        """Remember the frame stamped by ``next_stamp`` as ``stamp`` remembers a message."""
+    def keep(self, frame: EncodedTapFrame | bytes) -> None:
+        """Remember the frame stamped by ``next_stamp`` as ``stamp`` remembers a message
+        (plain bytes: the frame exactly as sent, its opaque and TAP flags in it)."""
         if self.support_ack:
             self._outstanding.append(frame)
-        self.last_stamped = frame
+        self._last = frame
+
+    def keep_frames(self, frames: list[bytes], start: int) -> None:
+        """``keep`` of ``frames[start:]``, each stamped in turn by ``next_stamp``."""
+        if start < len(frames):
+            if self.support_ack:
+                self._outstanding.extend(islice(frames, start, None))
+            self._last = frames[-1]
 
     def request_ack_on_last(self) -> Stamped:
         """Ask for an ack on the message stamped last, before it is sent.
@@ -143,15 +180,30 @@ class TapProducer:
         A sender calls this when it has nothing more to send for now, so a
         client that acks only when asked confirms everything outstanding.
         """
-        last = self.last_stamped
+        return _stamped(self._ask_on_last())
+
+    def ack_request_on_last(self) -> bytes:
+        """``request_ack_on_last``, as the frame bytes to send in place of the last one."""
+        last = self._ask_on_last()
+        return last if type(last) is bytes else encode(last)  # type: ignore[arg-type]
+
+    def _ask_on_last(self) -> Kept:
+        last = self._last
         if last is None:
             raise LocalProtocolError("no message has been stamped")
-        if not self.support_ack or last.tap_flags & TapFlags.ACK:
+        flags = _flags_of(last)
+        if not self.support_ack or flags & _ACK:
             return last
         if not self._outstanding or self._outstanding[-1] is not last:
             raise LocalProtocolError("the last stamped message was already acked")
-        asked = _restamped(last, last.opaque, _tap_flags(int(last.tap_flags) | _ACK))
-        self._outstanding[-1] = self.last_stamped = asked
+        asked: Kept
+        if type(last) is bytes:
+            frame = bytearray(last)
+            _U16.pack_into(frame, _TAP_FLAGS_AT, flags | _ACK)
+            asked = bytes(frame)
+        else:
+            asked = _restamped(last, last.opaque, _tap_flags(flags | _ACK))  # type: ignore[type-var,union-attr]
+        self._outstanding[-1] = self._last = asked
         self._since_ack_request = 0
         return asked
 
@@ -159,34 +211,88 @@ class TapProducer:
 
     def receive(self, response: TapResponse, now: float) -> list[Stamped]:
         """Apply an ack or nack; return the messages an ack released (oldest first)."""
+        count = self._acked_count(
+            response.opaque, response.status, now, response.text, response.opcode
+        )
+        popleft = self._outstanding.popleft
+        return [_stamped(popleft()) for _ in range(count)]
+
+    def release(
+        self, opaque: int, status: int, now: float, text: bytes = b"", opcode: int = 0
+    ) -> int:
+        """``receive`` of a response's fields, without handing out what it released:
+        how many messages it released, the oldest first (the oldest's sequence
+        number was ``first_unacked`` before the call)."""
+        count = self._acked_count(opaque, status, now, text, opcode)
+        popleft = self._outstanding.popleft
+        for _ in range(count):
+            popleft()
+        return count
+
+    def release_acks(self, opaques: list[int]) -> int:
+        """``release`` of successful acks in the order they came (one client read's
+        worth): the furthest one decides, as acking them one by one would."""
+        if self.state in (ProducerState.FAILED, ProducerState.CLOSED) or not self.support_ack:
+            return 0
+        outstanding = self._outstanding
+        size = len(outstanding)
+        first = _opaque_of(outstanding[0]) if size else 0
+        furthest = -1
+        for opaque in opaques:
+            position = (opaque - first) % SEQNO_MODULUS
+            if not (position < size and _opaque_of(outstanding[position]) == opaque):
+                found = self._position(opaque)  # raises for a number never sent
+                if found is None:
+                    continue  # a late ack for a message already covered
+                position = found
+            if position > furthest:
+                furthest = position
+        count = furthest + 1
+        self.acked_total += count
+        popleft = outstanding.popleft
+        for _ in range(count):
+            popleft()
+        return count
+
+    def _acked_count(self, opaque: int, status: int, now: float, text: bytes, opcode: int) -> int:
         if self.state in (ProducerState.FAILED, ProducerState.CLOSED):
-            return []
-        if response.status == Status.SUCCESS:
+            return 0
+        if status == _SUCCESS:
             if not self.support_ack:
-                return []  # nothing is kept to release (a client that acks every message)
-            position = self._position(response.opaque)
+                return 0  # nothing is kept to release (a client that acks every message)
+            position = self._position(opaque)
             if position is None:
-                return []  # a late ack for a message already covered
-            released = [self._outstanding.popleft() for _ in range(position + 1)]
-            self.acked_total += len(released)
-            return released
+                return 0  # a late ack for a message already covered
+            self.acked_total += position + 1
+            return position + 1
         self.nacks_total += 1
-        if response.status in _RETRYABLE:
+        if status in _RETRYABLE:
             self.state = ProducerState.BACKING_OFF
             self._resume_at = now + self.backoff
-            return []
+            return 0
         self.state = ProducerState.FAILED
-        text = response.text.decode("utf-8", "replace")
+        message = text.decode("utf-8", "replace")
         raise ProtocolError(
-            f"client refused a message ({text})" if text else "client refused a message",
-            opcode=response.opcode,
+            f"client refused a message ({message})" if message else "client refused a message",
+            opcode=opcode,
             field="status",
-            value=response.status,
+            value=status,
         )
 
+    @property
+    def first_unacked(self) -> int:
+        """The sequence number of the oldest outstanding message (0: none)."""
+        return _opaque_of(self._outstanding[0]) if self._outstanding else 0
+
     def _position(self, seqno: int) -> int | None:
-        for index, message in enumerate(self._outstanding):
-            if message.opaque == seqno:
+        outstanding = self._outstanding
+        if outstanding:
+            # The window holds consecutive sequence numbers: look where it must be.
+            position = (seqno - _opaque_of(outstanding[0])) % SEQNO_MODULUS
+            if position < len(outstanding) and _opaque_of(outstanding[position]) == seqno:
+                return position
+        for index, message in enumerate(outstanding):
+            if _opaque_of(message) == seqno:
                 return index
         if not self._was_sent(seqno):
             raise ProtocolError(
@@ -206,7 +312,15 @@ class TapProducer:
             return []
         self.state = ProducerState.STREAMING
         self.retransmits_total += len(self._outstanding)
-        return list(self._outstanding)
+        return [_stamped(message) for message in self._outstanding]
+
+    def retransmit_frames(self, now: float) -> list[bytes]:
+        """``retransmit_due`` as the frames to send."""
+        if self.state is not ProducerState.BACKING_OFF or now < self._resume_at:
+            return []
+        self.state = ProducerState.STREAMING
+        self.retransmits_total += len(self._outstanding)
+        return [m if type(m) is bytes else encode(m) for m in self._outstanding]  # type: ignore[arg-type]
 
     def next_deadline(self) -> float | None:
         """When ``retransmit_due`` will next have something to do."""
@@ -217,6 +331,12 @@ class TapProducer:
 
 
 _SET = object.__setattr__
+_STREAMING = ProducerState.STREAMING
+_SUCCESS = Status.SUCCESS.value
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_OPAQUE_AT = 12
+_TAP_FLAGS_AT = HEADER_SIZE + 2
 _ACK = TapFlags.ACK.value
 _NOT_ACK = ~_ACK
 _FLAGS: dict[int, TapFlags] = {}
@@ -242,3 +362,26 @@ def _restamped(message: _M, opaque: int, tap_flags: TapFlags) -> _M:
     _SET(clone, "opaque", opaque)
     _SET(clone, "tap_flags", tap_flags)
     return clone
+
+
+def _opaque_of(message: Kept) -> int:
+    if type(message) is bytes:
+        opaque: int = _U32.unpack_from(message, _OPAQUE_AT)[0]
+        return opaque
+    return message.opaque  # type: ignore[union-attr]
+
+
+def _flags_of(message: Kept) -> int:
+    if type(message) is bytes:
+        flags: int = _U16.unpack_from(message, _TAP_FLAGS_AT)[0]
+        return flags
+    return int(message.tap_flags)  # type: ignore[union-attr]
+
+
+def _stamped(message: Kept) -> Stamped:
+    """A kept frame as the ``EncodedTapFrame`` the message-level API hands out."""
+    if type(message) is bytes:
+        return EncodedTapFrame(
+            message, _U16.unpack_from(message, 6)[0], _opaque_of(message), _flags_of(message)
+        )
+    return message  # type: ignore[return-value]

@@ -90,7 +90,7 @@ class UprToTap:
         self._ids = checkpoint_ids or itertools.count(first_checkpoint_id)
         self.open: OpenSnapshot | None = None
         self.last_seqno = 0
-        self._first_in_open = 0
+        self.first_in_open = 0
         self._resuming = False
         if continue_backfill:
             self.open = OpenSnapshot(0, 0, None)
@@ -103,6 +103,8 @@ class UprToTap:
         if network_byte_order:
             item_flags |= TapFlags.NETWORK_BYTE_ORDER
         self._item_flags = TapFlags(item_flags)
+        self.item_flags = int(item_flags)
+        """TAP flags of a MUTATION from this stream, before stamping."""
 
     @property
     def last_closed_checkpoint(self) -> int:
@@ -160,15 +162,10 @@ class UprToTap:
                 field="by_seqno",
                 value=by_seqno,
             )
-        if self.open is not None and not self._first_in_open:
-            self._first_in_open = by_seqno
+        if self.open is not None and not self.first_in_open:
+            self.first_in_open = by_seqno
         self.last_seqno = by_seqno
         return self.open is not None and by_seqno >= self.open.end
-
-    @property
-    def item_flags(self) -> int:
-        """TAP flags of a MUTATION from this stream, before stamping."""
-        return int(self._item_flags)
 
     def close(self) -> list[TapStreamMessage]:
         """Close the open snapshot, if any (after ``advance`` said it ends)."""
@@ -198,14 +195,34 @@ class UprToTap:
             return [message, *self._close()]
         return [message]
 
-    def _close(self) -> list[TapStreamMessage]:
+    def open_checkpoint(self, start: int, end: int, flags: int) -> int | None:
+        """The fast path's ``feed`` of a marker with nothing open to close or continue:
+        opens the checkpoint and returns its id (a CHECKPOINT_START to send), or
+        returns None, changing nothing, for a marker ``feed`` must take."""
+        if self._resuming or self.open is not None:
+            return None
+        if self._expect_backfill and flags & SnapshotFlags.DISK:
+            return None
+        checkpoint_id = next(self._ids)
+        self.open = OpenSnapshot(start, end, checkpoint_id)
+        self._expect_backfill = False
+        return checkpoint_id
+
+    def close_open(self) -> OpenSnapshot | None:
+        """The fast path's ``close``: the snapshot it closed (None: nothing was open);
+        a checkpoint id of None means a CLOSE_BACKFILL, else a CHECKPOINT_END."""
         snapshot, self.open = self.open, None
-        first, self._first_in_open = self._first_in_open, 0
+        first, self.first_in_open = self.first_in_open, 0
+        if snapshot is not None and snapshot.checkpoint_id is not None:
+            self._remember(snapshot.checkpoint_id, first or snapshot.start, self.last_seqno)
+        return snapshot
+
+    def _close(self) -> list[TapStreamMessage]:
+        snapshot = self.close_open()
         if snapshot is None:
             return []
         if snapshot.checkpoint_id is None:
             return [TapOpaque(OpaqueCode.CLOSE_BACKFILL, vbucket=self.vbucket)]
-        self._remember(snapshot.checkpoint_id, first or snapshot.start, self.last_seqno)
         return [TapCheckpointEnd(snapshot.checkpoint_id, vbucket=self.vbucket)]
 
     def _remember(self, checkpoint_id: int, start: int, end: int) -> None:

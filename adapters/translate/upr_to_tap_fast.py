@@ -15,9 +15,8 @@ from __future__ import annotations
 import struct
 
 from adapters.mcbp.constants import HEADER_SIZE, Magic
-from adapters.mcbp.frames import Frame
-from adapters.tap.constants import DEFAULT_TTL, TapOpcode, swap32
-from adapters.tap.events import EncodedTapFrame
+from adapters.mcbp.frames import HEADER, Frame
+from adapters.tap.constants import CHECKPOINT_KEYS, DEFAULT_TTL, OpaqueCode, TapOpcode, swap32
 from adapters.tap.producer import TapProducer
 from adapters.translate.upr_to_tap import UprToTap
 from adapters.upr.events import Deletion, Expiration, Mutation
@@ -72,7 +71,7 @@ def stamped_item(
     else:
         opaque, flags = producer.next_stamp(0)
         data = delete_frame(item, translator, opaque, flags)  # type: ignore[arg-type]
-    producer.keep(EncodedTapFrame(data, translator.vbucket, opaque, flags))
+    producer.keep(data)
     return data
 
 
@@ -135,5 +134,204 @@ def item_from_frame(
             8, tap_flags, DEFAULT_TTL, rev_seqno,
         )  # fmt: skip
         data = head + body[18 : 18 + keylen]
-    producer.keep(EncodedTapFrame(data, translator.vbucket, opaque, tap_flags))
+    producer.keep(data)
     return data, by_seqno, closes
+
+
+# -- whole socket reads ----------------------------------------------------------
+
+# A released-dialect mutation's header and extras in one unpack.
+_DCP_MUTATION_HEAD = struct.Struct(">BBHBBHIIQQQIIIHB")
+_DCP_MUTATION_END = _DCP_MUTATION_HEAD.size
+_DCP_REMOVAL_EXTRAS = 18
+_DCP_SNAPSHOT_MARKER = 0x56
+_REMOVALS = (DCP_DELETION, DCP_EXPIRATION)
+_DCP_MARKER = struct.Struct(">QQI")
+
+
+def translate_items(
+    buf: bytes | bytearray,
+    offset: int,
+    streams: dict[int, UprToTap],
+    producer: TapProducer,
+    out: list[bytes],
+    touched: dict[int, UprToTap],
+) -> tuple[int, int, int, int, UprToTap | None]:
+    """``item_from_frame`` over the run of item frames of ``buf`` from ``offset``,
+    with no object per item but the TAP frame (appended to ``out``, and kept by
+    the producer for acks and resends).
+
+    ``streams`` maps a stream's opaque to its translator (only streams whose
+    items may go this way). Stops before a frame the event path must take
+    (another message, an incomplete frame, a stream not in ``streams``, a
+    seqno that does not grow), when the producer has no room, and after an item
+    that ends its snapshot (which ``close_frame`` then closes). Returns (offset
+    reached, flow-control bytes of the items taken, mutations, deletions, the
+    translator whose snapshot the last item ended or None); every translator
+    that took an item is in ``touched`` by vbucket.
+    """
+    end = len(buf)
+    room = producer.room
+    next_stamp = producer.next_stamp
+    append = out.append
+    first_out = len(out)
+    swapped = _SWAPPED
+    # Key and value go from a view into the new frame: one copy, not two. (Each
+    # slice of it dies with its statement, so the view releases before ``buf``
+    # may grow again.)
+    with memoryview(buf) as view:
+        credit = mutations = deletions = 0
+        closing = None
+        while room > 0 and end - offset >= HEADER_SIZE:
+            if end - offset >= _DCP_MUTATION_END:
+                # (a mutation is longer: a shorter buffer cannot hold one whole)
+                (magic, opcode, keylen, extlen, datatype, _, bodylen, opaque, cas,
+                 by_seqno, rev_seqno, flags, expiration, _, nmeta, nru,
+                 ) = _DCP_MUTATION_HEAD.unpack_from(buf, offset)  # fmt: skip
+            else:
+                magic, opcode, keylen, extlen, datatype, _, bodylen, opaque, cas = (
+                    HEADER.unpack_from(buf, offset)
+                )
+            frame_end = offset + HEADER_SIZE + bodylen
+            if magic != _REQUEST or frame_end > end or not keylen:
+                break
+            translator = streams.get(opaque)
+            if translator is None:
+                break
+            if opcode == DCP_MUTATION:
+                if extlen != 31:
+                    break
+                key_at = offset + _DCP_MUTATION_END
+                value_end = frame_end - nmeta
+                if value_end < key_at + keylen or by_seqno <= translator.last_seqno:
+                    break
+                seqno, tap_flags = next_stamp(translator.item_flags)
+                if not translator.network_byte_order:
+                    swapped_flags = swapped.get(flags)
+                    flags = _swap(flags) if swapped_flags is None else swapped_flags
+                if translator.keys_only:
+                    value_end = key_at + keylen
+                head = _MUTATION.pack(
+                    _REQUEST, _OP_MUTATION, keylen, 16, datatype, translator.vbucket,
+                    _MUTATION_FIXED + value_end - key_at, seqno, cas,
+                    9, tap_flags, DEFAULT_TTL,
+                    flags,
+                    expiration, rev_seqno, nru,
+                )  # fmt: skip
+                mutations += 1
+            elif opcode in _REMOVALS:
+                if extlen != _DCP_REMOVAL_EXTRAS:
+                    break
+                by_seqno, rev_seqno, nmeta = _DCP_REMOVAL.unpack_from(buf, offset + HEADER_SIZE)
+                key_at = offset + HEADER_SIZE + _DCP_REMOVAL_EXTRAS
+                value_end = key_at + keylen
+                if frame_end - nmeta < value_end or by_seqno <= translator.last_seqno:
+                    break
+                seqno, tap_flags = next_stamp(0)
+                head = _DELETE.pack(
+                    _REQUEST, _OP_DELETE, keylen, 8, 0, translator.vbucket,
+                    _DELETE_FIXED + keylen, seqno, cas,
+                    8, tap_flags, DEFAULT_TTL, rev_seqno,
+                )  # fmt: skip
+                deletions += 1
+            else:
+                break
+            append(head + view[key_at:value_end])
+            room -= 1
+            credit += frame_end - offset
+            offset = frame_end
+            # ``UprToTap.advance``, inline
+            snapshot = translator.open
+            if snapshot is not None and not translator.first_in_open:
+                translator.first_in_open = by_seqno
+            translator.last_seqno = by_seqno
+            touched[translator.vbucket] = translator
+            if snapshot is not None and by_seqno >= snapshot.end:
+                closing = translator
+                break
+    producer.keep_frames(out, first_out)
+    return offset, credit, mutations, deletions, closing
+
+
+_SWAPPED: dict[int, int] = {}
+"""Item flags in the other byte order, for the few values a bucket's items carry."""
+
+
+def _swap(flags: int) -> int:
+    swapped = swap32(flags)
+    if len(_SWAPPED) < 1024:
+        _SWAPPED[flags] = swapped
+    return swapped
+
+
+def snapshot_marker(buf: bytes | bytearray, offset: int) -> tuple[int, int, int, int] | None:
+    """(stream opaque, start, end, flags) of a released-dialect SNAPSHOT_MARKER request
+    at ``offset`` (whole in ``buf``), or None for any other frame."""
+    if len(buf) - offset < HEADER_SIZE + 20:
+        return None
+    magic, opcode, keylen, extlen, _, _, bodylen, opaque, _ = HEADER.unpack_from(buf, offset)
+    if magic != _REQUEST or opcode != _DCP_SNAPSHOT_MARKER or extlen != 20 or bodylen != 20:
+        return None
+    if keylen:
+        return None
+    start, end, flags = _DCP_MARKER.unpack_from(buf, offset + HEADER_SIZE)
+    return opaque, start, end, flags
+
+
+_CHECKPOINT = {
+    opcode.value: struct.Struct(f">BBHBBHIIQHHB3xII{len(key)}sQ")
+    for opcode, key in CHECKPOINT_KEYS.items()
+}
+_CHECKPOINT_KEYS = {opcode.value: key for opcode, key in CHECKPOINT_KEYS.items()}
+_OP_CHECKPOINT_START = TapOpcode.CHECKPOINT_START.value
+_OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
+_OPAQUE = struct.Struct(">BBHBBHIIQHHB3xI")
+_OP_OPAQUE = TapOpcode.OPAQUE.value
+_CLOSE_BACKFILL = OpaqueCode.CLOSE_BACKFILL.value
+
+
+def checkpoint_frame(producer: TapProducer, opcode: int, vbucket: int, checkpoint_id: int) -> bytes:
+    """A stamped CHECKPOINT_START or CHECKPOINT_END (server layout, as ``UprToTap``
+    makes them and the codec encodes them), kept by the producer."""
+    key = _CHECKPOINT_KEYS[opcode]
+    seqno, tap_flags = producer.next_stamp(0, force_ack=True)
+    data = _CHECKPOINT[opcode].pack(
+        _REQUEST, opcode, len(key), 16, 0, vbucket, 16 + len(key) + 8, seqno, 0,
+        0, tap_flags, DEFAULT_TTL, 0, 0, key, checkpoint_id,
+    )  # fmt: skip
+    producer.keep(data)
+    return data
+
+
+def close_frame(translator: UprToTap, producer: TapProducer) -> tuple[bytes, int | None] | None:
+    """The fast path's ``close``: the stamped frame that closes the open snapshot (a
+    CHECKPOINT_END, or OPAQUE(CLOSE_BACKFILL) for a backfill) and the checkpoint's
+    id (None for a backfill), or None when nothing was open."""
+    snapshot = translator.close_open()
+    if snapshot is None:
+        return None
+    if snapshot.checkpoint_id is None:
+        seqno, tap_flags = producer.next_stamp(0, force_ack=True)
+        data = _OPAQUE.pack(
+            _REQUEST, _OP_OPAQUE, 0, 8, 0, translator.vbucket, 12, seqno, 0,
+            4, tap_flags, DEFAULT_TTL, _CLOSE_BACKFILL,
+        )  # fmt: skip
+        producer.keep(data)
+        return data, None
+    checkpoint_id = snapshot.checkpoint_id
+    return (
+        checkpoint_frame(producer, _OP_CHECKPOINT_END, translator.vbucket, checkpoint_id),
+        checkpoint_id,
+    )
+
+
+def marker_frame(
+    translator: UprToTap, producer: TapProducer, start: int, end: int, flags: int
+) -> bytes | None:
+    """The fast path's ``feed`` of a snapshot marker that opens a checkpoint with
+    nothing open before it: the stamped CHECKPOINT_START; None (nothing done)
+    for a marker the event path must take."""
+    checkpoint_id = translator.open_checkpoint(start, end, flags)
+    if checkpoint_id is None:
+        return None
+    return checkpoint_frame(producer, _OP_CHECKPOINT_START, translator.vbucket, checkpoint_id)

@@ -39,11 +39,8 @@ vbucket with a full backfill behind OPAQUE(INITIAL_VBUCKET_STREAM).
 from __future__ import annotations
 
 import logging
-import ssl
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import trio
 
@@ -60,18 +57,20 @@ from adapters.tap import (
     TapNoop,
     TapNoopResponse,
     TapOpaque,
-    TapResponse,
+    TapOpcode,
     TapStreamMessage,
     TapVbucketSet,
     decode_frame,
     encode,
 )
-from adapters.tap.producer import ProducerState, TapProducer
+from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer
+from adapters.translate.upr_to_tap import UprToTap
 from adapters.translate.upr_to_tap_fast import (
-    DCP_MUTATION,
-    FAST_OPCODES,
-    item_from_frame,
+    close_frame,
+    marker_frame,
+    snapshot_marker,
     stamped_item,
+    translate_items,
 )
 from adapters.upr.flow_control import is_counted
 from gateway.capture.mapping import TapRecording, UprRecording
@@ -79,15 +78,17 @@ from gateway.capture.recorder import open_recorder
 from gateway.capture.records import Kind
 from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.plan import ConnectionPlan
-from gateway.tapfront.registry import Registry, VbResume
+from gateway.tapfront.registry import Registry
+from gateway.tapfront.settlement import SessionConfig, Settlement
 from gateway.tapfront.upstream import UprUpstream, UpstreamError
 from gateway.tapfront.vbstream import VbStream
 from gateway.wire import PacketConnection
 
+__all__ = ["SessionConfig", "SessionFailed", "TapSession"]
+
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
-_REQUEST = Magic.REQUEST.value
 _KINDS: dict[type, str] = {
     TapMutation: "mutation",
     TapDelete: "deletion",
@@ -97,6 +98,9 @@ _KINDS: dict[type, str] = {
 }
 _ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
 _FAST_ITEMS = frozenset(_ITEMS)
+_MARKER_ACK = upr.SnapshotFlags.ACK.value
+_RESPONSE = Magic.RESPONSE.value
+_TAP_OPCODES = frozenset(opcode.value for opcode in TapOpcode)
 _RESPONSES = (
     upr.StreamRequestOk,
     upr.StreamRequestRollback,
@@ -104,59 +108,6 @@ _RESPONSES = (
     upr.AddStreamResponse,
     upr.Response,
 )
-
-
-@dataclass
-class SessionConfig:
-    upstream: tuple[str, int]
-    dialect: upr.Dialect = upr.DCP
-    user: str | None = None
-    password: str | None = None
-    buffer_size: int = 8 * 1024 * 1024
-    ack_interval: int = 1000
-    max_unacked: int = 10_000
-    backoff: float = 5.0
-    noop_interval: float = 20.0
-    reconnect_initial: float = 0.1
-    reconnect_max: float = 5.0
-    reconnect_attempts: int | None = None
-    """Consecutive failed reconnects before giving up (None: never give up)."""
-    capture_dir: Path | None = None
-    """Record what each connection receives and sends there (see ``gateway.capture``)."""
-    ssl_context: ssl.SSLContext | None = None
-    """TLS to the upstream (None: plain TCP)."""
-
-
-@dataclass
-class Settlement:
-    """What becomes final once a TAP message is acknowledged (see the docstring)."""
-
-    generation: int = 0
-    credit: int = 0
-    replies: list[bytes] = field(default_factory=list)
-    touched: dict[int, VbStream] = field(default_factory=dict)
-    """Streams that sent messages in it; their positions are taken when it closes."""
-    positions: dict[int, VbResume] = field(default_factory=dict)
-    arrival: float = 0.0
-    """Wall-clock arrival of the oldest upstream item in it (0: none)."""
-
-    def merge(self, other: Settlement) -> None:
-        if other.generation == self.generation:
-            self.credit += other.credit
-            self.replies.extend(other.replies)
-        self.positions.update(other.positions)
-        if other.arrival and not self.arrival:
-            self.arrival = other.arrival
-
-    def close(self, generation: int) -> None:
-        self.generation = generation
-        for vbucket, stream in self.touched.items():
-            self.positions[vbucket] = stream.position()
-        self.touched.clear()
-
-    @property
-    def empty(self) -> bool:
-        return not (self.credit or self.replies or self.positions)
 
 
 class SessionFailed(ProtocolError):
@@ -206,6 +157,10 @@ class TapSession:
             for start in plan.starts
         }
         self.by_opaque: dict[int, VbStream] = {}
+        self._fast_streams: dict[int, UprToTap] = {}
+        """By stream opaque, the translators whose items may take the fast path."""
+        self._opaque_of: dict[int, int] = {}
+        """The stream opaque of each vbucket's current upstream stream."""
         self.upstream: UprUpstream | None = None
         self.generation = 0
         self._batch: list[bytes] = []
@@ -270,7 +225,8 @@ class TapSession:
                 failures = 0
                 await self._request_streams()
                 while not all(vb.ended for vb in self.vbuckets.values()):
-                    await self._on_upstream_batch(await self.upstream.receive_batch())
+                    await self.upstream.receive()
+                    await self._on_upstream_data()
                     await self._flush()
             except UpstreamError as exc:
                 failures += 1
@@ -318,6 +274,7 @@ class TapSession:
         delay = min(self.config.reconnect_max, self.config.reconnect_initial * 2 ** (failures - 1))
         log.warning("%s: %s; reconnecting in %.1fs", self.name, exc, delay)
         self.by_opaque.clear()
+        self._fast_streams.clear()
         for vb in self.vbuckets.values():
             vb.prepare_resume()
         await trio.sleep(delay)
@@ -330,7 +287,7 @@ class TapSession:
             if vb.ended:
                 continue
             opaque = upstream.next_opaque()
-            self.by_opaque[opaque] = vb
+            self._route(opaque, vb)
             requests.append(
                 upr.encode(vb.stream_request(opaque, self.plan.takeover), upstream.dialect)
             )
@@ -338,75 +295,118 @@ class TapSession:
 
     # -- upstream messages ---------------------------------------------------
 
-    async def _on_upstream_batch(self, frames: list[Frame]) -> None:
-        """One socket read's frames: runs of items take the fast path, the rest the events'."""
+    def _route(self, opaque: int, vb: VbStream) -> None:
+        """``vb``'s stream now answers to ``opaque``."""
+        self.by_opaque[opaque] = vb
+        self._opaque_of[vb.vbucket] = opaque
+        self._refresh_fast(vb)
+
+    def _refresh_fast(self, vb: VbStream) -> None:
+        """Let ``vb``'s items take the fast path unless a marker waits for its reply."""
+        opaque = self._opaque_of.get(vb.vbucket)
+        if opaque is None or self.by_opaque.get(opaque) is not vb:
+            return
+        if vb.awaits_marker_reply or vb.ended:
+            self._fast_streams.pop(opaque, None)
+        else:
+            self._fast_streams[opaque] = vb.translator
+
+    async def _on_upstream_data(self) -> None:
+        """What one socket read brought: runs of items and plain markers take the fast
+        path (frame bytes to frame bytes), anything else the events'."""
         upstream = self.upstream
         assert upstream is not None
         fast = self.captured_out is None and upstream.dialect is upr.DCP
-        index, count = 0, len(frames)
-        while index < count:
-            if fast:
-                index, closing = self._fast_items(frames, index)
-                if closing is not None:
-                    for message in closing.translator.close():
-                        await self._emit(message, closing)
-                    closing.item_done()
-                    continue
-                if index == count:
-                    break
-            await self._on_upstream_frame(frames[index])
-            index += 1
-
-    def _fast_items(self, frames: list[Frame], index: int) -> tuple[int, VbStream | None]:
-        """Translate the run of items from ``index`` frame to frame, with the bookkeeping
-        of ``_on_upstream_frame`` and ``_emit`` done once per run. Stops before a frame
-        the event path must take (or with no room in the ack window), and after an item
-        that ends its snapshot: returns where it stopped and that item's stream."""
         producer = self.producer
-        by_opaque = self.by_opaque
-        batch = self._batch
-        touched = self._settling.touched
-        credit = mutations = deletions = 0
-        count = len(frames)
-        closing = None
-        while index < count:
-            frame = frames[index]
-            if frame[0] != _REQUEST or frame[1] not in FAST_OPCODES:
-                break
-            vb = by_opaque.get(frame[6])
-            if vb is None or vb.awaits_marker_reply or not producer.can_send:
-                break
-            result = item_from_frame(frame, vb.translator, producer)
-            if result is None:
-                break
-            data, by_seqno, closes = result
-            batch.append(data)
-            credit += HEADER_SIZE + len(frame[8])
-            if frame[1] == DCP_MUTATION:
-                mutations += 1
-            else:
-                deletions += 1
-            vb.took_item(by_seqno)
-            touched[vb.vbucket] = vb
-            index += 1
-            if closes:
-                closing = vb
-                break
-            vb.item_done()
-        if credit:
-            upstream = self.upstream
-            assert upstream is not None
-            upstream.unacked_bytes += credit
-            settling = self._settling
-            settling.credit += credit
-            if not settling.arrival:
-                settling.arrival = time.time()
-            items_sent = self.stats.items_sent
-            if mutations:
-                items_sent["mutation"] += mutations
-            if deletions:
-                items_sent["deletion"] += deletions
-        return index, closing
+        while True:
+            if fast:
+                closing = self._fast_items(upstream)
+                if closing is not None:
+                    await self._close_fast(closing)
+                    continue
+                if not producer.can_send:
+                    await self._wait_for_room()
+                    continue
+                marker = snapshot_marker(upstream.buffer, upstream.offset)
+                if marker is not None and await self._marker_fast(upstream, *marker):
+                    continue
+            frame = upstream.next_frame()
+            if frame is None:
+                return
+            await self._on_upstream_frame(frame)
+
+    def _fast_items(self, upstream: UprUpstream) -> VbStream | None:
+        """``translate_items`` from where the upstream's buffer stands, with the
+        bookkeeping of ``_on_upstream_frame`` and ``_emit`` done once per run:
+        returns the stream whose snapshot the run's last item ended (or None)."""
+        touched: dict[int, UprToTap] = {}
+        offset, credit, mutations, deletions, closing = translate_items(
+            upstream.buffer,
+            upstream.offset,
+            self._fast_streams,
+            self.producer,
+            self._batch,
+            touched,
+        )
+        upstream.offset = offset
+        if not credit:
+            return None
+        upstream.unacked_bytes += credit
+        settling = self._settling
+        settling.credit += credit
+        if not settling.arrival:
+            settling.arrival = time.time()
+        items_sent = self.stats.items_sent
+        if mutations:
+            items_sent["mutation"] += mutations
+        if deletions:
+            items_sent["deletion"] += deletions
+        vbuckets = self.vbuckets
+        settled = settling.touched
+        for vbucket, translator in touched.items():
+            vb = vbuckets[vbucket]
+            vb.took_item(translator.last_seqno)
+            settled[vbucket] = vb
+            if translator is not closing:
+                vb.item_done()
+        return None if closing is None else vbuckets[closing.vbucket]
+
+    async def _close_fast(self, vb: VbStream) -> None:
+        """Close the snapshot ``vb``'s last item ended, as ``_emit`` of ``close()`` would."""
+        if not self.producer.can_send:
+            await self._wait_for_room()
+        closed = close_frame(vb.translator, self.producer)
+        if closed is not None:
+            data, checkpoint_id = closed
+            if checkpoint_id is not None:
+                self.registry.checkpoint_closed(vb.vbucket, checkpoint_id, vb.position())
+                self.stats.items_sent["marker"] += 1
+            self._batch.append(data)
+        self._settling.touched[vb.vbucket] = vb
+        vb.item_done()
+
+    async def _marker_fast(
+        self, upstream: UprUpstream, opaque: int, start: int, end: int, flags: int
+    ) -> bool:
+        """A snapshot marker that only opens a checkpoint, as ``_on_upstream_frame``
+        would take it; false (nothing done) for one the event path must take."""
+        vb = self.by_opaque.get(opaque)
+        if vb is None or opaque not in self._fast_streams or flags & _MARKER_ACK:
+            return False
+        if not self.producer.can_send:
+            await self._wait_for_room()
+        data = marker_frame(vb.translator, self.producer, start, end, flags)
+        if data is None:
+            return False
+        upstream.offset += HEADER_SIZE + 20
+        upstream.unacked_bytes += HEADER_SIZE + 20
+        self._settling.credit += HEADER_SIZE + 20
+        vb.took_marker(start, end, flags)
+        self._batch.append(data)
+        self.stats.items_sent["marker"] += 1
+        self._settling.touched[vb.vbucket] = vb
+        vb.item_done()
+        return True
 
     async def _on_upstream_frame(self, frame: Frame) -> None:
         upstream = self.upstream
@@ -446,6 +446,7 @@ class TapSession:
         if reply is not None:
             self._settling.replies.append(upr.encode(reply, upstream.dialect))
             self._end_settlement()
+        self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
 
@@ -468,10 +469,11 @@ class TapSession:
             self.gateway_stats.last_rollback_seqno["tap_front"] = response.rollback_seqno
             for message in vb.restart_from_zero():
                 await self._emit(message, vb)
+            self._fast_streams.pop(response.opaque, None)
             upstream = self.upstream
             assert upstream is not None
             opaque = upstream.next_opaque()
-            self.by_opaque[opaque] = vb
+            self._route(opaque, vb)
             await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
             return
         status = getattr(response, "status", -1)
@@ -487,6 +489,7 @@ class TapSession:
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
+        self._refresh_fast(vb)
         self.gateway_stats.stream_ends_total["tap_front", reason] += 1
         for message in vb.translator.finish():
             await self._emit(message, vb)
@@ -548,11 +551,11 @@ class TapSession:
         settlement.close(self.generation)
         if settlement.empty:
             return
-        last = self.producer.last_stamped
-        if self.plan.support_ack and last is not None and self.producer.unacked:
-            held = self._pending.get(last.opaque)
+        last = self.producer.last_opaque
+        if self.plan.support_ack and last and self.producer.unacked:
+            held = self._pending.get(last)
             if held is None:
-                self._pending[last.opaque] = settlement
+                self._pending[last] = settlement
             else:
                 held.merge(settlement)
         else:
@@ -561,7 +564,7 @@ class TapSession:
     async def _flush(self) -> None:
         """Write the batch (its last message asking for an ack), then settle what may be."""
         if self._batch and self.plan.support_ack:
-            self._batch[-1] = encode(self.producer.request_ack_on_last())
+            self._batch[-1] = self.producer.ack_request_on_last()
         self._end_settlement()
         if self._batch:
             data = b"".join(self._batch)
@@ -627,17 +630,20 @@ class TapSession:
         conn = self.conn
         while (frame := await conn.receive_frame()) is not None:
             try:
-                event = decode_frame(frame)
-                if isinstance(event, TapResponse):
-                    await self._on_ack(event)
-                elif isinstance(event, TapNoop):
-                    await conn.send(encode(TapNoopResponse(event.opaque)))
-                elif not isinstance(event, TapNoopResponse):
-                    raise ProtocolError(
-                        f"{event.NAME} is not allowed from the TAP peer of a stream",
-                        opcode=frame.opcode,
-                        status=Status.NOT_SUPPORTED,
-                    )
+                # The acks of one read are applied together and what they release is
+                # settled in one upstream send; anything else keeps its place in order.
+                acks: list[int] = []
+                while frame is not None:
+                    if frame.magic != _RESPONSE or frame.opcode not in _TAP_OPCODES:
+                        await self._on_acks(acks)
+                        await self._on_peer_request(frame)
+                    elif frame.vbucket_or_status:
+                        await self._on_acks(acks)
+                        await self._settle_acked(self._on_ack(frame))
+                    else:
+                        acks.append(frame.opaque)
+                    frame = conn.next_buffered_frame()
+                await self._on_acks(acks)
             except ProtocolError as exc:
                 kind = "refused_ack" if exc.field in ("status", "opaque") else "malformed"
                 self.gateway_stats.protocol_errors_total["tap_front", kind] += 1
@@ -645,16 +651,68 @@ class TapSession:
         log.info("%s: TAP peer closed the connection", self.name)
         scope.cancel()
 
-    async def _on_ack(self, response: TapResponse) -> None:
-        released = self.producer.receive(response, trio.current_time())
-        if response.status and self.producer.state is ProducerState.BACKING_OFF:
-            log.info("%s: TAP peer busy (0x%02x): backing off", self.name, response.status)
-        for message in released:
-            settlement = self._pending.pop(message.opaque, None)
-            if settlement is not None:
-                await self._settle(settlement)
-        self._update_ack_stats()
+    async def _on_peer_request(self, frame: Frame) -> None:
+        event = decode_frame(frame)
+        if isinstance(event, TapNoop):
+            await self.conn.send(encode(TapNoopResponse(event.opaque)))
+        elif not isinstance(event, TapNoopResponse):
+            raise ProtocolError(
+                f"{event.NAME} is not allowed from the TAP peer of a stream",
+                opcode=frame.opcode,
+                status=Status.NOT_SUPPORTED,
+            )
+
+    async def _on_acks(self, opaques: list[int]) -> None:
+        """Apply the successful acks read so far, in order, and settle what they released."""
+        if not opaques:
+            return
+        producer = self.producer
+        first = producer.first_unacked
+        count = producer.release_acks(opaques)
+        opaques.clear()
         self._wake.set()
+        await self._settle_acked(self._released(first, count))
+
+    def _released(self, first: int, count: int) -> list[Settlement]:
+        """The settlements held on the ``count`` messages acked from ``first`` on."""
+        released: list[Settlement] = []
+        pending = self._pending
+        # Settlements wait in the order of their messages' sequence numbers.
+        while count and pending:
+            opaque = next(iter(pending))
+            if (opaque - first) % SEQNO_MODULUS >= count:
+                break
+            released.append(pending.pop(opaque))
+        return released
+
+    def _on_ack(self, frame: Frame) -> list[Settlement]:
+        """Apply a TAP ack or nack (a response to a stream message, framed as 2.x
+        framed them: only opaque and status count, the body is a nack's text);
+        the settlements it released, oldest first."""
+        producer = self.producer
+        status = frame.vbucket_or_status
+        first = producer.first_unacked
+        count = producer.release(
+            frame.opaque, status, trio.current_time() if status else 0.0, frame.body, frame.opcode
+        )
+        if status and producer.state is ProducerState.BACKING_OFF:
+            log.info("%s: TAP peer busy (0x%02x): backing off", self.name, status)
+        self._wake.set()
+        return self._released(first, count)
+
+    async def _settle_acked(self, settlements: list[Settlement]) -> None:
+        """Settle what acks released (the upstream's credit and replies in one send)."""
+        if settlements:
+            batch = Settlement(self.generation)
+            now = time.time()
+            for settlement in settlements:
+                batch.merge(settlement)
+                if settlement.arrival:
+                    self.stats.latency.observe(max(0.0, now - settlement.arrival))
+            batch.arrival = 0.0
+            settlements.clear()
+            await self._settle(batch)
+        self._update_ack_stats()
 
     async def _timers(self) -> None:
         while True:
@@ -665,10 +723,10 @@ class TapSession:
             await trio.sleep_until(deadline)
             now = trio.current_time()
             backing_off = self.producer.state is ProducerState.BACKING_OFF
-            again = self.producer.retransmit_due(now)
+            again = self.producer.retransmit_frames(now)
             if again:
                 log.info("%s: resending %d unacked messages", self.name, len(again))
-                await self.conn.send(b"".join(encode(message) for message in again))
+                await self.conn.send(b"".join(again))
                 self.last_send = now
                 self._update_ack_stats()
             if backing_off and self.producer.state is ProducerState.STREAMING:

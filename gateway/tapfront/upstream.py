@@ -4,10 +4,11 @@
 credentials are given, OPENs a producer connection named after the TAP
 client, and in the released dialect announces a flow-control buffer and asks
 for NOOPs (the draft has neither). After that the session drives it: it
-sends STREAM_REQs and responses with ``send``, reads whatever arrived with
-``receive_batch`` (every complete frame of one socket read, so the session
-translates and writes them as one batch), and returns freed buffer bytes
-with ``acknowledge``.
+sends STREAM_REQs and responses with ``send``, adds each socket read to
+``buffer`` with ``receive`` (the session translates what one read brought
+as one batch: runs of items straight from ``buffer``, anything else frame
+by frame with ``next_frame``), and returns freed buffer bytes with
+``acknowledge``.
 
 Errors: ``UpstreamError`` for anything that makes the connection unusable
 (refused, closed, a failed OPEN), so the session can reconnect; malformed
@@ -24,7 +25,8 @@ import trio
 
 from adapters import upr
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, Frame, FrameReader, Status
+from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, Frame, Magic, Status
+from adapters.mcbp.frames import HEADER
 from gateway.client import McbpClient, RequestFailed
 from gateway.tls import open_stream
 
@@ -45,7 +47,11 @@ class UprUpstream:
         self.stream = stream
         self.address = address
         self.dialect = dialect
-        self.reader = FrameReader(DEFAULT_MAX_FRAME_SIZE)
+        self.buffer = bytearray()
+        """Bytes received and not yet taken as frames, from ``offset`` on: the session's
+        fast path reads whole runs of items here, the rest goes through ``next_frame``."""
+        self.offset = 0
+        self.max_frame_size = DEFAULT_MAX_FRAME_SIZE
         self._send_lock = trio.Lock()
         self._opaques = 0
         self.unacked_bytes = 0
@@ -141,19 +147,58 @@ class UprUpstream:
         """Every complete frame of the next socket read (waits for at least one)."""
         frames: list[Frame] = []
         while not frames:
-            while (frame := self.reader.next_frame()) is not None:
+            while (frame := self.next_frame()) is not None:
                 frames.append(frame)
             if frames:
                 break
-            try:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise UpstreamError(f"UPR upstream {self.address}: {exc!r}") from None
-            if not data:
-                raise UpstreamError(f"UPR upstream {self.address} closed the connection")
-            self.bytes_received += len(data)
-            self.reader.receive_data(data)
+            await self.receive()
         return frames
+
+    async def receive(self) -> None:
+        """Add the next socket read to ``buffer``."""
+        try:
+            data = await self.stream.receive_some(RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise UpstreamError(f"UPR upstream {self.address}: {exc!r}") from None
+        if not data:
+            raise UpstreamError(f"UPR upstream {self.address} closed the connection")
+        self.bytes_received += len(data)
+        if self.offset:
+            # Drop what was taken before growing: at most one partial frame stays.
+            del self.buffer[: self.offset]
+            self.offset = 0
+        self.buffer += data
+
+    def next_frame(self) -> Frame | None:
+        """The frame at ``offset``, if whole, as ``FrameReader.next_frame`` reads it."""
+        buf, offset = self.buffer, self.offset
+        if len(buf) - offset < HEADER_SIZE:
+            return None
+        magic, opcode, keylen, extlen, datatype, vbs, bodylen, opaque, cas = HEADER.unpack_from(
+            buf, offset
+        )
+        if magic != Magic.REQUEST and magic != Magic.RESPONSE:
+            raise ProtocolError("bad magic byte", opcode=opcode, field="magic", value=magic)
+        if bodylen > self.max_frame_size:
+            raise ProtocolError(
+                f"declared body exceeds the {self.max_frame_size}-byte frame limit",
+                opcode=opcode,
+                field="total_body",
+                value=bodylen,
+            )
+        if extlen + keylen > bodylen:
+            raise ProtocolError(
+                "extras and key are longer than the total body",
+                opcode=opcode,
+                field="total_body",
+                value=bodylen,
+            )
+        end = offset + HEADER_SIZE + bodylen
+        if len(buf) < end:
+            return None
+        self.offset = end
+        body = bytes(buf[offset + HEADER_SIZE : end])
+        return Frame(magic, opcode, keylen, extlen, datatype, vbs, opaque, cas, body)
 
     async def acknowledge(self, size: int) -> None:
         """Return ``size`` freed bytes to the producer's flow-control window."""

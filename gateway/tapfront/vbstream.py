@@ -156,6 +156,17 @@ class VbStream:
         if by_seqno > progress.upstream_high_seqno:
             progress.upstream_high_seqno = by_seqno
 
+    def took_marker(self, start: int, end: int, flags: int) -> None:
+        """Progress after a snapshot marker of the fast path (as ``translate`` keeps it)."""
+        self.snap = (start, end)
+        self.items_in_snap = 0
+        progress = self.progress
+        if end != MAX_SEQNO and end > progress.upstream_high_seqno:
+            progress.upstream_high_seqno = end
+        if flags & upr.SnapshotFlags.DISK:
+            progress.backfilling = True
+            progress.backfill_end_seqno = end
+
     @property
     def awaits_marker_reply(self) -> bool:
         """An ACK-flagged snapshot marker is not answered yet (see ``reply_due``)."""

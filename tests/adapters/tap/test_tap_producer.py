@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -16,6 +19,7 @@ from adapters.tap import (
     TapOpaque,
     TapOpcode,
     TapResponse,
+    encode,
 )
 from adapters.tap.producer import ProducerState, TapProducer
 
@@ -156,3 +160,58 @@ def test_request_ack_on_last_marks_the_newest_outstanding_message() -> None:
     assert TapProducer(support_ack=False).stamp(TapMutation(b"c")).opaque == 1
     with pytest.raises(LocalProtocolError, match="no message"):
         TapProducer(support_ack=True).request_ack_on_last()
+
+
+@st.composite
+def ack_runs(draw: st.DrawFn) -> tuple[int, list[int]]:
+    """How many messages were sent, and the acks of one client read (late ones too)."""
+    sent = draw(st.integers(1, 40))
+    return sent, draw(st.lists(st.integers(1, sent), min_size=1, max_size=6))
+
+
+@given(ack_runs(), st.booleans())
+def test_acks_of_one_read_release_what_they_release_one_by_one(
+    run: tuple[int, list[int]], frames: bool
+) -> None:
+    """``release_acks`` (the TAP front's acks of one read) against ``receive`` per ack,
+    for messages and for kept frame bytes alike."""
+    sent, acks = run
+    one_by_one = TapProducer(support_ack=True, ack_interval=3, max_unacked=64)
+    together = TapProducer(support_ack=True, ack_interval=3, max_unacked=64)
+    for i in range(sent):
+        one_by_one.stamp(mutation(i))
+        if frames:
+            seqno, flags = together.next_stamp(0)
+            together.keep(encode(replace(mutation(i), opaque=seqno, tap_flags=TapFlags(flags))))
+        else:
+            together.stamp(mutation(i))
+    released = sum(len(one_by_one.receive(ack(seqno), now=0)) for seqno in acks)
+    assert together.release_acks(list(acks)) == released
+    assert together.unacked == one_by_one.unacked
+    assert together.first_unacked == (one_by_one.oldest_unacked.opaque if one_by_one.unacked else 0)  # type: ignore[union-attr]
+    assert together.retransmit_frames(0) == []  # nothing to resend while streaming
+
+
+def test_acks_of_one_read_naming_a_number_never_sent_are_refused() -> None:
+    producer = TapProducer(support_ack=True)
+    producer.stamp(mutation(0))
+    with pytest.raises(ProtocolError, match="never sent"):
+        producer.release_acks([1, 9])
+
+
+def test_kept_frames_are_resent_and_asked_for_an_ack_as_bytes() -> None:
+    """A kept frame's ack request sets the ACK flag in its bytes; a resend sends the
+    frames as they were last sent, messages encoded beside them, in order."""
+    producer = TapProducer(support_ack=True, ack_interval=100, backoff=1)
+    seqno, flags = producer.next_stamp(0)
+    frame = encode(replace(mutation(0), opaque=seqno, tap_flags=TapFlags(flags)))
+    producer.keep(frame)
+    message = producer.stamp(mutation(1))
+    seqno, flags = producer.next_stamp(0)
+    last = encode(replace(mutation(2), opaque=seqno, tap_flags=TapFlags(flags)))
+    producer.keep(last)
+    asked = producer.ack_request_on_last()
+    assert asked == encode(replace(mutation(2), opaque=3, tap_flags=TapFlags.ACK))
+    assert producer.last_opaque == 3
+    producer.receive(ack(1, Status.BUSY), now=0)
+    assert producer.retransmit_frames(1) == [frame, encode(message), asked]

@@ -3,14 +3,16 @@
 The event path (``UprToTap.feed``, ``TapProducer.stamp``, the TAP codec) is
 the reference: for any generated UPR stream of a few vbuckets, cut into
 socket reads at any byte (mid-frame included), the fast path
-(``item_from_frame``, else ``UprToTap.advance`` and ``stamped_item``) must
-produce the same TAP bytes per read, ask for acks on the same messages, and
-keep a retransmit window that encodes to the same bytes.
+(``item_from_frame``, else ``UprToTap.advance`` and ``stamped_item``) and
+the buffer path the TAP front runs over whole socket reads
+(``translate_items``, ``marker_frame``, ``close_frame``, the event path for
+the rest) must produce the same TAP bytes per read, ask for acks on the same
+messages, and keep a retransmit window that encodes to the same bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from hypothesis import given, settings
@@ -21,7 +23,15 @@ from adapters.mcbp import Frame, FrameReader, Status
 from adapters.tap import TapFlags, TapOpcode, TapResponse, decode_frame, encode
 from adapters.tap.producer import TapProducer
 from adapters.translate.upr_to_tap import UprToTap
-from adapters.translate.upr_to_tap_fast import FAST_OPCODES, item_from_frame, stamped_item
+from adapters.translate.upr_to_tap_fast import (
+    FAST_OPCODES,
+    close_frame,
+    item_from_frame,
+    marker_frame,
+    snapshot_marker,
+    stamped_item,
+    translate_items,
+)
 from adapters.upr import SnapshotFlags
 
 ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
@@ -35,6 +45,8 @@ class Path:
     translators: dict[int, UprToTap]
     producer: TapProducer
     support_ack: bool
+    buffer: bytearray = field(default_factory=bytearray)
+    offset: int = 0
 
     @classmethod
     def make(cls, options: dict[str, bool | int]) -> Path:
@@ -79,6 +91,58 @@ class Path:
         if batch and self.support_ack:
             batch[-1] = encode(self.producer.request_ack_on_last())
         return b"".join(batch)
+
+    def read_buffer(self, data: bytes) -> bytes:
+        """``read`` as the TAP front runs it: from the read buffer, runs of items and
+        plain markers as bytes, anything else as events."""
+        if self.offset:
+            del self.buffer[: self.offset]
+            self.offset = 0
+        self.buffer += data
+        streams = {opaque_of(vb): translator for vb, translator in self.translators.items()}
+        batch: list[bytes] = []
+        while True:
+            touched: dict[int, UprToTap] = {}
+            self.offset, credit, *_, closing = translate_items(
+                self.buffer, self.offset, streams, self.producer, batch, touched
+            )
+            assert bool(credit) == bool(touched)
+            if closing is not None:
+                closed = close_frame(closing, self.producer)
+                if closed is not None:
+                    batch.append(closed[0])
+                continue
+            marker = snapshot_marker(self.buffer, self.offset)
+            if marker is not None and not marker[3] & SnapshotFlags.ACK:
+                opaque, start, end, flags = marker
+                done = marker_frame(streams[opaque], self.producer, start, end, flags)
+                if done is not None:
+                    batch.append(done)
+                    self.offset += 44
+                    continue
+            reader = FrameReader()
+            reader.receive_data(self.buffer[self.offset :])
+            frame = reader.next_frame()
+            if frame is None:
+                break
+            self.offset += frame.size
+            event = upr.decode_frame(frame)
+            translator = self.translators[frame.vbucket_or_status]
+            if type(event) in ITEMS:
+                closes = translator.advance(event.by_seqno)  # type: ignore[union-attr]
+                batch.append(stamped_item(event, translator, self.producer))  # type: ignore[arg-type]
+                closing_messages = translator.close() if closes else []
+            else:
+                closing_messages = translator.feed(event)
+            batch.extend(encode(self.producer.stamp(message)) for message in closing_messages)
+        if batch and self.support_ack:
+            batch[-1] = self.producer.ack_request_on_last()
+        return b"".join(batch)
+
+
+def opaque_of(vbucket: int) -> int:
+    """Each vbucket's stream answers to its own opaque, as upstream streams do."""
+    return 100 + vbucket
 
 
 keys = st.binary(min_size=1, max_size=12)
@@ -172,16 +236,22 @@ def cut(data: bytes, points: list[int]) -> list[bytes]:
 def test_fast_path_sends_what_the_event_path_sends(
     events: list[upr.UprEvent], opts: dict[str, bool | int], points: list[int]
 ) -> None:
-    wire = b"".join(upr.encode(event) for event in events)
-    slow, fast = Path.make(opts), Path.make(opts)
+    wire = b"".join(
+        upr.encode(replace(event, opaque=opaque_of(event.vbucket)))  # type: ignore[union-attr]
+        for event in events
+    )
+    slow, fast, whole = Path.make(opts), Path.make(opts), Path.make(opts)
     slow_reader, fast_reader = FrameReader(), FrameReader()
     for chunk in cut(wire, points):
-        assert fast.read(chunk, fast_reader, True) == slow.read(chunk, slow_reader, False)
+        expected = slow.read(chunk, slow_reader, False)
+        assert fast.read(chunk, fast_reader, True) == expected
+        assert whole.read_buffer(chunk) == expected
     # The retransmit window re-encodes to the same bytes, and the positions agree.
-    assert resent(fast.producer) == resent(slow.producer)
+    assert resent(fast.producer) == resent(slow.producer) == resent(whole.producer)
     for vb in VBUCKETS:
-        a, b = fast.translators[vb], slow.translators[vb]
+        a, b, c = fast.translators[vb], slow.translators[vb], whole.translators[vb]
         assert (a.last_seqno, a.open, a.checkpoints) == (b.last_seqno, b.open, b.checkpoints)
+        assert (c.last_seqno, c.open, c.checkpoints) == (b.last_seqno, b.open, b.checkpoints)
 
 
 def test_a_kept_frame_is_restamped_for_an_ack_request() -> None:
