@@ -17,16 +17,22 @@ makes, packed in one struct.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from adapters.mcbp.constants import Magic
 from adapters.mcbp.frames import Frame
-from adapters.tap.constants import TapOpcode
+from adapters.tap.constants import TapFlags, TapOpcode
 from adapters.translate.log_records import LogItem
 from adapters.translate.tap_to_upr import TapToUpr
 
 # TAP extras of a mutation (engine-specific length, TAP flags, ttl, 3 reserved,
 # item flags, expiration), then the engine-specific rev_seqno (and nru)
 _MUTATION = struct.Struct(">HHB3xIIQ")
+# The item flags alone in 2.x's little-endian host order (the frame lacks
+# NETWORK_BYTE_ORDER): unpacked that way instead of swapped after.
+_HOST_FLAGS = struct.Struct("<I")
+_NETWORK_BYTE_ORDER = TapFlags.NETWORK_BYTE_ORDER.value
 # TAP header of a delete (engine-specific length, TAP flags, ttl, 3 reserved), rev_seqno
 _DELETE = struct.Struct(">HHB3xQ")
 _RESPONSE_HEADER = struct.Struct(">BBHBBHIIQ")
@@ -57,9 +63,13 @@ def item_from_frame(
         key_end = key_start + keylen
         if key_end > size:
             return None
+        given = tap_flags
+        if not tap_flags & _NETWORK_BYTE_ORDER:
+            flags = _HOST_FLAGS.unpack_from(body, 8)[0]
+            given = tap_flags | _NETWORK_BYTE_ORDER
         item = translator.mutation(
             body[key_start:key_end], body[key_end:], cas, flags, expiration, rev_seqno,
-            datatype, tap_flags, now,
+            datatype, given, now,
         )  # fmt: skip
         return item, tap_flags
     if size < 16:
@@ -68,6 +78,80 @@ def item_from_frame(
     if es_len != 8 or 16 + keylen > size:
         return None
     return translator.delete(body[16 : 16 + keylen], cas, rev_seqno, now), tap_flags
+
+
+class ItemSink(Protocol):
+    """What ``log_frames`` feeds: a vbucket's translator and where its items go."""
+
+    @property
+    def translator(self) -> TapToUpr: ...
+
+    def append_item(self, item: LogItem) -> None: ...
+
+
+S = TypeVar("S", bound=ItemSink)
+_ACK = TapFlags.ACK.value
+
+
+def log_frames(
+    frames: Sequence[Frame],
+    start: int,
+    sinks: Mapping[int, S],
+    now: float,
+    touched: dict[int, S],
+    acks: list[bytes],
+) -> int:
+    """Log the run of MUTATION/DELETE frames from ``frames[start]`` (``item_from_frame``
+    for each, with the frame unpacked once and no call per frame); the index of
+    the first frame it left for the event path (``len(frames)``: none).
+
+    Each item goes to its vbucket's sink, the sink into ``touched``, and the
+    ack a frame asks for onto ``acks``, in order.
+    """
+    mutation, delete = _MUTATION.unpack_from, _DELETE.unpack_from
+    host_flags = _HOST_FLAGS.unpack_from
+    ack = _RESPONSE_HEADER.pack
+    for index in range(start, len(frames)):
+        magic, opcode, keylen, _, datatype, vbucket, opaque, cas, body = frames[index]
+        if magic != _REQUEST or not keylen:
+            return index
+        sink = sinks.get(vbucket)
+        if sink is None:
+            return index
+        size = len(body)
+        if opcode == OP_MUTATION:
+            if size < 24:
+                return index
+            es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(body)
+            if es_len != 8 and es_len != 9:
+                return index
+            key_start = 16 + es_len
+            key_end = key_start + keylen
+            if key_end > size:
+                return index
+            given = tap_flags
+            if not tap_flags & _NETWORK_BYTE_ORDER:
+                flags = host_flags(body, 8)[0]
+                given = tap_flags | _NETWORK_BYTE_ORDER
+            item = sink.translator.mutation(
+                body[key_start:key_end], body[key_end:], cas, flags, expiration, rev_seqno,
+                datatype, given, now,
+            )  # fmt: skip
+        elif opcode == OP_DELETE:
+            if size < 16:
+                return index
+            es_len, tap_flags, _, rev_seqno = delete(body)
+            if es_len != 8 or 16 + keylen > size:
+                return index
+            item = sink.translator.delete(body[16 : 16 + keylen], cas, rev_seqno, now)
+        else:
+            return index
+        if item is not None:
+            sink.append_item(item)
+        touched[vbucket] = sink
+        if tap_flags & _ACK:
+            acks.append(ack(_RESPONSE, opcode, 0, 0, 0, 0, 0, opaque, 0))
+    return len(frames)
 
 
 def ack_frame(opcode: int, opaque: int) -> bytes:

@@ -67,7 +67,12 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
-from adapters.translate.tap_to_log_fast import FAST_OPCODES, ack_frame, item_from_frame
+from adapters.translate.tap_to_log_fast import (
+    FAST_OPCODES,
+    ack_frame,
+    item_from_frame,
+    log_frames,
+)
 from gateway.capture.mapping import TapRecording
 from gateway.client import McbpClient
 from gateway.stats import GatewayStats
@@ -265,8 +270,21 @@ class Ingest:
         recording = self.recording
         fast = self.fast and recording is None
         messages = 0
+        runs = fast and not always  # "always" commits after each item: frame by frame
+        count = len(frames)
+        index = 0
         try:
-            for frame in frames:
+            while index < count:
+                if runs:
+                    # The run of item frames in one pass; the frame it stops at
+                    # (control, a new vbucket, one to refuse) takes the path below.
+                    stop = log_frames(frames, index, logs, now, touched, acks)
+                    messages += stop - index
+                    if stop == count:
+                        break
+                    index = stop
+                frame = frames[index]
+                index += 1
                 if fast and frame.magic == _REQUEST and frame.opcode in FAST_OPCODES:
                     vbucket = frame.vbucket_or_status
                     vblog = logs.get(vbucket)  # a new vbucket's first item: the event path
