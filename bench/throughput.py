@@ -7,9 +7,14 @@ gateway, alternately, best of ``--runs`` runs each.
 
     python bench/throughput.py [--items 400000] [--vbuckets 64] [--runs 2]
         [--large-items 50000] [--rates 2000,20000] [--only tap-backfill,...]
+        [--upr-max-rates 5000,10000,20000,40000,80000]
 
-Prints one table: path, items/s (and MB/s), the relay's, and the ratio; then
-the live latency over the relay (p50/p99/p99.9) at each rate.
+Prints one table: path, items/s (and MB/s), the relay's, and the ratio (the
+UPR front also with 10 consumers reading the log at once, beside 10 TAP
+readers through the relay); then the live latency over the relay
+(p50/p99/p99.9) at each rate, for the TAP front (one-item UPR snapshots) and
+the UPR front (one-item TAP checkpoints), and the highest live rate the UPR
+front sustains. Each gateway logs its largest trio loop stall on exit.
 """
 
 from __future__ import annotations
@@ -80,9 +85,9 @@ def gateway_tap_front(upstream: int):  # type: ignore[no-untyped-def]
     return process(command, r"TAP front listening on 127\.0\.0\.1:(\d+)")
 
 
-def tap_source(items: int, value_size: int, vbuckets: int):  # type: ignore[no-untyped-def]
+def tap_source(items: int, value_size: int, vbuckets: int, rate: float = 0.0):  # type: ignore[no-untyped-def]
     command = [sys.executable, os.path.join(HERE, "inmem.py"), "tap", str(items),
-               str(value_size), str(vbuckets)]  # fmt: skip
+               str(value_size), str(vbuckets), str(rate)]  # fmt: skip
     return process(command, r"tap source on (\d+)")
 
 
@@ -100,6 +105,8 @@ def upr_front(items: int, vbuckets: int, runs: int) -> None:
     via_relay: list[tuple[int, int, float]] = []
     ingest: list[tuple[int, int, float]] = []
     from_log: list[tuple[int, int, float]] = []
+    together: list[tuple[int, int, float]] = []
+    relay_together: list[tuple[int, int, float]] = []
     with tap_source(items, 100, vbuckets) as (_, source), relay(source) as (_, relay_port):
         for run in range(runs):
             via_relay.append(
@@ -115,11 +122,52 @@ def upr_front(items: int, vbuckets: int, runs: int) -> None:
                 ingest.append(trio.run(partial(upr_read, port, highs, name=b"ingest")))
                 middle = cpu_seconds(gateway.pid)
                 from_log.append(trio.run(partial(upr_read, port, highs, name=b"log")))
-                cpu = (middle - before, cpu_seconds(gateway.pid) - middle)
+                after = cpu_seconds(gateway.pid)
+                together.append(trio.run(upr_read_together, port, highs, CONSUMERS))
+                cpu = (middle - before, after - middle, cpu_seconds(gateway.pid) - after)
+            relay_together.append(trio.run(tap_read_together, relay_port, items, CONSUMERS, run))
     row("UPR front, consumer while ingesting", best(ingest), best(via_relay))
     print(f"  {'':<44} gateway CPU {cpu[0] / items * 1e6:.1f} us/item (last run)")
     row("UPR front, from the log, 1 consumer", best(from_log), best(via_relay))
     print(f"  {'':<44} gateway CPU {cpu[1] / items * 1e6:.1f} us/item (last run)")
+    row(f"UPR front, from the log, {CONSUMERS} consumers", best(together), best(relay_together))
+    print(
+        f"  {'':<44} gateway CPU {cpu[2] / items / CONSUMERS * 1e6:.1f} us/item (last run); "
+        f"{best(together)[0] / best(together)[2] / (best(from_log)[0] / best(from_log)[2]):.2f}"
+        " x the 1-consumer items/s"
+    )
+
+
+CONSUMERS = 10
+
+
+async def upr_read_together(port: int, highs: dict[int, int], n: int) -> tuple[int, int, float]:
+    """``n`` UPR consumers reading every vbucket at once: (items, bytes, seconds) of all."""
+    results: list[tuple[int, int, float]] = []
+    started = time.perf_counter()
+
+    async def one(i: int) -> None:
+        results.append(await upr_read(port, highs, name=b"together%d" % i))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+    return sum(r[0] for r in results), sum(r[1] for r in results), time.perf_counter() - started
+
+
+async def tap_read_together(port: int, items: int, n: int, run: int) -> tuple[int, int, float]:
+    """``n`` TAP readers of the whole stream through the relay at once."""
+    results: list[tuple[int, int, float]] = []
+    started = time.perf_counter()
+
+    async def one(i: int) -> None:
+        name = b"relay-together%d-%d" % (run, i)
+        results.append(await tap_read(port, name=name, dump=False, expected=items))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+    return sum(r[0] for r in results), sum(r[1] for r in results), time.perf_counter() - started
 
 
 def cpu_seconds(pid: int) -> float:
@@ -225,6 +273,74 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
         )
 
 
+def upr_live(rate: float, vbuckets: int, seconds: float) -> bool:
+    """One-item checkpoints at ``rate`` items/s from a TAP producer, read live as UPR
+    through the UPR front and as TAP through the relay; whether the front kept up
+    (every item arrived, p99 under ``KEEP_UP_P99``)."""
+    expected = int(rate * seconds)
+    with (
+        tap_source(0, 100, vbuckets, rate) as (source_proc, source),
+        relay(source) as (_, relay_port),
+        tempfile.TemporaryDirectory() as state,
+        gateway_upr_front(source, state) as (gateway, port),
+    ):
+        highs = {vb: 0 for vb in range(vbuckets)}
+        via_gateway: list[float] = []
+        via_relay: list[float] = []
+
+        async def both() -> None:
+            async def gateway_side() -> None:
+                await upr_read(port, highs, name=b"live", live=True, expected=expected,
+                               latencies=via_gateway)  # fmt: skip
+
+            async def relay_side() -> None:
+                await tap_read(relay_port, name=b"relay", dump=False, expected=expected,
+                               latencies=via_relay)  # fmt: skip
+
+            with trio.move_on_after(seconds + 15):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(gateway_side)
+                    nursery.start_soon(relay_side)
+                    await trio.sleep(1.0)  # both streams requested, the backfill logged
+                    assert source_proc.stdin is not None
+                    source_proc.stdin.write(f"go\n{expected}\n")
+                    source_proc.stdin.flush()
+
+        cpu_before = cpu_seconds(gateway.pid)
+        started = time.perf_counter()
+        trio.run(both)
+        elapsed = time.perf_counter() - started
+        cpu = cpu_seconds(gateway.pid) - cpu_before
+        got_gateway, got_relay = len(via_gateway), len(via_relay)
+        if got_gateway < 10 or got_relay < 10:
+            print(f"  UPR front live {rate:,.0f}/s: too few samples ({got_gateway}, {got_relay})")
+            return False
+        g, r = quantiles(via_gateway), quantiles(via_relay)
+        print(
+            f"  UPR front live {rate:>7,.0f}/s: got {got_gateway:,}/{expected:,} "
+            f"(relay {got_relay:,}) in {elapsed:.1f}s; added p50 {(g[0] - r[0]) * 1e3:+.2f} ms, "
+            f"p99 {(g[1] - r[1]) * 1e3:+.2f} ms, p99.9 {(g[2] - r[2]) * 1e3:+.2f} ms "
+            f"(relay p50 {r[0] * 1e3:.2f} p99 {r[1] * 1e3:.2f} ms); "
+            f"gateway CPU {cpu / max(1, got_gateway) * 1e6:.1f} us/item",
+            flush=True,
+        )
+        return got_gateway >= expected and g[1] < KEEP_UP_P99
+
+
+KEEP_UP_P99 = 0.05
+"""A live rate is sustained when every item arrives and the p99 stays under this (s)."""
+
+
+def upr_live_highest(vbuckets: int, seconds: float, rates: list[float]) -> None:
+    """The highest of ``rates`` (ascending) the UPR front sustains."""
+    best_rate = 0.0
+    for rate in rates:
+        if not upr_live(rate, vbuckets, seconds):
+            break
+        best_rate = rate
+    print(f"  UPR front live: highest rate sustained {best_rate:,.0f} items/s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, default=400_000)
@@ -233,7 +349,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--rates", default="2000,20000")
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--only", default="tap-backfill,tap-large,upr,tap-live")
+    parser.add_argument(
+        "--upr-max-rates",
+        default="5000,10000,20000,40000,80000",
+        help="rates tried in turn for the UPR front's highest live rate",
+    )
+    parser.add_argument(
+        "--only", default="tap-backfill,tap-large,upr,tap-live,upr-live,upr-live-max"
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
@@ -246,6 +369,12 @@ def main() -> None:
     if "tap-live" in only:
         for rate in args.rates.split(","):
             tap_live(float(rate), args.vbuckets, args.seconds)
+    if "upr-live" in only:
+        for rate in args.rates.split(","):
+            upr_live(float(rate), args.vbuckets, args.seconds)
+    if "upr-live-max" in only:
+        rates = [float(r) for r in args.upr_max_rates.split(",")]
+        upr_live_highest(args.vbuckets, args.seconds, rates)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
