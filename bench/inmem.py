@@ -382,43 +382,57 @@ class TapSource:
 
 
 _OPAQUE_AT = 12  # header offset of the opaque, the TAP message's sequence number
+_ID = struct.Struct(">Q")
 
 
 class TapLiveFeed:
     """Timestamped one-item checkpoints at ``rate`` items/s to every connected TAP stream.
 
-    Each item is encoded once (opaque 0); each connection stamps its own
-    sequence numbers into a copy, after its backfill's."""
+    Each vbucket's three messages are encoded once; per item the key, the
+    value's stamp, the cas and the checkpoint id are patched into a copy
+    (cheap enough that the producer never sets the pace), and each
+    connection stamps its own sequence numbers after its backfill's."""
+
+    KEY = b"live::%012d"
 
     def __init__(self, rate: float, vbuckets: int) -> None:
         self.rate = rate
         self.vbuckets = vbuckets
         self.sinks: list[Callable[[list[bytes]], None]] = []
         self.checkpoints = [0] * vbuckets
+        ack = tap.TapFlags.ACK
+        value = b"v" * LIVE_VALUE
+        self.templates = [
+            (
+                tap.encode(tap.TapCheckpointStart(0, vbucket=vb, tap_flags=ack)),
+                tap.encode(tap.TapMutation(self.KEY % 0, value, vbucket=vb, rev_seqno=1, nru=0)),
+                tap.encode(tap.TapCheckpointEnd(0, vbucket=vb, tap_flags=ack)),
+            )
+            for vb in range(vbuckets)
+        ]
 
-    def frames(self, sent: int, stamped: bytes) -> list[bytes]:
+    def frames(self, sent: int, stamp: bytes) -> bytes:
         vb = sent % self.vbuckets
         self.checkpoints[vb] += 1
-        cp = self.checkpoints[vb]
-        ack = tap.TapFlags.ACK
-        key = b"live::%d" % sent
-        item = tap.TapMutation(key, stamped, vbucket=vb, cas=sent + 1, rev_seqno=1, nru=0)
-        return [
-            tap.encode(tap.TapCheckpointStart(cp, vbucket=vb, tap_flags=ack)),
-            tap.encode(item),
-            tap.encode(tap.TapCheckpointEnd(cp, vbucket=vb, tap_flags=ack)),
-        ]
+        cp = _ID.pack(self.checkpoints[vb])
+        start, item, end = self.templates[vb]
+        key = self.KEY % sent
+        mutation = bytearray(item)
+        _ID.pack_into(mutation, 16, sent + 1)  # cas
+        at = len(mutation) - LIVE_VALUE
+        mutation[at - len(key) : at] = key
+        mutation[at : at + STAMP.size] = stamp
+        return b"".join((start[:-8], cp, mutation, end[:-8], cp))
 
     async def run(self, total: int) -> int:
         batch = max(1, int(self.rate / 1000))
         started = time.perf_counter()
         sent = 0
-        pad = b"v" * (LIVE_VALUE - STAMP.size)
         while sent < total:
-            stamped = STAMP.pack(time.time()) + pad
+            stamp = STAMP.pack(time.time())
             out: list[bytes] = []
             for _ in range(min(batch, total - sent)):
-                out += self.frames(sent, stamped)
+                out.append(self.frames(sent, stamp))
                 sent += 1
             for sink in self.sinks:
                 sink(out)
@@ -438,12 +452,16 @@ async def serve_tap(
     frames = list(source.frames)
     more = trio.Event()
 
-    def push(live_frames: list[bytes]) -> None:
-        base = len(frames)
-        for n, data in enumerate(live_frames, base + 1):
+    def push(items: list[bytes]) -> None:
+        # Each item is its three messages joined: a sequence number for each.
+        for data in items:
             stamped = bytearray(data)
-            struct.pack_into(">I", stamped, _OPAQUE_AT, n)
-            frames.append(bytes(stamped))
+            at = 0
+            while at < len(stamped):
+                struct.pack_into(">I", stamped, at + _OPAQUE_AT, len(frames) + 1)
+                at += 24 + int.from_bytes(stamped[at + 8 : at + 12], "big")
+                frames.append(b"")  # placeholder: one sequence number per message
+            frames[-1] = bytes(stamped)
         more.set()
 
     async def produce() -> None:
