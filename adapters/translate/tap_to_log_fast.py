@@ -10,6 +10,10 @@ holds them together). Anything else (other layouts, frames the decoder
 would refuse, control messages) returns None and keeps the event path,
 which names what is wrong.
 
+``log_frames`` does the same for a whole run of frames of one socket read,
+CHECKPOINT_START/END included (``TapToUpr.checkpoint_start``/``_end``): a
+live 2.x stream that keeps up sends one checkpoint per item or so.
+
 ``ack_frame`` is the TAP ack ``encode(TapResponse(opcode, opaque, 0))``
 makes, packed in one struct.
 """
@@ -23,7 +27,7 @@ from typing import Protocol, TypeVar
 from adapters.mcbp.constants import Magic
 from adapters.mcbp.frames import Frame
 from adapters.tap.constants import TapFlags, TapOpcode
-from adapters.translate.log_records import LogItem
+from adapters.translate.log_records import LogItem, LogMark
 from adapters.translate.tap_to_upr import TapToUpr
 
 # TAP extras of a mutation (engine-specific length, TAP flags, ttl, 3 reserved,
@@ -40,6 +44,10 @@ _REQUEST = Magic.REQUEST.value
 _RESPONSE = Magic.RESPONSE.value
 OP_MUTATION = TapOpcode.MUTATION.value
 OP_DELETE = TapOpcode.DELETE.value
+OP_CHECKPOINT_START = TapOpcode.CHECKPOINT_START.value
+OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
+_TAP_FLAGS = struct.Struct(">HH")
+_ID = struct.Struct(">Q")
 FAST_OPCODES = frozenset({OP_MUTATION, OP_DELETE})
 """Request opcodes ``item_from_frame`` may take."""
 
@@ -88,6 +96,8 @@ class ItemSink(Protocol):
 
     def append_item(self, item: LogItem) -> None: ...
 
+    def append_mark(self, mark: LogMark) -> None: ...
+
 
 S = TypeVar("S", bound=ItemSink)
 _ACK = TapFlags.ACK.value
@@ -101,9 +111,10 @@ def log_frames(
     touched: dict[int, S],
     acks: list[bytes],
 ) -> int:
-    """Log the run of MUTATION/DELETE frames from ``frames[start]`` (``item_from_frame``
-    for each, with the frame unpacked once and no call per frame); the index of
-    the first frame it left for the event path (``len(frames)``: none).
+    """Log the run of MUTATION/DELETE frames (``item_from_frame`` for each, with the
+    frame unpacked once) and CHECKPOINT_START/END frames of the server layout
+    from ``frames[start]``; the index of the first frame it left for the event
+    path (``len(frames)``: none), which names what is wrong with a frame.
 
     Each item goes to its vbucket's sink, the sink into ``touched``, and the
     ack a frame asks for onto ``acks``, in order.
@@ -144,6 +155,22 @@ def log_frames(
             if es_len != 8 or 16 + keylen > size:
                 return index
             item = sink.translator.delete(body[16 : 16 + keylen], cas, rev_seqno, now)
+        elif opcode in (OP_CHECKPOINT_START, OP_CHECKPOINT_END):
+            # The server layout (a key, the id as an 8-byte value): one per live item
+            # of a 2.x stream that keeps up, so not worth an event each.
+            if size < 16:
+                return index
+            es_len, tap_flags = _TAP_FLAGS.unpack_from(body)
+            key_end = 16 + es_len + keylen
+            if key_end > size or size - key_end != 8:
+                return index
+            checkpoint = _ID.unpack_from(body, key_end)[0]
+            translator = sink.translator
+            if opcode == OP_CHECKPOINT_START:
+                sink.append_mark(translator.checkpoint_start(checkpoint))
+            else:
+                sink.append_mark(translator.checkpoint_end(checkpoint))
+            item = None
         else:
             return index
         if item is not None:
