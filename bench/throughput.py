@@ -37,6 +37,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from readers import tap_read, upr_read
 
+from gateway.client import McbpClient
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -118,6 +120,7 @@ def upr_front(items: int, vbuckets: int, runs: int) -> None:
                 tempfile.TemporaryDirectory() as state,
                 gateway_upr_front(source, state) as (gateway, port),
             ):
+                trio.run(until_serving, port, vbuckets)
                 before = cpu_seconds(gateway.pid)
                 ingest.append(trio.run(partial(upr_read, port, highs, name=b"ingest")))
                 middle = cpu_seconds(gateway.pid)
@@ -139,6 +142,18 @@ def upr_front(items: int, vbuckets: int, runs: int) -> None:
 
 
 CONSUMERS = 10
+
+
+async def until_serving(port: int, vbuckets: int) -> None:
+    """Until the UPR front has a log for every vbucket: it opens them once its TAP
+    upstream named them, and a STREAM_REQ before then gets NOT_MY_VBUCKET."""
+    while True:
+        client = await McbpClient.connect("127.0.0.1", port, name="bench")
+        async with client:
+            seqnos = await client.stats("vbucket-seqno")
+        if sum(1 for key in seqnos if key.endswith(":high_seqno")) >= vbuckets:
+            return
+        await trio.sleep(0.05)
 
 
 async def upr_read_together(port: int, highs: dict[int, int], n: int) -> tuple[int, int, float]:
@@ -287,6 +302,7 @@ def upr_live(rate: float, vbuckets: int, seconds: float) -> bool:
         highs = {vb: 0 for vb in range(vbuckets)}
         via_gateway: list[float] = []
         via_relay: list[float] = []
+        trio.run(until_serving, port, vbuckets)
 
         async def both() -> None:
             async def gateway_side() -> None:
