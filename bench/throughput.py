@@ -7,7 +7,7 @@ gateway, alternately, best of ``--runs`` runs each.
 
     python bench/throughput.py [--items 400000] [--vbuckets 64] [--runs 2]
         [--large-items 50000] [--rates 2000,20000] [--only tap-backfill,...]
-        [--upr-max-rates 5000,10000,20000,40000,80000]
+        [--upr-max-rates 2000,5000,10000,20000,40000]
 
 Prints one table: path, items/s (and MB/s), the relay's, and the ratio (the
 UPR front also with 10 consumers reading the log at once, beside 10 TAP
@@ -20,6 +20,7 @@ front sustains. Each gateway logs its largest trio loop stall on exit.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import statistics
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
@@ -126,9 +127,9 @@ def upr_front(items: int, vbuckets: int, runs: int) -> None:
                 middle = cpu_seconds(gateway.pid)
                 from_log.append(trio.run(partial(upr_read, port, highs, name=b"log")))
                 after = cpu_seconds(gateway.pid)
-                together.append(trio.run(upr_read_together, port, highs, CONSUMERS))
+                together.append(upr_read_together(port, highs, CONSUMERS))
                 cpu = (middle - before, after - middle, cpu_seconds(gateway.pid) - after)
-            relay_together.append(trio.run(tap_read_together, relay_port, items, CONSUMERS, run))
+            relay_together.append(tap_read_together(relay_port, items, CONSUMERS, run))
     row("UPR front, consumer while ingesting", best(ingest), best(via_relay))
     print(f"  {'':<44} gateway CPU {cpu[0] / items * 1e6:.1f} us/item (last run)")
     row("UPR front, from the log, 1 consumer", best(from_log), best(via_relay))
@@ -156,33 +157,37 @@ async def until_serving(port: int, vbuckets: int) -> None:
         await trio.sleep(0.05)
 
 
-async def upr_read_together(port: int, highs: dict[int, int], n: int) -> tuple[int, int, float]:
-    """``n`` UPR consumers reading every vbucket at once: (items, bytes, seconds) of all."""
-    results: list[tuple[int, int, float]] = []
-    started = time.perf_counter()
-
-    async def one(i: int) -> None:
-        results.append(await upr_read(port, highs, name=b"together%d" % i))
-
-    async with trio.open_nursery() as nursery:
-        for i in range(n):
-            nursery.start_soon(one, i)
-    return sum(r[0] for r in results), sum(r[1] for r in results), time.perf_counter() - started
+Read = Callable[[], Awaitable[tuple[int, int, float]]]
 
 
-async def tap_read_together(port: int, items: int, n: int, run: int) -> tuple[int, int, float]:
+def _timed(read: Read) -> tuple[int, int, float, float]:
+    """(items, bytes, start, end) of one reader run in a process of its own."""
+    started = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+    count, size, _ = trio.run(read)
+    return count, size, started, time.perf_counter()
+
+
+def run_together(reads: list[Read]) -> tuple[int, int, float]:
+    """Readers at once, each in a process of its own (one process would cap them all
+    at one core): (items, bytes) of all, and seconds from the first start to the last end."""
+    with multiprocessing.get_context("fork").Pool(len(reads)) as pool:
+        results = pool.map(_timed, reads)
+    first = min(r[2] for r in results)
+    last = max(r[3] for r in results)
+    return sum(r[0] for r in results), sum(r[1] for r in results), last - first
+
+
+def upr_read_together(port: int, highs: dict[int, int], n: int) -> tuple[int, int, float]:
+    """``n`` UPR consumers reading every vbucket at once."""
+    return run_together([partial(upr_read, port, highs, name=b"together%d" % i) for i in range(n)])
+
+
+def tap_read_together(port: int, items: int, n: int, run: int) -> tuple[int, int, float]:
     """``n`` TAP readers of the whole stream through the relay at once."""
-    results: list[tuple[int, int, float]] = []
-    started = time.perf_counter()
-
-    async def one(i: int) -> None:
-        name = b"relay-together%d-%d" % (run, i)
-        results.append(await tap_read(port, name=name, dump=False, expected=items))
-
-    async with trio.open_nursery() as nursery:
-        for i in range(n):
-            nursery.start_soon(one, i)
-    return sum(r[0] for r in results), sum(r[1] for r in results), time.perf_counter() - started
+    names = [b"relay-together%d-%d" % (run, i) for i in range(n)]
+    return run_together(
+        [partial(tap_read, port, name=name, dump=False, expected=items) for name in names]
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -291,7 +296,7 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> None:
 def upr_live(rate: float, vbuckets: int, seconds: float) -> bool:
     """One-item checkpoints at ``rate`` items/s from a TAP producer, read live as UPR
     through the UPR front and as TAP through the relay; whether the front kept up
-    (every item arrived, p99 under ``KEEP_UP_P99``)."""
+    (every item arrived, the added p50 under ``KEEP_UP_P50``)."""
     expected = int(rate * seconds)
     with (
         tap_source(0, 100, vbuckets, rate) as (source_proc, source),
@@ -340,11 +345,12 @@ def upr_live(rate: float, vbuckets: int, seconds: float) -> bool:
             f"gateway CPU {cpu / max(1, got_gateway) * 1e6:.1f} us/item",
             flush=True,
         )
-        return got_gateway >= expected and g[1] < KEEP_UP_P99
+        return got_gateway >= expected and g[0] - r[0] < KEEP_UP_P50
 
 
-KEEP_UP_P99 = 0.05
-"""A live rate is sustained when every item arrives and the p99 stays under this (s)."""
+KEEP_UP_P50 = 0.01
+"""A live rate is sustained when every item arrives and the added p50 stays under
+this (seconds): a front that falls behind adds ever more."""
 
 
 def upr_live_highest(vbuckets: int, seconds: float, rates: list[float]) -> None:
@@ -367,7 +373,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument(
         "--upr-max-rates",
-        default="5000,10000,20000,40000,80000",
+        default="2000,5000,10000,20000,40000",
         help="rates tried in turn for the UPR front's highest live rate",
     )
     parser.add_argument(
