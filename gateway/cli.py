@@ -242,7 +242,12 @@ def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser.add_argument("--rate", type=float_at_least(0.001), help="cap on operations per second")
     parser.add_argument("--prefix", default="load", help="key prefix (default load)")
     parser.add_argument("--user", help="SASL PLAIN user")
-    parser.add_argument("--password", default="", help="SASL PLAIN password")
+    parser.add_argument(
+        "--password",
+        default="",
+        help="SASL PLAIN password (visible to other users in ps: prefer "
+        "$TAP_UPR_GATEWAY_PASSWORD or a --config file)",
+    )
     parser.set_defaults(handler=_run_load)
 
 

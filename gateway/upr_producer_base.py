@@ -67,6 +67,20 @@ def error_reply(frame: Frame, status: int, text: str) -> bytes:
     )  # fmt: skip
 
 
+def parse_uint32(value: bytes) -> int | None:
+    """A CONTROL number as ep-engine 3.0's ``parseUint32`` (src/utility.cc) reads it:
+    ``strtoul`` base 10, so leading blanks and a ``+`` are fine and the number may
+    be followed by a blank and anything; a ``-`` or a value over 32 bits is not."""
+    text = value.lstrip(b" \t\n\r\v\f")
+    if text[:1] == b"+":
+        text = text[1:]
+    digits = len(text) - len(text.lstrip(b"0123456789"))
+    if not digits or (digits < len(text) and not text[digits : digits + 1].isspace()):
+        return None
+    number = int(text[:digits])
+    return number if number <= 0xFFFFFFFF else None
+
+
 def seconds(value: bytes) -> float | None:
     try:
         parsed = float(value)
@@ -218,21 +232,23 @@ class UprProducerBase:
             # OPEN flag 0x20 (kv_engine dcp/producer.cc ``control``).
             return "enable_expiry_opcode needs a connection opened with include-delete-times (0x20)"
         if key == b"connection_buffer_size":
-            if not value.isdigit():
-                return f"connection_buffer_size must be a decimal number, not {shown!r}"
-            self.window.set_buffer_size(int(value))
-            self._on_buffer_size(int(value))
+            size = parse_uint32(value)
+            if size is None:
+                return f"connection_buffer_size must be a 32-bit decimal number, not {shown!r}"
+            self.window.set_buffer_size(size)
+            self._on_buffer_size(size)
             self._room.set()
-        elif key in (b"enable_noop", b"enable_expiry_opcode"):
+        elif key == b"enable_noop":
+            # ep-engine 3.0 dcp-producer.cc ``control``: "true" turns NOOPs on,
+            # any other value turns them off; neither is refused.
+            self.noop_enabled = value == b"true"
+            self._noop_changed.set()
+        elif key == b"enable_expiry_opcode":
             flag = _TRUE_FALSE.get(value)
             if flag is None:
-                return f"{key.decode()} must be true or false, not {shown!r}"
-            if key == b"enable_noop":
-                self.noop_enabled = flag
-                self._noop_changed.set()
-            else:
-                self.expiry_opcode = flag
-                self._on_expiry_opcode(flag)
+                return f"enable_expiry_opcode must be true or false, not {shown!r}"
+            self.expiry_opcode = flag
+            self._on_expiry_opcode(flag)
         elif key == b"set_noop_interval":
             interval = seconds(value)
             if interval is None:

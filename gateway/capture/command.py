@@ -118,7 +118,12 @@ def add_capture_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.
         f"(default {DEFAULT_CUT_TIMEOUT:g})",
     )
     parser.add_argument("--user", help="SASL PLAIN user")
-    parser.add_argument("--password", default="", help="SASL PLAIN password")
+    parser.add_argument(
+        "--password",
+        default="",
+        help="SASL PLAIN password (visible to other users in ps: prefer "
+        "$TAP_UPR_GATEWAY_PASSWORD or a --config file)",
+    )
     parser.add_argument("--name", help="connection name (default capture-SIDE-HOST-PORT)")
     parser.add_argument(
         "--vbuckets", type=_vbuckets, help="only these vbuckets, e.g. 0-3,9 (default all active)"

@@ -144,6 +144,37 @@ async def test_control_keys_known_but_unsupported_are_not_supported(
         await client.aclose()
 
 
+async def test_control_values_are_read_as_3_0_reads_them(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """ep-engine v3.0.0 src/dcp-producer.cc ``DcpProducer::control``: enable_noop
+    is on for "true" and off for any other value, never EINVAL; numbers go
+    through ``parseUint32`` (src/utility.cc, ``strtoul``): leading blanks, a
+    ``+`` and a blank-separated tail are fine, a ``-`` or junk is EINVAL."""
+    server, port = await serve(nursery, filled(8), side, tmp_path)
+    with trio.fail_after(20):
+        client = await producer(port, b"ctl")
+        for opaque, key, value, status in [
+            (2, b"enable_noop", b"yes", 0),
+            (3, b"enable_noop", b"TRUE", 0),
+            (4, b"enable_noop", b"", 0),
+            (5, b"connection_buffer_size", b" +4096", 0),
+            (6, b"connection_buffer_size", b"4096 bytes", 0),
+            (7, b"connection_buffer_size", b"-1", EINVAL),
+            (8, b"connection_buffer_size", b"4k", EINVAL),
+            (9, b"connection_buffer_size", b"4294967296", EINVAL),
+        ]:
+            await client.send(dcp.control(key, value, opaque))
+            got = await client.response(opaque)
+            assert (got.opcode, got.status) == (dcp.CONTROL, status), (key, value)
+            assert status == 0 or key in got.value
+        # The connection is still open and serving.
+        server_high = high_seqno(server, 0)
+        await client.send(dcp.stream_req(0, opaque=11, end=server_high))
+        assert (await client.response(11)).status == 0
+        await client.aclose()
+
+
 async def test_expiry_opcode_only_with_delete_times(
     nursery: trio.Nursery, side: str, tmp_path: Path
 ) -> None:

@@ -98,3 +98,17 @@ def test_a_missing_config_file_is_named(tmp_path: Path) -> None:
     assert done.stderr.strip().endswith(
         f"--config {missing}: cannot read it: No such file or directory"
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["capture", "--tap", "127.0.0.1:11210", "--out", "/tmp/c", "--user", "ops"],
+        ["load", "--target", "127.0.0.1:11299", "--items", "1", "--user", "ops"],
+    ],
+)
+def test_client_passwords_never_need_the_command_line(argv: list[str]) -> None:
+    args = parse(argv, {"TAP_UPR_GATEWAY_PASSWORD": "s3cret"})
+    assert (args.user, args.password) == ("ops", "s3cret")
+    help_text = _commands(build_parser())[argv[0]].format_help()
+    assert "TAP_UPR_GATEWAY_PASSWORD" in help_text
