@@ -95,6 +95,7 @@ from gateway.uprfront.segments import (
     Segment,
     frame,
     frame_item,
+    frame_mark,
     fsync_dir,
     scan_bytes,
     segment_name,
@@ -391,7 +392,7 @@ class VbLog:
 
     def append_mark(self, mark: LogMark) -> None:
         """Buffer one mark the translator made (the ingest's fast path calls this)."""
-        self._buffer += frame(to_row(mark))
+        self._buffer += frame_mark(mark)
 
     def append_item(self, item: LogItem) -> None:
         """Buffer one item the translator made (the ingest's fast path calls this)."""

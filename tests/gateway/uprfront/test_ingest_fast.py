@@ -8,7 +8,8 @@ any byte (mid-frame included), ``Ingest._apply`` with the fast path
 (``adapters.translate.tap_to_log_fast``) must answer the same acks and
 replies per read, fail on the same frame with the same error, count the same
 messages, and leave byte-identical segment files and the same ingest state.
-An item's record (``frame_item``) is the record of its row (``frame(to_row)``).
+An item's record (``frame_item``), and a mark's (``frame_mark``), is the record
+of its row (``frame(to_row)``).
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ from adapters.tap import (
     TapResponse,
     encode,
 )
-from adapters.translate.log_records import ItemKind, LogItem, from_row, to_row
+from adapters.translate.log_records import ItemKind, LogItem, LogMark, MarkKind, from_row, to_row
 from adapters.translate.tap_to_log_fast import ack_frame
 from gateway.stats import GatewayStats
 from gateway.uprfront.config import UprFrontConfig
 from gateway.uprfront.ingest import Ingest
 from gateway.uprfront.logset import LogOptions, LogSet
-from gateway.uprfront.segments import frame, frame_item, scan_bytes
+from gateway.uprfront.segments import frame, frame_item, frame_mark, scan_bytes
 
 NOW = 1_700_000_000.0
 VBUCKETS = (0, 7, 1023)
@@ -228,3 +229,11 @@ def test_an_items_record_is_the_rows_record(item: LogItem) -> None:
     data = frame_item(item)
     assert data == frame(to_row(item))
     assert [from_row(row) for _, _, row in scan_bytes(data, 0)] == [item]
+
+
+@given(st.sampled_from(list(MarkKind)), st.integers(0, 2**64 - 1))
+def test_a_marks_record_is_the_rows_record(kind: MarkKind, value: int) -> None:
+    mark = LogMark(kind, value)
+    data = frame_mark(mark)
+    assert data == frame(to_row(mark))
+    assert [from_row(row) for _, _, row in scan_bytes(data, 0)] == [mark]
