@@ -193,9 +193,8 @@ class UprConnection(UprProducerBase):
                     await self._wait_for_room()
                 finally:
                     self.streams_waiting -= 1
-            room = window.room
-            assert room is not None
-            if size - start <= room:
+            room = window.room  # None: a CONTROL turned flow control off meanwhile
+            if room is None or size - start <= room:
                 end, count, last = size, len(items) - first, items[-1].by_seqno
             else:
                 end, count, last = split(data, start, room)
