@@ -94,10 +94,15 @@ def tap_source(items: int, value_size: int, vbuckets: int, rate: float = 0.0):  
     return process(command, r"tap source on (\d+)")
 
 
+UPR_FSYNC = ["batch"]
+"""The UPR front's ``--fsync`` policy in these runs (``--upr-fsync``)."""
+
+
 def gateway_upr_front(upstream: int, state_dir: str):  # type: ignore[no-untyped-def]
     command = [
         sys.executable, "-m", "gateway", "serve", "--tap-upstream", f"127.0.0.1:{upstream}",
         "--upr-listen", "127.0.0.1:0", "--state-dir", state_dir, "--no-metrics",
+        "--fsync", UPR_FSYNC[0],
     ]  # fmt: skip
     return process(command, r"UPR front listening on 127\.0\.0\.1:(\d+)")
 
@@ -377,10 +382,17 @@ def main() -> None:
         help="rates tried in turn for the UPR front's highest live rate",
     )
     parser.add_argument(
+        "--upr-fsync",
+        default="batch",
+        choices=("always", "batch", "never"),
+        help="the UPR front's --fsync policy (never: what it adds without waiting for the disk)",
+    )
+    parser.add_argument(
         "--only", default="tap-backfill,tap-large,upr,tap-live,upr-live,upr-live-max"
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
+    UPR_FSYNC[0] = args.upr_fsync
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     if "tap-backfill" in only:
         tap_backfill(args.items, 100, args.vbuckets, args.runs)
