@@ -12,6 +12,12 @@ In live mode (``rate``) it sends, per vbucket in turn, one MEMORY snapshot
 marker per item with the item's send time in its value (``STAMP``), the
 worst case of a 3.0 producer serving a consumer that keeps up.
 
+``TapSource`` is a TAP producer over one pre-encoded backfill. In live mode
+(``rate``) it then sends, per vbucket in turn, CHECKPOINT_START, the item
+(its send time in its value) and CHECKPOINT_END, each checkpoint message
+asking for an ack (a 2.x producer whose consumer keeps up), to every
+connection that sent CONNECT.
+
 ``relay`` is a plain trio byte relay: every accepted connection is piped to
 the target both ways; each figure of a front stands beside it.
 """
@@ -382,21 +388,105 @@ class TapSource:
         return []
 
 
-async def serve_tap(source: TapSource, stream: trio.SocketStream) -> None:
+_OPAQUE_AT = 12  # header offset of the opaque, the TAP message's sequence number
+_ID = struct.Struct(">Q")
+
+
+class TapLiveFeed:
+    """Timestamped one-item checkpoints at ``rate`` items/s to every connected TAP stream.
+
+    Each vbucket's three messages are encoded once; per item the key, the
+    value's stamp, the cas and the checkpoint id are patched into a copy
+    (cheap enough that the producer never sets the pace), and each
+    connection stamps its own sequence numbers after its backfill's."""
+
+    KEY = b"live::%012d"
+
+    def __init__(self, rate: float, vbuckets: int) -> None:
+        self.rate = rate
+        self.vbuckets = vbuckets
+        self.sinks: list[Callable[[list[bytes]], None]] = []
+        self.checkpoints = [0] * vbuckets
+        ack = tap.TapFlags.ACK
+        value = b"v" * LIVE_VALUE
+        self.templates = [
+            (
+                tap.encode(tap.TapCheckpointStart(0, vbucket=vb, tap_flags=ack)),
+                tap.encode(tap.TapMutation(self.KEY % 0, value, vbucket=vb, rev_seqno=1, nru=0)),
+                tap.encode(tap.TapCheckpointEnd(0, vbucket=vb, tap_flags=ack)),
+            )
+            for vb in range(vbuckets)
+        ]
+
+    def frames(self, sent: int, stamp: bytes) -> bytes:
+        vb = sent % self.vbuckets
+        self.checkpoints[vb] += 1
+        cp = _ID.pack(self.checkpoints[vb])
+        start, item, end = self.templates[vb]
+        key = self.KEY % sent
+        mutation = bytearray(item)
+        _ID.pack_into(mutation, 16, sent + 1)  # cas
+        at = len(mutation) - LIVE_VALUE
+        mutation[at - len(key) : at] = key
+        mutation[at : at + STAMP.size] = stamp
+        return b"".join((start[:-8], cp, mutation, end[:-8], cp))
+
+    async def run(self, total: int) -> int:
+        batch = max(1, int(self.rate / 1000))
+        started = time.perf_counter()
+        sent = 0
+        while sent < total:
+            stamp = STAMP.pack(time.time())
+            out: list[bytes] = []
+            for _ in range(min(batch, total - sent)):
+                out.append(self.frames(sent, stamp))
+                sent += 1
+            for sink in self.sinks:
+                sink(out)
+            ahead = sent / self.rate - (time.perf_counter() - started)
+            if ahead > 0:
+                await trio.sleep(ahead)
+        return sent
+
+
+async def serve_tap(
+    source: TapSource, stream: trio.SocketStream, live: TapLiveFeed | None = None
+) -> None:
     """One connection to the in-memory TAP producer."""
     reader = FrameReader(lenient_responses=True)
     acked = 0
     room = trio.Event()
+    frames = list(source.frames)
+    more = trio.Event()
+
+    def push(items: list[bytes]) -> None:
+        # Each item is its three messages joined: a sequence number for each.
+        for data in items:
+            stamped = bytearray(data)
+            at = 0
+            while at < len(stamped):
+                struct.pack_into(">I", stamped, at + _OPAQUE_AT, len(frames) + 1)
+                at += 24 + int.from_bytes(stamped[at + 8 : at + 12], "big")
+                frames.append(b"")  # placeholder: one sequence number per message
+            frames[-1] = bytes(stamped)
+        more.set()
 
     async def produce() -> None:
-        frames = source.frames
+        nonlocal more
         sent = 0
-        while sent < len(frames):
-            while sent - acked >= TapSource.ACK_WINDOW:
-                await room.wait()
-            upto = min(len(frames), sent + 500, acked + TapSource.ACK_WINDOW)
-            await stream.send_all(b"".join(frames[sent:upto]))
-            sent = upto
+        if live is not None:
+            live.sinks.append(push)
+        while True:
+            while sent < len(frames):
+                while sent - acked >= TapSource.ACK_WINDOW:
+                    await room.wait()
+                upto = min(len(frames), sent + 500, acked + TapSource.ACK_WINDOW)
+                await stream.send_all(b"".join(frames[sent:upto]))
+                sent = upto
+            if live is None:
+                return
+            await more.wait()
+            more = trio.Event()
 
     async with trio.open_nursery() as nursery:
         while data := await stream.receive_some(RECEIVE):
@@ -422,20 +512,31 @@ async def serve_tap(source: TapSource, stream: trio.SocketStream) -> None:
         nursery.cancel_scope.cancel()
 
 
-async def tap_source_main(items: int, value_size: int, vbuckets: int) -> None:
+async def tap_source_main(items: int, value_size: int, vbuckets: int, rate: float = 0.0) -> None:
+    """Run the in-memory TAP producer; with ``rate``, feed live items after a start line."""
     source = TapSource(items, value_size, vbuckets)
+    live = TapLiveFeed(rate, vbuckets) if rate else None
 
     async def handler(stream: trio.SocketStream) -> None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await serve_tap(source, stream)
+            await serve_tap(source, stream, live)
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, handler, 0)
         print(f"tap source on {listeners[0].socket.getsockname()[1]}", file=sys.stderr, flush=True)
+        if live is not None:
+            # The benchmark says "go" on stdin once its readers are connected.
+            await trio.to_thread.run_sync(sys.stdin.readline)
+            total = int(sys.stdin.readline() or 0)
+            sent = await live.run(total)
+            print(f"live sent {sent}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__" and sys.argv[1] == "tap":
-    trio.run(tap_source_main, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    trio.run(
+        tap_source_main, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+        float(sys.argv[5]) if len(sys.argv) > 5 else 0.0,
+    )  # fmt: skip
 elif __name__ == "__main__":
     trio.run(
         upr_source_main, int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),

@@ -113,14 +113,9 @@ class TapToUpr:
         if isinstance(message, TapDelete):
             return self._delete(message, now)
         if isinstance(message, TapCheckpointStart):
-            self.checkpoint_id = message.checkpoint_id
-            self._checkpoint_start = True
-            return [LogMark(MarkKind.CHECKPOINT_START, message.checkpoint_id)]
+            return [self.checkpoint_start(message.checkpoint_id)]
         if isinstance(message, TapCheckpointEnd):
-            self.checkpoint_id = None
-            self._checkpoint_start = False
-            self.last_closed_checkpoint = message.checkpoint_id
-            return [LogMark(MarkKind.CHECKPOINT_END, message.checkpoint_id)]
+            return [self.checkpoint_end(message.checkpoint_id)]
         if isinstance(message, TapOpaque):
             return self._opaque(message, now)
         if isinstance(message, TapVbucketSet):
@@ -129,6 +124,19 @@ class TapToUpr:
         if isinstance(message, TapFlush):
             return self._delete_all(lambda key: True, now)
         raise ProtocolError(f"{message.NAME} has no place in a vbucket stream", field="opcode")
+
+    def checkpoint_start(self, checkpoint_id: int) -> LogMark:
+        """The mark of a TAP CHECKPOINT_START (shared with ``tap_to_log_fast``)."""
+        self.checkpoint_id = checkpoint_id
+        self._checkpoint_start = True
+        return LogMark(MarkKind.CHECKPOINT_START, checkpoint_id)
+
+    def checkpoint_end(self, checkpoint_id: int) -> LogMark:
+        """The mark of a TAP CHECKPOINT_END (shared with ``tap_to_log_fast``)."""
+        self.checkpoint_id = None
+        self._checkpoint_start = False
+        self.last_closed_checkpoint = checkpoint_id
+        return LogMark(MarkKind.CHECKPOINT_END, checkpoint_id)
 
     def _opaque(self, message: TapOpaque, now: float) -> list[LogRecord]:
         code = message.opaque_code

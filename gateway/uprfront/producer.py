@@ -21,17 +21,20 @@ was wrong, then the connection closes; other consumers are untouched.
 
 Stats: the connection's ``StreamStats`` (direction upr_front) counts bytes,
 items by kind, the window, time blocked on it, and per vbucket the seqnos
-sent and acknowledged. With flow control on, each item's arrival time is
-kept until the consumer's buffer acks cover it, which gives the latency
-from log arrival to consumer acknowledgement (bounded by the window).
+sent and acknowledged. With flow control on, each write's items (their
+count, last seqno and first arrival) are kept until the consumer's buffer
+acks cover the write, which gives the latency from log arrival to consumer
+acknowledgement (bounded by the window; an item counts with the oldest
+arrival of its write, so one histogram update per write).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,7 +47,7 @@ from adapters.translate.log_records import LogItem
 from adapters.upr.rollback import answer_stream_request
 from gateway.capture.mapping import UprRecording
 from gateway.capture.records import Kind
-from gateway.stats import StreamStats
+from gateway.stats import LATENCY_BUCKETS, LatencyHistogram, StreamStats
 from gateway.upr_producer_base import UprProducerBase
 from gateway.uprfront.streams import LogStream
 from gateway.wire import ConnectionClosed, PacketConnection
@@ -87,8 +90,9 @@ class UprConnection(UprProducerBase):
         self.settings = Settings(delete_times=delete_times)
         self.streams: dict[int, LogStream] = {}
         self.stream_stats = stream_stats
-        # (window bytes sent when the item's message ended, vbucket, seqno, arrival)
-        self._in_flight: deque[tuple[int, int, int, float]] = deque()
+        # (window bytes sent when the write ended, vbucket, last seqno in it, arrival
+        # of its first item, items in it): one entry per write on the fast path
+        self._in_flight: deque[tuple[int, int, int, float, int]] = deque()
         self.streams_waiting = 0
         """Streams blocked for room in the window or the outbox (all of them: stalled)."""
         self.recording: UprRecording | None = None
@@ -147,7 +151,7 @@ class UprConnection(UprProducerBase):
                 window.sent(len(messages[end]))
                 item = items[end] if items is not None else None
                 if item is not None:
-                    in_flight.append((window.total_sent, vbucket, item.by_seqno, item.arrival))
+                    in_flight.append((window.total_sent, vbucket, item.by_seqno, item.arrival, 1))
                 end += 1
             data = b"".join(messages[start:end])
             await self.conn.send(data)
@@ -156,6 +160,56 @@ class UprConnection(UprProducerBase):
             start = end
             if on_sent is not None:
                 on_sent(end)
+
+    async def send_encoded(
+        self,
+        data: bytes,
+        items: Sequence[LogItem],
+        vbucket: int,
+        split: Callable[[bytes, int, int], tuple[int, int, int]],
+        on_sent: Callable[[int, int], None],
+    ) -> None:
+        """``send_messages`` for a batch encoded as one buffer (the serving fast path).
+
+        ``items`` are the logged items ``data`` carries, in order; ``split``
+        (``BatchEncoder.split``) finds the whole messages that fit the
+        window's room when the rest of ``data`` does not. The window, the
+        byte counts and the latency entry are updated once per write;
+        ``on_sent(items, last seqno)`` is told after each write that carried items.
+        """
+        window = self.window
+        stats = self.stream_stats
+        size = len(data)
+        if not window.enabled:
+            await self.conn.send(data)
+            stats.bytes_sent += size
+            on_sent(len(items), items[-1].by_seqno)
+            return
+        start = first = 0
+        while start < size:
+            if not window.can_send:
+                self.streams_waiting += 1
+                try:
+                    await self._wait_for_room()
+                finally:
+                    self.streams_waiting -= 1
+            room = window.room  # None: a CONTROL turned flow control off meanwhile
+            if room is None or size - start <= room:
+                end, count, last = size, len(items) - first, items[-1].by_seqno
+            else:
+                end, count, last = split(data, start, room)
+            window.sent(end - start)
+            if count:
+                self._in_flight.append(
+                    (window.total_sent, vbucket, last, items[first].arrival, count)
+                )
+            await self.conn.send(data if end - start == size else data[start:end])
+            stats.bytes_sent += end - start
+            stats.unacked_bytes = window.unacked_bytes
+            start = end
+            if count:
+                first += count
+                on_sent(count, last)
 
     async def send_budget(self) -> int:
         """Bytes of keys and values a stream may read from the log now, once there is room.
@@ -243,12 +297,13 @@ class UprConnection(UprProducerBase):
 
     def _credit(self, acked: int) -> None:
         """Items whose whole message the acks now cover: acked seqnos and latency."""
-        in_flight = self.stream_stats
+        stats = self.stream_stats
         now = time.time()
-        while self._in_flight and self._in_flight[0][0] <= acked:
-            _, vb, seqno, arrival = self._in_flight.popleft()
-            in_flight.vbucket(vb).acked_seqno = seqno
-            in_flight.latency.observe(max(0.0, now - arrival))
+        in_flight = self._in_flight
+        while in_flight and in_flight[0][0] <= acked:
+            _, vb, seqno, arrival, count = in_flight.popleft()
+            stats.vbucket(vb).acked_seqno = seqno
+            _observe(stats.latency, max(0.0, now - arrival), count)
 
     def _on_buffer_size(self, size: int) -> None:
         self.stream_stats.buffer_size = size
@@ -281,3 +336,11 @@ class UprConnection(UprProducerBase):
         for vb in sorted(self.streams):
             pairs.extend(self.streams[vb].stats(prefix))
         return pairs
+
+
+def _observe(latency: LatencyHistogram, seconds: float, count: int) -> None:
+    """``count`` items acknowledged at once, each counted with the oldest arrival of
+    its write (an upper bound: one histogram update per write, not per item)."""
+    latency.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += count
+    latency.count += count
+    latency.sum += seconds * count

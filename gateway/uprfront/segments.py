@@ -30,7 +30,7 @@ from typing import Any
 
 import msgpack
 
-from adapters.translate.log_records import LogItem
+from adapters.translate.log_records import LogItem, LogMark
 
 FRAME = struct.Struct(">II")
 MAX_RECORD = 64 * 1024 * 1024
@@ -77,6 +77,13 @@ def frame_item(item: LogItem) -> bytes:
     (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, arr, dt) = item
     payload: bytes = _pack([0, seqno, int(kind), key, value, rev, cas, flags, exp, lock, dtype,
                             cp, bf | cs << 1, arr, dt])  # fmt: skip
+    return _frame_head(len(payload), _crc32(payload)) + payload
+
+
+def frame_mark(mark: LogMark) -> bytes:
+    """``frame(to_row(mark))`` without the enum's ``.value`` descriptor (a live 2.x
+    stream logs two checkpoint marks per item)."""
+    payload: bytes = _pack([1, int(mark.kind), mark.value])
     return _frame_head(len(payload), _crc32(payload)) + payload
 
 

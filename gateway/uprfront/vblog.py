@@ -77,7 +77,7 @@ from pathlib import Path
 import trio
 
 from adapters.tap.events import TapStreamMessage
-from adapters.translate.log_records import LogItem, LogRecord, from_row, to_row
+from adapters.translate.log_records import LogItem, LogMark, LogRecord, from_row, to_row
 from adapters.translate.tap_to_upr import TapToUpr
 from adapters.upr.failover_log import UUID_BITS, FailoverLog
 from gateway.uprfront.config import UprFrontError
@@ -95,6 +95,7 @@ from gateway.uprfront.segments import (
     Segment,
     frame,
     frame_item,
+    frame_mark,
     fsync_dir,
     scan_bytes,
     segment_name,
@@ -388,6 +389,10 @@ class VbLog:
             else:
                 self._buffer += frame(to_row(record))
         return records
+
+    def append_mark(self, mark: LogMark) -> None:
+        """Buffer one mark the translator made (the ingest's fast path calls this)."""
+        self._buffer += frame_mark(mark)
 
     def append_item(self, item: LogItem) -> None:
         """Buffer one item the translator made (the ingest's fast path calls this)."""

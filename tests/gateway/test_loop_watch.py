@@ -7,7 +7,7 @@ import time
 
 import trio
 
-from gateway.loop_watch import LoopWatch, freeze_startup_objects
+from gateway.loop_watch import GC_THRESHOLDS, LoopWatch, freeze_startup_objects
 
 BLOCK = 0.05
 
@@ -29,8 +29,11 @@ async def test_a_blocking_step_is_the_largest_stall_and_collections_are_counted(
 
 
 def test_freezing_moves_live_objects_out_of_the_generations() -> None:
+    thresholds = gc.get_threshold()
     try:
         assert freeze_startup_objects() > 0
         assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == GC_THRESHOLDS
     finally:
         gc.unfreeze()  # the test process keeps its collector as it was
+        gc.set_threshold(*thresholds)

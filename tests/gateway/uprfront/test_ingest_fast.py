@@ -3,12 +3,13 @@
 The event path (``decode_frame``, ``TapToUpr.feed``, ``VbLog.ingest``, ``ack_of``)
 is the reference: for any generated TAP stream of a few vbuckets (items with
 and without rev_seqno, duplicates, deletes that are expirations, backfill and
-checkpoint structure, NOOPs, malformed item frames), cut into socket reads at
+checkpoint structure, NOOPs, malformed item and checkpoint frames), cut into socket reads at
 any byte (mid-frame included), ``Ingest._apply`` with the fast path
 (``adapters.translate.tap_to_log_fast``) must answer the same acks and
 replies per read, fail on the same frame with the same error, count the same
 messages, and leave byte-identical segment files and the same ingest state.
-An item's record (``frame_item``) is the record of its row (``frame(to_row)``).
+An item's record (``frame_item``), and a mark's (``frame_mark``), is the record
+of its row (``frame(to_row)``).
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ from adapters.tap import (
     TapResponse,
     encode,
 )
-from adapters.translate.log_records import ItemKind, LogItem, from_row, to_row
+from adapters.translate.log_records import ItemKind, LogItem, LogMark, MarkKind, from_row, to_row
 from adapters.translate.tap_to_log_fast import ack_frame
 from gateway.stats import GatewayStats
 from gateway.uprfront.config import UprFrontConfig
 from gateway.uprfront.ingest import Ingest
 from gateway.uprfront.logset import LogOptions, LogSet
-from gateway.uprfront.segments import frame, frame_item, scan_bytes
+from gateway.uprfront.segments import frame, frame_item, frame_mark, scan_bytes
 
 NOW = 1_700_000_000.0
 VBUCKETS = (0, 7, 1023)
@@ -86,9 +87,21 @@ def _delete(draw: st.DrawFn) -> bytes:
     )
 
 
+def _checkpoint(draw: st.DrawFn) -> bytes:
+    cls = draw(st.sampled_from([TapCheckpointStart, TapCheckpointEnd]))
+    return encode(
+        cls(
+            draw(st.integers(1, 4)),
+            vbucket=draw(_vb),
+            opaque=draw(st.integers(0, 2**32 - 1)),
+            tap_flags=TapFlags(draw(_flags)),
+        )
+    )
+
+
 def _damaged(draw: st.DrawFn) -> bytes:
-    """An item frame with a wrong engine-specific length, or no key."""
-    data = bytearray(draw(st.sampled_from([_mutation, _delete]))(draw))
+    """An item or checkpoint frame with a wrong engine-specific length, or no key."""
+    data = bytearray(draw(st.sampled_from([_mutation, _delete, _checkpoint]))(draw))
     if draw(st.booleans()):
         data[24:26] = draw(st.sampled_from([1, 7, 10, 300, 65535])).to_bytes(2, "big")
     else:
@@ -118,7 +131,7 @@ def _control(draw: st.DrawFn) -> bytes:
 @st.composite
 def streams(draw: st.DrawFn) -> tuple[bytes, list[int]]:
     """A TAP stream's bytes and where socket reads end."""
-    kinds = [_mutation] * 6 + [_delete] * 3 + [_control] * 2
+    kinds = [_mutation] * 6 + [_delete] * 3 + [_control] * 2 + [_checkpoint] * 2
     if draw(st.integers(0, 9)) == 0:
         kinds.append(_damaged)
     frames = [draw(st.sampled_from(kinds))(draw) for _ in range(draw(st.integers(1, 40)))]
@@ -181,7 +194,12 @@ def test_fast_path_logs_and_acks_what_the_event_path_does(stream: tuple[bytes, l
 
 
 def test_ack_frame_is_the_codecs_ack() -> None:
-    for opcode in (TapOpcode.MUTATION, TapOpcode.DELETE):
+    for opcode in (
+        TapOpcode.MUTATION,
+        TapOpcode.DELETE,
+        TapOpcode.CHECKPOINT_START,
+        TapOpcode.CHECKPOINT_END,
+    ):
         for opaque in (0, 1, 2**32 - 1):
             assert ack_frame(opcode.value, opaque) == encode(TapResponse(opcode, opaque, 0))
 
@@ -211,3 +229,11 @@ def test_an_items_record_is_the_rows_record(item: LogItem) -> None:
     data = frame_item(item)
     assert data == frame(to_row(item))
     assert [from_row(row) for _, _, row in scan_bytes(data, 0)] == [item]
+
+
+@given(st.sampled_from(list(MarkKind)), st.integers(0, 2**64 - 1))
+def test_a_marks_record_is_the_rows_record(kind: MarkKind, value: int) -> None:
+    mark = LogMark(kind, value)
+    data = frame_mark(mark)
+    assert data == frame(to_row(mark))
+    assert [from_row(row) for _, _, row in scan_bytes(data, 0)] == [mark]

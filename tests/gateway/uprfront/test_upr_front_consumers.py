@@ -102,6 +102,33 @@ async def test_tiny_buffer_stalls_only_that_consumer(nursery: trio.Nursery, tmp_
     await fast.aclose()
 
 
+async def test_flow_control_turned_off_mid_batch_sends_the_rest(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """CONTROL connection_buffer_size 0 drops the buffer log (ep-engine v3.0.0
+    src/upr-producer.cc ``UprProducer::control``): a batch held by the window
+    mid-way goes on unacknowledged."""
+    store = filled_store()
+    _, node_port = await start_node(nursery, store)
+    front, port, _ = await start_front(nursery, tmp_path, node_port)
+    with trio.fail_after(10):
+        await until(lambda: caught_up(front, store))
+    client = await open_producer(port, b"held")
+    assert (await client.control("connection_buffer_size", "300")).status == 0
+    high = front.logs.logs[0].high_seqno
+    await client.stream_request(0, 0, high, opaque=1)
+    conn = front.connections["held"]
+    with trio.fail_after(10):
+        await until(lambda: not conn.window.can_send and conn.streams_waiting > 0)
+    assert (await client.control("connection_buffer_size", "0")).status == 0
+    with trio.fail_after(10):
+        log = await client.read_stream(1)
+    check_snapshots(log)
+    assert final_state(log) == store_state(store, 0)
+    assert log.items[-1].by_seqno == high
+    await client.aclose()
+
+
 async def test_fifty_consumers_share_one_upstream_connection(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:

@@ -1,0 +1,209 @@
+"""The UPR front's serving fast path: a batch of log items to UPR frame bytes in one pass.
+
+The event path (``cut_snapshots``, then per snapshot a ``SnapshotMarker``
+event and per item ``ItemEncoder.encode``) builds a snapshot object, a
+message per item and a list of messages the connection joins. For a
+released-dialect stream whose markers carry no ACK (everything but a
+takeover's send phase) ``BatchEncoder.encode`` cuts the same snapshots while
+it packs: one precompiled struct per message kind (header and extras in one
+pack), key and value appended as they are, one join per batch, and the
+counts a stream keeps (markers, deletions, expirations) summed on the way.
+It produces exactly the bytes of the event path; the property tests hold it
+to that. An item the structs cannot take (a number too large for its field,
+an empty key, a layout the dialect lacks) goes through ``ItemEncoder``,
+which raises the codec's own error.
+
+``split`` finds where the flow-control window cuts such a batch: whole
+messages while the window had room before each, as a producer stops only
+once the buffer is full (the last one may overshoot), by walking the frame
+headers of the part that goes, so nothing per message is kept for the
+common case where the whole batch fits.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from adapters.mcbp.constants import Magic
+from adapters.mcbp.frames import HEADER
+from adapters.translate.log_records import LogItem
+from adapters.translate.upr_snapshots import ItemEncoder
+from adapters.upr.constants import Command, SnapshotFlags
+from adapters.upr.dialect import Dialect, ItemLayout
+
+_REQUEST = Magic.REQUEST.value
+_DISK = SnapshotFlags.DISK.value
+_MEMORY = SnapshotFlags.MEMORY.value
+_CHECKPOINT = SnapshotFlags.CHECKPOINT.value
+_MUTATION, _DELETION, _EXPIRATION = 0, 1, 2  # ItemKind values, as ints
+_BODY_LENGTH = struct.Struct(">I")
+_SEQNO = struct.Struct(">Q")
+_HEAD = HEADER.format
+_HEADER_SIZE = HEADER.size
+
+
+class EncodedBatch(NamedTuple):
+    data: bytes
+    """Markers and items, in order, as one buffer."""
+    markers: int
+    deletions: int
+    """Items logged as deletions (sent as DELETION)."""
+    expirations: int
+    """Items logged as expirations (sent as EXPIRATION or DELETION, per the consumer)."""
+
+
+def _removal(
+    opcode: int | None, layouts: tuple[ItemLayout, ...], delete_time: bool
+) -> tuple[int, struct.Struct, int] | None:
+    """(opcode, struct of header + extras, extras size) of a DELETION/EXPIRATION layout.
+
+    The extras are by_seqno, rev_seqno, the delete time when asked for, and
+    zero bytes for the rest (nmeta, pad), as the codec writes them.
+    """
+    layout = next((x for x in layouts if x.delete_time == delete_time), None)
+    if opcode is None or layout is None:
+        return None
+    fields = "QQI" if delete_time else "QQ"
+    pad = layout.size - struct.calcsize(">" + fields)
+    return opcode, struct.Struct(f"{_HEAD}{fields}{pad}x"), layout.size
+
+
+class BatchEncoder:
+    """Frame bytes of log item batches for one stream (opaque, vbucket, consumer settings).
+
+    Only for dialects with SNAPSHOT_MARKER (the draft's SNAPSHOT_START/END
+    stay on the event path); ``ValueError`` otherwise.
+    """
+
+    __slots__ = ("_deletion", "_expiration", "_fallback", "_marker", "_marker_op",
+                 "_mutation", "delete_times", "expiry_opcode", "opaque", "vbucket")  # fmt: skip
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        opaque: int,
+        vbucket: int,
+        *,
+        expiry_opcode: bool = False,
+        delete_times: bool = False,
+    ) -> None:
+        opcodes = dialect.opcodes
+        marker_op = opcodes.get(Command.SNAPSHOT_MARKER)
+        if marker_op is None:
+            raise ValueError(f"the {dialect.name} dialect has no SNAPSHOT_MARKER")
+        self.opaque = opaque
+        self.vbucket = vbucket
+        self.delete_times = delete_times
+        self.expiry_opcode = expiry_opcode
+        self._marker_op = marker_op
+        self._marker = struct.Struct(_HEAD + "QQI")
+        mutation = dialect.mutation
+        # by_seqno, rev_seqno, flags, expiration, lock time; nmeta and nru are zero.
+        pad = mutation.size - struct.calcsize(">QQIII")
+        self._mutation = (
+            opcodes[Command.MUTATION],
+            struct.Struct(f"{_HEAD}QQIII{pad}x"),
+            mutation.size,
+        )
+        self._deletion = _removal(opcodes.get(Command.DELETION), dialect.deletion, delete_times)
+        self._expiration = (
+            _removal(opcodes.get(Command.EXPIRATION), dialect.expiration, delete_times)
+            if expiry_opcode
+            else self._deletion
+        )
+        self._fallback = ItemEncoder(
+            dialect, opaque, vbucket, expiry_opcode=expiry_opcode, delete_times=delete_times
+        )
+
+    def encode(self, items: Sequence[LogItem]) -> EncodedBatch:
+        """Markers and items of ``items`` (seqno order), cut as ``cut_snapshots`` cuts them."""
+        parts: list[bytes] = []
+        append = parts.append
+        vbucket, opaque = self.vbucket, self.opaque
+        m_op, m_pack, m_ext = self._mutation[0], self._mutation[1].pack, self._mutation[2]
+        marker_pack, marker_op = self._marker.pack, self._marker_op
+        removals = {_DELETION: self._deletion, _EXPIRATION: self._expiration}
+        delete_times = self.delete_times
+        fallback = self._fallback.encode
+        markers = deletions = expirations = 0
+        keys: set[bytes] = set()
+        at = -1  # index in parts of the open snapshot's marker (filled when it closes)
+        start = last = 0
+        snap_flags = 0
+        run_backfill: bool = False
+        run_checkpoint = 0
+        for item in items:
+            (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, _, dt) = item
+            if (
+                at < 0
+                or bf != run_backfill
+                or cp != run_checkpoint
+                or (cs and not bf)
+                or key in keys
+            ):
+                if at >= 0:
+                    parts[at] = marker_pack(_REQUEST, marker_op, 0, 20, 0, vbucket, 20, opaque, 0,
+                                            start, last, snap_flags)  # fmt: skip
+                at = len(parts)
+                append(b"")
+                markers += 1
+                start = seqno
+                run_backfill, run_checkpoint = bf, cp
+                snap_flags = _DISK if bf else (_MEMORY | _CHECKPOINT if cs else _MEMORY)
+                keys = {key}
+            else:
+                keys.add(key)
+            last = seqno
+            try:
+                if kind == _MUTATION:
+                    if not key:
+                        raise struct.error("empty key")
+                    klen = len(key)
+                    append(m_pack(_REQUEST, m_op, klen, m_ext, dtype, vbucket,
+                                  m_ext + klen + len(value), opaque, cas, seqno, rev, flags, exp,
+                                  lock))  # fmt: skip
+                    append(key)
+                    append(value)
+                    continue
+                if kind == _DELETION:
+                    deletions += 1
+                else:
+                    expirations += 1
+                removal = removals[kind]
+                if removal is None or not key:
+                    raise struct.error("no fast path")
+                op, pack, ext = removal[0], removal[1].pack, removal[2]
+                klen = len(key)
+                if delete_times:
+                    append(pack(_REQUEST, op, klen, ext, 0, vbucket, ext + klen, opaque, cas,
+                                seqno, rev, dt))  # fmt: skip
+                else:
+                    append(pack(_REQUEST, op, klen, ext, 0, vbucket, ext + klen, opaque, cas,
+                                seqno, rev))  # fmt: skip
+                append(key)
+            except struct.error:
+                append(fallback(item))  # raises the codec's error if it cannot be sent
+        if at >= 0:
+            parts[at] = marker_pack(_REQUEST, marker_op, 0, 20, 0, vbucket, 20, opaque, 0,
+                                    start, last, snap_flags)  # fmt: skip
+        return EncodedBatch(b"".join(parts), markers, deletions, expirations)
+
+    def split(self, data: bytes, start: int, room: int) -> tuple[int, int, int]:
+        """(end offset, items, last item seqno) of what goes from ``start`` into ``room`` bytes.
+
+        Whole messages while the bytes taken before each are under ``room``
+        (at least one message); items are every message but markers.
+        """
+        marker_op = self._marker_op
+        unpack_length, unpack_seqno = _BODY_LENGTH.unpack_from, _SEQNO.unpack_from
+        offset, size = start, len(data)
+        items = last = 0
+        limit = start + room
+        while offset < size and (offset < limit or offset == start):
+            if data[offset + 1] != marker_op:
+                items += 1
+                last = unpack_seqno(data, offset + _HEADER_SIZE)[0]
+            offset += _HEADER_SIZE + unpack_length(data, offset + 8)[0]
+        return offset, items, last
