@@ -26,7 +26,7 @@ from typing import Any
 
 from gateway.verify.inputs import InputError, capture_files
 from gateway.verify.latency import SIZE, Histogram
-from gateway.verify.partition import RESULT_DDL, SORT_COLUMNS, reconcile_batches
+from gateway.verify.partition import INPUT_COLUMNS, RESULT_DDL, SORT_COLUMNS, reconcile_batches
 from gateway.verify.progress import Progress, ProgressLog
 from gateway.verify.shipping import ship, worker_python
 from gateway.verify.source import NAME, register
@@ -120,7 +120,8 @@ def _side(spark: Any, path: str, label: str, direction: str | None) -> Any:
     df = spark.read.format(NAME).load(path).withColumn("side", F.lit(label))
     if direction:
         df = df.filter((F.col("kind") >= 100) | (F.col("direction") == direction))
-    return df
+    # Only what the checks read crosses the shuffle.
+    return df.select(*INPUT_COLUMNS, "segment", "idx")
 
 
 def results_frame(spark: Any, left: str, right: str, partitions: int, **filters: Any) -> Any:
@@ -165,22 +166,29 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
     try:
         with Progress(spark, log) if config.progress else _NoProgress():
             job_started = time.monotonic()
-            results.count()
+            # The first action reconciles and fills the cache; the rest read the cache,
+            # and ask for samples only where there is something to sample.
+            small = results.filter("row_type IN ('stats', 'diagnostic')").collect()
             computed = time.monotonic()
-            stats = results.filter("row_type = 'stats'").collect()
-            diagnostics = results.filter("row_type = 'diagnostic'").collect()
+            stats = [r for r in small if r["row_type"] == "stats"]
+            diagnostics = [r for r in small if r["row_type"] == "diagnostic"]
             mismatch_rows = results.filter("row_type = 'mismatch'")
             counts = mismatch_rows.groupBy("check", "side", "vbucket").count().collect()
-            ranked = mismatch_rows.withColumn(
-                "rank", F.row_number().over(Window.partitionBy("check").orderBy("vbucket", "key"))
-            )
-            samples = ranked.filter(F.col("rank") <= config.samples).drop("rank").collect()
-            in_flight = (
-                results.filter("row_type = 'in_flight'")
-                .orderBy("vbucket", "key")
-                .limit(config.samples)
-                .collect()
-            )
+            samples: list[Any] = []
+            if counts:
+                ranked = mismatch_rows.withColumn(
+                    "rank",
+                    F.row_number().over(Window.partitionBy("check").orderBy("vbucket", "key")),
+                )
+                samples = ranked.filter(F.col("rank") <= config.samples).drop("rank").collect()
+            in_flight: list[Any] = []
+            if any(r["in_flight"] for r in stats):
+                in_flight = (
+                    results.filter("row_type = 'in_flight'")
+                    .orderBy("vbucket", "key")
+                    .limit(config.samples)
+                    .collect()
+                )
             if config.mismatches:
                 keep = [
                     c

@@ -13,13 +13,14 @@ diagnostic rows passed through as ``diagnostic`` rows.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from gateway.capture.records import CaptureRecord, Kind
-from gateway.verify.checks import FinalState, Mismatch, reconcile_key
+from gateway.verify.checks import FinalState, Mismatch, agreeing_latencies, reconcile_key
 from gateway.verify.latency import Histogram
 from gateway.verify.streams import check_stream
 
@@ -143,9 +144,11 @@ class _Vbucket:
         self.keys: dict[
             bytes, tuple[dict[str, list[CaptureRecord]], dict[str, list[CaptureRecord]]]
         ] = {}
-        self.records = {"left": 0, "right": 0}
-        self.items = {"left": 0, "right": 0}
-        self._stream: tuple[str, str] | None = None
+        self.items = [0, 0]
+        """Item records on the right, on the left (indexed by ``side == "left"``)."""
+        self._side: str | None = None
+        self._stream_name: str | None = None
+        self._left = True
         self._current: list[CaptureRecord] = []
         self.cuts: dict[str, int] = {}
         """Each side's CUT (a CAS) for this vbucket, if it has one."""
@@ -156,21 +159,22 @@ class _Vbucket:
         return min(self.cuts.values()) if self.cuts else None
 
     def add(self, side: str, protocol: str, stream: str, r: CaptureRecord) -> None:
-        if r.kind == _CUT:
+        kind = r.kind
+        if kind == _CUT:
             self.cuts[side] = min(r.cas, self.cuts.get(side, r.cas))
             return
-        if self._stream != (side, stream):
-            self._stream = (side, stream)
+        if stream != self._stream_name or side != self._side:
+            self._side, self._stream_name = side, stream
+            self._left = side == "left"
             self._current = []
             self.streams.append((side, protocol, self._current))
         self._current.append(r)
-        self.records[side] += 1
-        if r.kind < 10:
-            self.items[side] += 1
+        if kind < 10:
+            self.items[self._left] += 1
             entry = self.keys.get(r.key)
             if entry is None:
                 entry = self.keys[r.key] = ({}, {})
-            by_stream = entry[0 if side == "left" else 1]
+            by_stream = entry[0 if self._left else 1]
             records = by_stream.get(stream)
             if records is None:
                 by_stream[stream] = [r]
@@ -185,23 +189,32 @@ class _Vbucket:
         hist = Histogram()
         cut = self.cut
         in_flight = 0
-        for key, (left, right) in self.keys.items():
-            outcome = reconcile_key(vb, key, list(left.values()), list(right.values()), cut)
+        lags: list[float] = []
+        for key, (left_streams, right_streams) in self.keys.items():
+            left, right = list(left_streams.values()), list(right_streams.values())
+            agreed = agreeing_latencies(left, right, cut)
+            if agreed is not None:
+                lags += agreed
+                continue
+            outcome = reconcile_key(vb, key, left, right, cut)
             for m in outcome.mismatches:
                 out.mismatch(m)
             if outcome.in_flight:
                 in_flight += 1
                 out.mismatch(outcome.in_flight[0], "in_flight")
-            if outcome.latencies:
-                hist.add_all(outcome.latencies)
+            lags += outcome.latencies
+        hist.add_all(lags)
+        counted = {"left": 0, "right": 0}
+        for side, _, stream_records in self.streams:
+            counted[side] += len(stream_records)
         out.add(
             {
                 "row_type": "stats",
                 "vbucket": vb,
-                "left_records": self.records["left"],
-                "right_records": self.records["right"],
-                "left_items": self.items["left"],
-                "right_items": self.items["right"],
+                "left_records": counted["left"],
+                "right_records": counted["right"],
+                "left_items": self.items[True],
+                "right_items": self.items[False],
                 "keys": len(self.keys),
                 "in_flight": in_flight,
                 "lat_count": hist.count,
@@ -223,6 +236,18 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
 
 def reconcile_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body (see the module docstring)."""
+    # A vbucket is millions of small objects and no cycles: the collector's full
+    # passes over them would cost more than the checks.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield from _reconcile(batches)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _reconcile(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     out = _Output()
     current: _Vbucket | None = None
     for batch in batches:
