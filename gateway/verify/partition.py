@@ -18,11 +18,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from gateway.capture.records import CaptureRecord, Kind
 from gateway.verify.checks import FinalState, Mismatch, agreeing_latencies, reconcile_key
 from gateway.verify.latency import Histogram
 from gateway.verify.streams import check_stream
+
+try:
+    from gateway.verify import columnar
+except ImportError:  # numpy missing
+    columnar = None  # type: ignore[assignment]
 
 RECORD_COLUMNS = (
     "kind",
@@ -186,7 +192,18 @@ class _Vbucket:
         for side, protocol, records in self.streams:
             for m in check_stream(side, protocol, vb, records):
                 out.mismatch(m)
+        in_flight, lags = self.reconcile_keys(out)
         hist = Histogram()
+        hist.add_all(lags)
+        counted = {"left": 0, "right": 0}
+        for side, _, stream_records in self.streams:
+            counted[side] += len(stream_records)
+        items = {"left": self.items[True], "right": self.items[False]}
+        _stats(out, vb, counted, items, len(self.keys), in_flight, hist)
+
+    def reconcile_keys(self, out: _Output) -> tuple[int, list[float]]:
+        """Every key's checks: the keys in flight and the latencies."""
+        vb = self.vbucket
         cut = self.cut
         in_flight = 0
         lags: list[float] = []
@@ -203,27 +220,35 @@ class _Vbucket:
                 in_flight += 1
                 out.mismatch(outcome.in_flight[0], "in_flight")
             lags += outcome.latencies
-        hist.add_all(lags)
-        counted = {"left": 0, "right": 0}
-        for side, _, stream_records in self.streams:
-            counted[side] += len(stream_records)
-        out.add(
-            {
-                "row_type": "stats",
-                "vbucket": vb,
-                "left_records": counted["left"],
-                "right_records": counted["right"],
-                "left_items": self.items[True],
-                "right_items": self.items[False],
-                "keys": len(self.keys),
-                "in_flight": in_flight,
-                "lat_count": hist.count,
-                "lat_sum": hist.total,
-                "lat_min": hist.low if hist.count else None,
-                "lat_max": hist.high if hist.count else None,
-                "lat_hist": hist.counts if hist.count else None,
-            }
-        )
+        return in_flight, lags
+
+
+def _stats(
+    out: _Output,
+    vb: int,
+    records: dict[str, int],
+    items: dict[str, int],
+    keys: int,
+    in_flight: int,
+    hist: Histogram,
+) -> None:
+    out.add(
+        {
+            "row_type": "stats",
+            "vbucket": vb,
+            "left_records": records["left"],
+            "right_records": records["right"],
+            "left_items": items["left"],
+            "right_items": items["right"],
+            "keys": keys,
+            "in_flight": in_flight,
+            "lat_count": hist.count,
+            "lat_sum": hist.total,
+            "lat_min": hist.low if hist.count else None,
+            "lat_max": hist.high if hist.count else None,
+            "lat_hist": hist.counts if hist.count else None,
+        }
+    )
 
 
 def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
@@ -234,6 +259,32 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
     return values
 
 
+def _rows(batch: pa.RecordBatch) -> Iterator[tuple[str, str, str, CaptureRecord]]:
+    """(side, protocol, stream, record) of each row."""
+    records = map(
+        CaptureRecord._make, zip(*(_column(batch, c) for c in RECORD_COLUMNS), strict=True)
+    )
+    yield from zip(
+        _column(batch, "side"),
+        _column(batch, "protocol"),
+        _column(batch, "stream"),
+        records,
+        strict=True,
+    )
+
+
+def _diagnostic(out: _Output, side: str, stream: str | None, r: CaptureRecord) -> None:
+    out.add(
+        {
+            "row_type": "diagnostic",
+            "check": "torn" if r.kind == 100 else "damaged",
+            "side": side,
+            "detail": (r.key or b"").decode("utf-8", "replace"),
+            "key": stream.encode() if stream else None,
+        }
+    )
+
+
 def reconcile_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body (see the module docstring)."""
     # A vbucket is millions of small objects and no cycles: the collector's full
@@ -241,33 +292,23 @@ def reconcile_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
     collecting = gc.isenabled()
     gc.disable()
     try:
-        yield from _reconcile(batches)
+        if columnar is None:  # no numpy on this executor: every record in Python
+            yield from reconcile_rows(batches)
+        else:
+            yield from reconcile_columns(batches)
     finally:
         if collecting:
             gc.enable()
 
 
-def _reconcile(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def reconcile_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The checks with a Python object per record (the reference for ``reconcile_columns``)."""
     out = _Output()
     current: _Vbucket | None = None
     for batch in batches:
-        sides = _column(batch, "side")
-        protocols = _column(batch, "protocol")
-        streams = _column(batch, "stream")
-        records = map(
-            CaptureRecord._make, zip(*(_column(batch, c) for c in RECORD_COLUMNS), strict=True)
-        )
-        for side, protocol, stream, r in zip(sides, protocols, streams, records, strict=False):
+        for side, protocol, stream, r in _rows(batch):
             if r.kind >= 100:
-                out.add(
-                    {
-                        "row_type": "diagnostic",
-                        "check": "torn" if r.kind == 100 else "damaged",
-                        "side": side,
-                        "detail": (r.key or b"").decode("utf-8", "replace"),
-                        "key": stream.encode() if stream else None,
-                    }
-                )
+                _diagnostic(out, side, stream, r)
                 continue
             if current is None or r.vbucket != current.vbucket:
                 if current is not None:
@@ -280,3 +321,64 @@ def _reconcile(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         current.finish(out)
     if out.rows:
         yield out.take()
+
+
+def reconcile_columns(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The same results, each vbucket taken whole on its columns (``columnar``)."""
+    assert columnar is not None
+    out = _Output()
+    pending: list[pa.RecordBatch] = []
+    current = None
+    for batch in batches:
+        damage = pc.greater_equal(batch.column("kind"), 100)
+        if pc.any(damage).as_py():
+            for side, _, stream, r in _rows(batch.filter(damage)):
+                _diagnostic(out, side, stream, r)
+            batch = batch.filter(pc.invert(damage))
+        for start, stop, vb in columnar.runs(batch.column("vbucket")):
+            if vb != current and pending:
+                _finish_columns(current, pending, out)  # type: ignore[arg-type]
+                pending = []
+            current = vb
+            pending.append(batch.slice(start, stop - start))
+        if out.rows >= OUTPUT_ROWS:
+            yield out.take()
+    if pending:
+        _finish_columns(current, pending, out)  # type: ignore[arg-type]
+    if out.rows:
+        yield out.take()
+
+
+def _finish_columns(vb: int, slices: list[pa.RecordBatch], out: _Output) -> None:
+    assert columnar is not None
+    table = pa.Table.from_batches(slices).combine_chunks()
+    kind = table.column("kind").to_numpy()
+    is_cut = kind == _CUT
+    keys = _Vbucket(vb)
+    if is_cut.any():
+        for side, _, _, r in _rows(_batch(table.filter(pa.array(is_cut)))):
+            keys.cuts[side] = min(r.cas, keys.cuts.get(side, r.cas))
+        table = table.filter(pa.array(~is_cut))
+        kind = kind[~is_cut]
+    found = columnar.split(table, keys.cut)
+    for start, stop in found.slow_streams:
+        rows = list(_rows(_batch(table.slice(start, stop - start))))
+        side, protocol = rows[0][0], rows[0][1]
+        for m in check_stream(side, protocol, vb, [r for _, _, _, r in rows]):
+            out.mismatch(m)
+    if len(found.slow_key_rows):
+        for side, protocol, stream, r in _rows(_batch(table.take(pa.array(found.slow_key_rows)))):
+            keys.add(side, protocol, stream, r)
+    in_flight, lags = keys.reconcile_keys(out)
+    hist = Histogram()
+    hist.merge(*columnar.histogram(found.latencies))
+    hist.add_all(lags)
+    left = pc.equal(table.column("side"), "left").to_numpy(zero_copy_only=False)
+    item = kind < 10
+    records = {"left": int(left.sum()), "right": int((~left).sum())}
+    items = {"left": int((item & left).sum()), "right": int((item & ~left).sum())}
+    _stats(out, vb, records, items, found.keys, in_flight, hist)
+
+
+def _batch(table: pa.Table) -> pa.RecordBatch:
+    return table.combine_chunks().to_batches()[0]
