@@ -1,14 +1,18 @@
 """What a Spark task runs: the checks over the records of whole vbuckets.
 
 ``reconcile_batches`` is given by ``mapInArrow`` the records of both sides
-repartitioned by vbucket and sorted by (vbucket, side, stream, segment,
-idx), so each vbucket arrives whole, each stream in arrival order. It
-gathers one vbucket at a time, applies ``streams.check_stream`` to every
-stream and ``checks.reconcile_key`` to every key, and yields result rows
+repartitioned by vbucket and sorted by vbucket, stream (in any order between
+streams), segment and idx, so each vbucket arrives whole, each stream
+together and in arrival order. It gathers one vbucket at a time and
+``columnar.split`` sets aside, on the vbucket's Arrow columns, the streams
+and keys that might hold a fault; only those become Python records, for
+``streams.check_stream`` and ``checks.reconcile_key`` (``reconcile_rows``, the
+same with a record object for everything, is the reference it is tested
+against and what runs without numpy). It yields result rows
 (``RESULT_DDL``): one ``mismatch`` row per fault, one ``in_flight`` row per
 key that differs only by changes past the vbucket's cut (``CUT`` records),
-one ``stats`` row per vbucket (counts and the latency histogram), and the data source's
-diagnostic rows passed through as ``diagnostic`` rows.
+one ``stats`` row per vbucket (counts and the latency histogram), and the
+data source's diagnostic rows passed through as ``diagnostic`` rows.
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ RECORD_COLUMNS = (
 )
 _UNSIGNED = frozenset({"by_seqno", "rev_seqno", "cas", "checkpoint_id", "snap_start", "snap_end"})
 INPUT_COLUMNS = ("side", "protocol", "stream", *RECORD_COLUMNS)
-SORT_COLUMNS = ("vbucket", "side", "stream", "segment", "idx")
 OUTPUT_ROWS = 8192
 _CUT = int(Kind.CUT)
 
