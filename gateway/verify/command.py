@@ -56,7 +56,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         "--mismatches", metavar="DIR", help="write every mismatching record as Parquet here"
     )
     parser.add_argument(
-        "--partitions", type=_positive, help="shuffle partitions (default 2 x cores, at least 4)"
+        "--partitions",
+        type=_positive,
+        help="shuffle partitions (default 2 x cores, at least 4 and one per segment file)",
     )
     parser.add_argument(
         "--left-direction",

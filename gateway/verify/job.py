@@ -2,10 +2,11 @@
 
 Theory of operation. Both captures are read through the ``tapupr-capture``
 data source (one partition per segment file), tagged ``left``/``right`` and
-unioned. One shuffle puts each vbucket in one partition, sorted by side,
-stream and arrival; ``partition.reconcile_batches`` (``mapInArrow``) then
-applies the pure checks to whole vbuckets and yields mismatch, stats and
-diagnostic rows. Those results are persisted, so the counts, samples, the
+unioned. One shuffle puts each vbucket in one partition, each stream's
+records together in arrival order; ``partition.reconcile_batches``
+(``mapInArrow``) then checks whole vbuckets on their columns, the few
+streams and keys that might hold a fault with the pure checks, and yields
+mismatch, stats and diagnostic rows. Those results are persisted, so the counts, samples, the
 latency histogram and the optional Parquet output cost no second pass over
 the captures. Stage timings from ``progress`` split the wall time between
 the scan (reading and decoding captures, up to the shuffle) and the
@@ -26,7 +27,7 @@ from typing import Any
 
 from gateway.verify.inputs import InputError, capture_files
 from gateway.verify.latency import SIZE, Histogram
-from gateway.verify.partition import RESULT_DDL, SORT_COLUMNS, reconcile_batches
+from gateway.verify.partition import INPUT_COLUMNS, RESULT_DDL, reconcile_batches
 from gateway.verify.progress import Progress, ProgressLog
 from gateway.verify.shipping import ship, worker_python
 from gateway.verify.source import NAME, register
@@ -46,7 +47,8 @@ class VerifyConfig:
     report: str | None = None
     mismatches: str | None = None
     partitions: int | None = None
-    """Shuffle partitions (default: twice the default parallelism, at least 4)."""
+    """Shuffle partitions (default: twice the default parallelism, at least 4 and one per
+    segment file)."""
     left_direction: str | None = None
     right_direction: str | None = None
     samples: int = SAMPLES_PER_CHECK
@@ -120,17 +122,22 @@ def _side(spark: Any, path: str, label: str, direction: str | None) -> Any:
     df = spark.read.format(NAME).load(path).withColumn("side", F.lit(label))
     if direction:
         df = df.filter((F.col("kind") >= 100) | (F.col("direction") == direction))
-    return df
+    # Only what the checks read crosses the shuffle.
+    return df.select(*INPUT_COLUMNS, "segment", "idx")
 
 
 def results_frame(spark: Any, left: str, right: str, partitions: int, **filters: Any) -> Any:
     """The result rows (mismatch / stats / diagnostic) of reconciling two capture paths."""
+    from pyspark.sql import functions as F
+
     data = _side(spark, left, "left", filters.get("left_direction")).unionByName(
         _side(spark, right, "right", filters.get("right_direction"))
     )
     return (
         data.repartition(partitions, "vbucket")
-        .sortWithinPartitions(*SORT_COLUMNS)
+        # Fixed-width sort keys: a hash stands for (side, stream), whose order among
+        # streams does not matter, only that each stream's records stay together.
+        .sortWithinPartitions("vbucket", F.xxhash64("side", "stream"), "segment", "idx")
         .mapInArrow(reconcile_batches, RESULT_DDL)
     )
 
@@ -150,7 +157,10 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
             shuffle_partitions=config.partitions,
             conf=config.spark_conf,
         )
-    partitions = config.partitions or max(4, 2 * spark.sparkContext.defaultParallelism)
+    # About a segment's worth of records per partition keeps each sort in memory.
+    partitions = config.partitions or max(
+        4, 2 * spark.sparkContext.defaultParallelism, len(left_files) + len(right_files)
+    )
     # The report's own aggregations are small: no 200-way shuffles for them.
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     results = results_frame(
@@ -165,22 +175,29 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
     try:
         with Progress(spark, log) if config.progress else _NoProgress():
             job_started = time.monotonic()
-            results.count()
+            # The first action reconciles and fills the cache; the rest read the cache,
+            # and ask for samples only where there is something to sample.
+            small = results.filter("row_type IN ('stats', 'diagnostic')").collect()
             computed = time.monotonic()
-            stats = results.filter("row_type = 'stats'").collect()
-            diagnostics = results.filter("row_type = 'diagnostic'").collect()
+            stats = [r for r in small if r["row_type"] == "stats"]
+            diagnostics = [r for r in small if r["row_type"] == "diagnostic"]
             mismatch_rows = results.filter("row_type = 'mismatch'")
             counts = mismatch_rows.groupBy("check", "side", "vbucket").count().collect()
-            ranked = mismatch_rows.withColumn(
-                "rank", F.row_number().over(Window.partitionBy("check").orderBy("vbucket", "key"))
-            )
-            samples = ranked.filter(F.col("rank") <= config.samples).drop("rank").collect()
-            in_flight = (
-                results.filter("row_type = 'in_flight'")
-                .orderBy("vbucket", "key")
-                .limit(config.samples)
-                .collect()
-            )
+            samples: list[Any] = []
+            if counts:
+                ranked = mismatch_rows.withColumn(
+                    "rank",
+                    F.row_number().over(Window.partitionBy("check").orderBy("vbucket", "key")),
+                )
+                samples = ranked.filter(F.col("rank") <= config.samples).drop("rank").collect()
+            in_flight: list[Any] = []
+            if any(r["in_flight"] for r in stats):
+                in_flight = (
+                    results.filter("row_type = 'in_flight'")
+                    .orderBy("vbucket", "key")
+                    .limit(config.samples)
+                    .collect()
+                )
             if config.mismatches:
                 keep = [
                     c

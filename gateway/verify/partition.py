@@ -1,27 +1,38 @@
 """What a Spark task runs: the checks over the records of whole vbuckets.
 
 ``reconcile_batches`` is given by ``mapInArrow`` the records of both sides
-repartitioned by vbucket and sorted by (vbucket, side, stream, segment,
-idx), so each vbucket arrives whole, each stream in arrival order. It
-gathers one vbucket at a time, applies ``streams.check_stream`` to every
-stream and ``checks.reconcile_key`` to every key, and yields result rows
+repartitioned by vbucket and sorted by vbucket, stream (in any order between
+streams), segment and idx, so each vbucket arrives whole, each stream
+together and in arrival order. It gathers one vbucket at a time and
+``columnar.split`` sets aside, on the vbucket's Arrow columns, the streams
+and keys that might hold a fault; only those become Python records, for
+``streams.check_stream`` and ``checks.reconcile_key`` (``reconcile_rows``, the
+same with a record object for everything, is the reference it is tested
+against and what runs without numpy). It yields result rows
 (``RESULT_DDL``): one ``mismatch`` row per fault, one ``in_flight`` row per
 key that differs only by changes past the vbucket's cut (``CUT`` records),
-one ``stats`` row per vbucket (counts and the latency histogram), and the data source's
-diagnostic rows passed through as ``diagnostic`` rows.
+one ``stats`` row per vbucket (counts and the latency histogram), and the
+data source's diagnostic rows passed through as ``diagnostic`` rows.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from gateway.capture.records import CaptureRecord, Kind
-from gateway.verify.checks import FinalState, Mismatch, reconcile_key
+from gateway.verify.checks import FinalState, Mismatch, agreeing_latencies, reconcile_key
 from gateway.verify.latency import Histogram
 from gateway.verify.streams import check_stream
+
+try:
+    from gateway.verify import columnar
+except ImportError:  # numpy missing
+    columnar = None  # type: ignore[assignment]
 
 RECORD_COLUMNS = (
     "kind",
@@ -41,7 +52,6 @@ RECORD_COLUMNS = (
 )
 _UNSIGNED = frozenset({"by_seqno", "rev_seqno", "cas", "checkpoint_id", "snap_start", "snap_end"})
 INPUT_COLUMNS = ("side", "protocol", "stream", *RECORD_COLUMNS)
-SORT_COLUMNS = ("vbucket", "side", "stream", "segment", "idx")
 OUTPUT_ROWS = 8192
 _CUT = int(Kind.CUT)
 
@@ -143,9 +153,11 @@ class _Vbucket:
         self.keys: dict[
             bytes, tuple[dict[str, list[CaptureRecord]], dict[str, list[CaptureRecord]]]
         ] = {}
-        self.records = {"left": 0, "right": 0}
-        self.items = {"left": 0, "right": 0}
-        self._stream: tuple[str, str] | None = None
+        self.items = [0, 0]
+        """Item records on the right, on the left (indexed by ``side == "left"``)."""
+        self._side: str | None = None
+        self._stream_name: str | None = None
+        self._left = True
         self._current: list[CaptureRecord] = []
         self.cuts: dict[str, int] = {}
         """Each side's CUT (a CAS) for this vbucket, if it has one."""
@@ -156,21 +168,22 @@ class _Vbucket:
         return min(self.cuts.values()) if self.cuts else None
 
     def add(self, side: str, protocol: str, stream: str, r: CaptureRecord) -> None:
-        if r.kind == _CUT:
+        kind = r.kind
+        if kind == _CUT:
             self.cuts[side] = min(r.cas, self.cuts.get(side, r.cas))
             return
-        if self._stream != (side, stream):
-            self._stream = (side, stream)
+        if stream != self._stream_name or side != self._side:
+            self._side, self._stream_name = side, stream
+            self._left = side == "left"
             self._current = []
             self.streams.append((side, protocol, self._current))
         self._current.append(r)
-        self.records[side] += 1
-        if r.kind < 10:
-            self.items[side] += 1
+        if kind < 10:
+            self.items[self._left] += 1
             entry = self.keys.get(r.key)
             if entry is None:
                 entry = self.keys[r.key] = ({}, {})
-            by_stream = entry[0 if side == "left" else 1]
+            by_stream = entry[0 if self._left else 1]
             records = by_stream.get(stream)
             if records is None:
                 by_stream[stream] = [r]
@@ -182,35 +195,63 @@ class _Vbucket:
         for side, protocol, records in self.streams:
             for m in check_stream(side, protocol, vb, records):
                 out.mismatch(m)
+        in_flight, lags = self.reconcile_keys(out)
         hist = Histogram()
+        hist.add_all(lags)
+        counted = {"left": 0, "right": 0}
+        for side, _, stream_records in self.streams:
+            counted[side] += len(stream_records)
+        items = {"left": self.items[True], "right": self.items[False]}
+        _stats(out, vb, counted, items, len(self.keys), in_flight, hist)
+
+    def reconcile_keys(self, out: _Output) -> tuple[int, list[float]]:
+        """Every key's checks: the keys in flight and the latencies."""
+        vb = self.vbucket
         cut = self.cut
         in_flight = 0
-        for key, (left, right) in self.keys.items():
-            outcome = reconcile_key(vb, key, list(left.values()), list(right.values()), cut)
+        lags: list[float] = []
+        for key, (left_streams, right_streams) in self.keys.items():
+            left, right = list(left_streams.values()), list(right_streams.values())
+            agreed = agreeing_latencies(left, right, cut)
+            if agreed is not None:
+                lags += agreed
+                continue
+            outcome = reconcile_key(vb, key, left, right, cut)
             for m in outcome.mismatches:
                 out.mismatch(m)
             if outcome.in_flight:
                 in_flight += 1
                 out.mismatch(outcome.in_flight[0], "in_flight")
-            if outcome.latencies:
-                hist.add_all(outcome.latencies)
-        out.add(
-            {
-                "row_type": "stats",
-                "vbucket": vb,
-                "left_records": self.records["left"],
-                "right_records": self.records["right"],
-                "left_items": self.items["left"],
-                "right_items": self.items["right"],
-                "keys": len(self.keys),
-                "in_flight": in_flight,
-                "lat_count": hist.count,
-                "lat_sum": hist.total,
-                "lat_min": hist.low if hist.count else None,
-                "lat_max": hist.high if hist.count else None,
-                "lat_hist": hist.counts if hist.count else None,
-            }
-        )
+            lags += outcome.latencies
+        return in_flight, lags
+
+
+def _stats(
+    out: _Output,
+    vb: int,
+    records: dict[str, int],
+    items: dict[str, int],
+    keys: int,
+    in_flight: int,
+    hist: Histogram,
+) -> None:
+    out.add(
+        {
+            "row_type": "stats",
+            "vbucket": vb,
+            "left_records": records["left"],
+            "right_records": records["right"],
+            "left_items": items["left"],
+            "right_items": items["right"],
+            "keys": keys,
+            "in_flight": in_flight,
+            "lat_count": hist.count,
+            "lat_sum": hist.total,
+            "lat_min": hist.low if hist.count else None,
+            "lat_max": hist.high if hist.count else None,
+            "lat_hist": hist.counts if hist.count else None,
+        }
+    )
 
 
 def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
@@ -221,28 +262,56 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
     return values
 
 
+def _rows(batch: pa.RecordBatch) -> Iterator[tuple[str, str, str, CaptureRecord]]:
+    """(side, protocol, stream, record) of each row."""
+    records = map(
+        CaptureRecord._make, zip(*(_column(batch, c) for c in RECORD_COLUMNS), strict=True)
+    )
+    yield from zip(
+        _column(batch, "side"),
+        _column(batch, "protocol"),
+        _column(batch, "stream"),
+        records,
+        strict=True,
+    )
+
+
+def _diagnostic(out: _Output, side: str, stream: str | None, r: CaptureRecord) -> None:
+    out.add(
+        {
+            "row_type": "diagnostic",
+            "check": "torn" if r.kind == 100 else "damaged",
+            "side": side,
+            "detail": (r.key or b"").decode("utf-8", "replace"),
+            "key": stream.encode() if stream else None,
+        }
+    )
+
+
 def reconcile_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body (see the module docstring)."""
+    # A vbucket is millions of small objects and no cycles: the collector's full
+    # passes over them would cost more than the checks.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if columnar is None:  # no numpy on this executor: every record in Python
+            yield from reconcile_rows(batches)
+        else:
+            yield from reconcile_columns(batches)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def reconcile_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The checks with a Python object per record (the reference for ``reconcile_columns``)."""
     out = _Output()
     current: _Vbucket | None = None
     for batch in batches:
-        sides = _column(batch, "side")
-        protocols = _column(batch, "protocol")
-        streams = _column(batch, "stream")
-        records = map(
-            CaptureRecord._make, zip(*(_column(batch, c) for c in RECORD_COLUMNS), strict=True)
-        )
-        for side, protocol, stream, r in zip(sides, protocols, streams, records, strict=False):
+        for side, protocol, stream, r in _rows(batch):
             if r.kind >= 100:
-                out.add(
-                    {
-                        "row_type": "diagnostic",
-                        "check": "torn" if r.kind == 100 else "damaged",
-                        "side": side,
-                        "detail": (r.key or b"").decode("utf-8", "replace"),
-                        "key": stream.encode() if stream else None,
-                    }
-                )
+                _diagnostic(out, side, stream, r)
                 continue
             if current is None or r.vbucket != current.vbucket:
                 if current is not None:
@@ -255,3 +324,64 @@ def reconcile_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
         current.finish(out)
     if out.rows:
         yield out.take()
+
+
+def reconcile_columns(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The same results, each vbucket taken whole on its columns (``columnar``)."""
+    assert columnar is not None
+    out = _Output()
+    pending: list[pa.RecordBatch] = []
+    current = None
+    for batch in batches:
+        damage = pc.greater_equal(batch.column("kind"), 100)
+        if pc.any(damage).as_py():
+            for side, _, stream, r in _rows(batch.filter(damage)):
+                _diagnostic(out, side, stream, r)
+            batch = batch.filter(pc.invert(damage))
+        for start, stop, vb in columnar.runs(batch.column("vbucket")):
+            if vb != current and pending:
+                _finish_columns(current, pending, out)  # type: ignore[arg-type]
+                pending = []
+            current = vb
+            pending.append(batch.slice(start, stop - start))
+        if out.rows >= OUTPUT_ROWS:
+            yield out.take()
+    if pending:
+        _finish_columns(current, pending, out)  # type: ignore[arg-type]
+    if out.rows:
+        yield out.take()
+
+
+def _finish_columns(vb: int, slices: list[pa.RecordBatch], out: _Output) -> None:
+    assert columnar is not None
+    table = pa.Table.from_batches(slices).combine_chunks()
+    kind = table.column("kind").to_numpy()
+    is_cut = kind == _CUT
+    keys = _Vbucket(vb)
+    if is_cut.any():
+        for side, _, _, r in _rows(_batch(table.filter(pa.array(is_cut)))):
+            keys.cuts[side] = min(r.cas, keys.cuts.get(side, r.cas))
+        table = table.filter(pa.array(~is_cut))
+        kind = kind[~is_cut]
+    found = columnar.split(table, keys.cut)
+    for start, stop in found.slow_streams:
+        rows = list(_rows(_batch(table.slice(start, stop - start))))
+        side, protocol = rows[0][0], rows[0][1]
+        for m in check_stream(side, protocol, vb, [r for _, _, _, r in rows]):
+            out.mismatch(m)
+    if len(found.slow_key_rows):
+        for side, protocol, stream, r in _rows(_batch(table.take(pa.array(found.slow_key_rows)))):
+            keys.add(side, protocol, stream, r)
+    in_flight, lags = keys.reconcile_keys(out)
+    hist = Histogram()
+    hist.merge(*columnar.histogram(found.latencies))
+    hist.add_all(lags)
+    left = pc.equal(table.column("side"), "left").to_numpy(zero_copy_only=False)
+    item = kind < 10
+    records = {"left": int(left.sum()), "right": int((~left).sum())}
+    items = {"left": int((item & left).sum()), "right": int((item & ~left).sum())}
+    _stats(out, vb, records, items, found.keys, in_flight, hist)
+
+
+def _batch(table: pa.Table) -> pa.RecordBatch:
+    return table.combine_chunks().to_batches()[0]

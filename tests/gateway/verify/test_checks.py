@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 
 from gateway.capture import CaptureRecord, Kind, digest, item_record, marker_record
-from gateway.verify.checks import Check, final_state, latencies, reconcile_key
+from gateway.verify.checks import (
+    Check,
+    agreeing_latencies,
+    final_state,
+    latencies,
+    reconcile_key,
+)
 from gateway.verify.latency import SIZE, Histogram, bucket, bucket_bounds, bucket_value
 from gateway.verify.streams import check_stream
 
@@ -303,3 +309,89 @@ def test_records_past_the_cut_never_make_a_mismatch(
     outcome = reconcile_key(3, K, [history + past[:left_past]], [history + past[:right_past]], cut)
     assert outcome.mismatches == []
     assert bool(outcome.in_flight) == (left_past != right_past)
+
+
+_KINDS = ("mutation",) * 5 + ("deletion", "expiration", "delete")
+_FIELDS = ("kind", "rev_seqno", "cas", "flags", "expiration", "digest")
+
+
+def _seqnos(draw: st.DrawFn, n: int) -> list[int | None]:
+    """Mostly growing seqnos, sometimes missing (TAP) or going back."""
+    if not draw(st.integers(0, 3)):
+        return [None] * n
+    low = draw(st.sampled_from([-1, 0, 0, 0]))
+    steps = draw(st.lists(st.integers(low, 2), min_size=n, max_size=n))
+    return [max(0, 3 + sum(steps[: i + 1])) for i in range(n)]
+
+
+@st.composite
+def _key_histories(draw: st.DrawFn) -> tuple[list[list[CaptureRecord]], list[list[CaptureRecord]]]:
+    """One key on both sides: the same versions, often, or nearly (one field changed)."""
+    n = draw(st.integers(1, 4))
+    base = draw(st.sampled_from([0, 2**64 - 4]))
+    revs = [
+        base + sum(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))[: i + 1])
+        for i in range(n)
+    ]
+    if draw(st.integers(0, 3)):
+        revs = [base + i + 1 for i in range(n)]
+    cases = sorted(draw(st.lists(st.sampled_from([1, 2, 3, 2**63 + 1]), min_size=n, max_size=n)))
+    left = []
+    for i, seq in enumerate(_seqnos(draw, n)):
+        kind = draw(st.sampled_from(_KINDS))
+        if kind == "mutation":
+            r = mut(
+                0,
+                cases[i],
+                draw(st.sampled_from([b"a", b"b"])),
+                seq=seq,
+                at=float(i),
+                flags=draw(st.integers(0, 1)),
+                exp=draw(st.integers(0, 1)),
+            )
+        else:
+            r = gone(kind, 0, cases[i], seq=seq, at=float(i))
+        left.append(r._replace(rev_seqno=revs[i]))
+    right = [
+        r._replace(by_seqno=s, arrival=r.arrival + 0.5)
+        for r, s in zip(left, _seqnos(draw, n), strict=True)
+    ]
+    change = draw(st.sampled_from(["none"] * 3 + ["field"] * 4 + ["drop", "streams", "swap"]))
+    if change == "field":
+        i, name = draw(st.sampled_from([n - 1, n - 1, 0])), draw(st.sampled_from(_FIELDS))
+        new = {"kind": 2, "rev_seqno": None, "cas": 2, "flags": 7, "expiration": 7, "digest": None}
+        right[i] = right[i]._replace(**{name: new[name]})
+    elif change == "drop":
+        del right[draw(st.integers(0, n - 1))]
+    elif change == "swap" and n > 1:
+        right[0], right[1] = right[1], right[0]
+    lefts = [left]
+    rights = [right] if right else []
+    if change == "streams" and n > 1:
+        rights = [right[:1], right[1:]]
+    return lefts, rights
+
+
+@settings(max_examples=400)
+@given(histories=_key_histories(), cut=st.one_of(st.none(), st.sampled_from([0, 2, 3, 2**63 + 1])))
+def test_the_shortcut_for_agreeing_keys_matches_reconcile_key(
+    histories: tuple[list[list[CaptureRecord]], list[list[CaptureRecord]]], cut: int | None
+) -> None:
+    """Wherever agreeing_latencies answers, reconcile_key finds nothing and the same latencies."""
+    left, right = histories
+    agreed = agreeing_latencies(left, right, cut)
+    outcome = reconcile_key(3, K, left, right, cut)
+    if agreed is not None:
+        assert outcome.mismatches == [] and outcome.in_flight == []
+        assert sorted(agreed) == sorted(outcome.latencies)
+
+
+@pytest.mark.parametrize("field", (*_FIELDS, "by_seqno"))
+def test_the_shortcut_declines_a_changed_final_version(field: str) -> None:
+    left = [mut(1, 10, seq=1), mut(2, 11, b"w", seq=2, flags=1, exp=1)]
+    new = {"kind": 2, "rev_seqno": 1, "cas": 12, "flags": 0, "expiration": 0, "digest": None}
+    new["by_seqno"] = 0  # going back within the stream: key_order
+    right = [left[0], left[1]._replace(**{field: new[field]})]
+    assert agreeing_latencies([left], [right]) is None
+    assert reconcile_key(3, K, [left], [right]).mismatches
+    assert agreeing_latencies([left], [left]) == [0.0, 0.0]
