@@ -2,17 +2,14 @@
 
 ``decode_frame`` followed by ``TapToUpr.feed`` builds a frozen event with an
 ``IntFlag`` field and a list per item. For the dominant messages (MUTATION
-and DELETE with the 2.x engine-specific rev_seqno) ``item_from_frame``
-unpacks the frame with one precompiled struct and hands the fields to the
-same translator methods the event path ends in (``TapToUpr.mutation`` and
-``TapToUpr.delete``), so both paths log the same records (a property test
-holds them together). Anything else (other layouts, frames the decoder
-would refuse, control messages) returns None and keeps the event path,
-which names what is wrong.
-
-``log_frames`` does the same for a whole run of frames of one socket read,
-CHECKPOINT_START/END included (``TapToUpr.checkpoint_start``/``_end``): a
-live 2.x stream that keeps up sends one checkpoint per item or so.
+and DELETE with the 2.x engine-specific rev_seqno, CHECKPOINT_START/END in
+the server layout) ``log_frames`` unpacks a whole run of frames of one
+socket read, each with one precompiled struct, and hands the fields to the
+same translator methods the event path ends in (``TapToUpr.mutation``,
+``.delete``, ``.checkpoint_start``/``_end``), so both paths log the same
+records (a property test holds them together). It stops at anything else
+(other layouts, frames the decoder would refuse, control messages), which
+keeps the event path, which names what is wrong.
 
 ``ack_frame`` is the TAP ack ``encode(TapResponse(opcode, opaque, 0))``
 makes, packed in one struct.
@@ -49,43 +46,7 @@ OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
 _TAP_FLAGS = struct.Struct(">HH")
 _ID = struct.Struct(">Q")
 FAST_OPCODES = frozenset({OP_MUTATION, OP_DELETE})
-"""Request opcodes ``item_from_frame`` may take."""
-
-
-def item_from_frame(
-    frame: Frame, translator: TapToUpr, now: float
-) -> tuple[LogItem | None, int] | None:
-    """(log item or None for a duplicate, TAP flags) of a MUTATION or DELETE frame
-    of the translator's vbucket, or None when the event path must take it."""
-    _, opcode, keylen, _, datatype, _, _, cas, body = frame
-    if not keylen:
-        return None
-    size = len(body)
-    if opcode == OP_MUTATION:
-        if size < 24:
-            return None
-        es_len, tap_flags, _, flags, expiration, rev_seqno = _MUTATION.unpack_from(body)
-        if es_len != 8 and es_len != 9:
-            return None
-        key_start = 16 + es_len
-        key_end = key_start + keylen
-        if key_end > size:
-            return None
-        given = tap_flags
-        if not tap_flags & _NETWORK_BYTE_ORDER:
-            flags = _HOST_FLAGS.unpack_from(body, 8)[0]
-            given = tap_flags | _NETWORK_BYTE_ORDER
-        item = translator.mutation(
-            body[key_start:key_end], body[key_end:], cas, flags, expiration, rev_seqno,
-            datatype, given, now,
-        )  # fmt: skip
-        return item, tap_flags
-    if size < 16:
-        return None
-    es_len, tap_flags, _, rev_seqno = _DELETE.unpack_from(body)
-    if es_len != 8 or 16 + keylen > size:
-        return None
-    return translator.delete(body[16 : 16 + keylen], cas, rev_seqno, now), tap_flags
+"""Item request opcodes ``log_frames`` may take."""
 
 
 class ItemSink(Protocol):
@@ -111,8 +72,8 @@ def log_frames(
     touched: dict[int, S],
     acks: list[bytes],
 ) -> int:
-    """Log the run of MUTATION/DELETE frames (``item_from_frame`` for each, with the
-    frame unpacked once) and CHECKPOINT_START/END frames of the server layout
+    """Log the run of MUTATION/DELETE frames (each unpacked once, straight to its
+    log item) and CHECKPOINT_START/END frames of the server layout
     from ``frames[start]``; the index of the first frame it left for the event
     path (``len(frames)``: none), which names what is wrong with a frame.
 

@@ -69,8 +69,6 @@ from adapters.tap import (
 from adapters.tap_acks import ack_of
 from adapters.translate.tap_to_log_fast import (
     FAST_OPCODES,
-    ack_frame,
-    item_from_frame,
     log_frames,
 )
 from gateway.capture.mapping import TapRecording
@@ -271,22 +269,19 @@ class Ingest:
                     index = stop
                 frame = frames[index]
                 index += 1
-                if fast and frame.magic == _REQUEST and frame.opcode in FAST_OPCODES:
-                    vbucket = frame.vbucket_or_status
-                    vblog = logs.get(vbucket)  # a new vbucket's first item: the event path
-                    done = None if vblog is None else item_from_frame(frame, vblog.translator, now)
-                    if vblog is not None and done is not None:  # else the event path names it
-                        item, tap_flags = done
-                        if item is not None:
-                            vblog.append_item(item)
-                        touched[vbucket] = vblog
-                        messages += 1
-                        if always:
-                            await self._commit(touched)
-                            touched = {}
-                        if tap_flags & _ACK:
-                            acks.append(ack_frame(frame.opcode, frame.opaque))
-                        continue
+                # Frame by frame ("always"): an item of a known vbucket still takes
+                # the one-pass parse; a new vbucket's first item, or one to refuse,
+                # takes the event path, which names what is wrong.
+                if (
+                    fast
+                    and frame.opcode in FAST_OPCODES
+                    and log_frames((frame,), 0, logs, now, touched, acks) == 1
+                ):
+                    messages += 1
+                    if always:
+                        await self._commit(touched)
+                        touched = {}
+                    continue
                 event = decode_frame(frame)
                 if recording is not None:
                     recording.record(event, now)

@@ -18,6 +18,7 @@ import tempfile
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
@@ -140,9 +141,9 @@ def streams(draw: st.DrawFn) -> tuple[bytes, list[int]]:
     return data, cuts
 
 
-def _ingest(root: Path, fast: bool) -> Ingest:
-    config = UprFrontConfig(("127.0.0.1", 0), ("127.0.0.1", 0), root, fsync="never")
-    logs = LogSet(root, LogOptions(fsync="never", segment_bytes=4096), GatewayStats(), seed=1)
+def _ingest(root: Path, fast: bool, fsync: str = "never") -> Ingest:
+    config = UprFrontConfig(("127.0.0.1", 0), ("127.0.0.1", 0), root, fsync=fsync)
+    logs = LogSet(root, LogOptions(fsync=fsync, segment_bytes=4096), GatewayStats(), seed=1)
     ingest = Ingest(config, logs, GatewayStats(), vbuckets=VBUCKETS)
     ingest.fast = fast
     ingest.clock = lambda: NOW
@@ -178,16 +179,20 @@ def _state(ingest: Ingest) -> list[object]:
     return out
 
 
+# "always" commits after each item, so the fast path goes frame by frame there.
+@pytest.mark.parametrize("fsync", ["never", "always"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(streams())
-def test_fast_path_logs_and_acks_what_the_event_path_does(stream: tuple[bytes, list[int]]) -> None:
+def test_fast_path_logs_and_acks_what_the_event_path_does(
+    fsync: str, stream: tuple[bytes, list[int]]
+) -> None:
     data, cuts = stream
     reads = [data[a:b] for a, b in pairwise([0, *cuts, len(data)])]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for fast in (False, True):
             root = Path(tmp) / str(fast)
-            ingest = _ingest(root, fast)
+            ingest = _ingest(root, fast, fsync)
             answered = trio.run(_feed, ingest, reads)
             results.append((answered, _state(ingest), _files(root)))
     assert results[0] == results[1]
