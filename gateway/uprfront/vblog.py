@@ -93,11 +93,11 @@ from gateway.uprfront.proof import (
 from gateway.uprfront.segments import (
     SPARSE_EVERY,
     Segment,
-    buffer_item,
+    buffer_items,
     close_block,
     frame_mark,
     fsync_dir,
-    scan_items,
+    read_items,
     segment_name,
     write_all,
     write_atomic,
@@ -399,14 +399,19 @@ class VbLog:
 
     def append_item(self, item: LogItem) -> None:
         """Buffer one item the translator made (the ingest's fast path calls this)."""
-        self._block, at = buffer_item(self._buffer, self._block, item)
+        self.append_items([item])
+
+    def append_items(self, items: list[LogItem]) -> None:
+        """Buffer items the translator made, in order (the ingest's fast path: once per
+        read and vbucket)."""
         # Only every SPARSE_EVERY-th item of a segment is indexed.
-        if (self.segments[-1].count + self._pending_items) % SPARSE_EVERY == 0:
-            self._pending.append((item.by_seqno, at))
-        self._pending_items += 1
-        self._buffer_high = item.by_seqno
-        self._unwritten.append(item)
-        self.items_total += 1
+        first = -(self.segments[-1].count + self._pending_items) % SPARSE_EVERY
+        self._block = buffer_items(self._buffer, self._block, items, first, self._pending)
+        count = len(items)
+        self._pending_items += count
+        self._buffer_high = items[-1].by_seqno
+        self._unwritten += items
+        self.items_total += count
 
     def _close_block(self) -> None:
         close_block(self._buffer, self._block)
@@ -678,25 +683,12 @@ class VbLog:
                 while offset < segment.size:
                     f.seek(offset)
                     chunk = f.read(min(want, segment.size - offset))
-                    end = offset
-                    for record_end, item in scan_items(chunk, offset):
-                        end = record_end
-                        if item is None:
-                            continue
-                        seqno = item.by_seqno
-                        if seqno <= after:
-                            continue
-                        if seqno > upto:
-                            return
-                        out.append(item)
-                        after = seqno
-                        if len(out) >= limit:
-                            return
-                        if left >= 0:
-                            left -= len(item.key) + len(item.value)
-                            budget[0] = left
-                            if left <= 0:
-                                return
+                    end, left, done = read_items(chunk, offset, out, after, upto, limit, left)
+                    budget[0] = left
+                    if done:
+                        return
+                    if out:
+                        after = out[-1].by_seqno
                     if end == offset:
                         if want >= segment.size - offset:
                             break  # nothing whole left (cannot happen once published)
