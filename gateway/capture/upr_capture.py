@@ -102,7 +102,9 @@ async def capture_upr(
     """Capture until caught up (with ``until_caught_up``), the server closes, or cancelled."""
     dialect = upr.get_dialect(options.dialect)
     draft = upr.Command.SNAPSHOT_MARKER not in dialect.opcodes
-    client = await McbpClient.connect(options.host, options.port, name="capture")
+    client = await McbpClient.connect(
+        options.host, options.port, name="capture", ssl_context=options.ssl_context
+    )
     try:
         vbuckets, high = await prepare(client, options)
         name = options.connection_name("upr")
