@@ -11,8 +11,14 @@ is outstanding just empties it), NOOP, and the
 responses a producer waits for (NOOP, SET_VBUCKET_STATE, acked snapshot
 markers), which go to the stream with that opaque. A NOOP task sends one
 NOOP per interval once enabled and drops the connection when the previous
-one is still unanswered. A malformed request gets an error naming what was
-wrong and the connection closes (``ProtocolError``).
+one is still unanswered. A request whose opcode is not UPR's (STAT,
+VERSION, memcached's NOOP 0x0a, SASL, an opcode nobody knows) goes to the
+listener's command door (``answer``), as memcached 3.0 runs every packet of
+a UPR connection through its command dispatcher (daemon/memcached.c
+``conn_ship_log``, ``process_bin_packet``): answered between stream
+messages, UNKNOWN_COMMAND for an unknown opcode, and the stream goes on. A
+malformed UPR request gets an error naming what was wrong and the
+connection closes (``ProtocolError``).
 
 Subclasses own their streams: ``_stream_request``, ``_failover_log`` and
 ``_close_stream``, plus hooks for what they also track (``_on_decode_error``,
@@ -31,6 +37,7 @@ from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Status
 from adapters.upr.flow_control import ProducerWindow
+from gateway.io.door import Answer, refuse_command
 from gateway.io.replies import error_reply
 from gateway.wire import PacketConnection
 
@@ -94,8 +101,11 @@ class UprProducerBase:
         noop_interval: float,
         *,
         delete_times: bool = False,
+        answer: Answer = refuse_command,
     ) -> None:
         self.conn = conn
+        self.answer = answer
+        """Answers the requests that are not UPR's (the listener's ``Door.answer``)."""
         self.name = name
         self.dialect = dialect
         self.window = ProducerWindow()
@@ -118,8 +128,12 @@ class UprProducerBase:
             nursery.start_soon(self._noop_loop)
             if first is not None:
                 await self.handle(first)
-            while (frame := await self.conn.receive_frame()) is not None:
-                await self.handle(await self._decode(frame))
+            conn, upr_opcodes = self.conn, self.dialect.commands
+            while (frame := await conn.receive_frame()) is not None:
+                if frame.magic == Magic.REQUEST and frame.opcode not in upr_opcodes:
+                    await self.answer(conn, frame)  # memcached's own commands
+                else:
+                    await self.handle(await self._decode(frame))
             # The consumer went away: nobody is left to stream to.
             nursery.cancel_scope.cancel()
 

@@ -36,7 +36,7 @@ from gateway.limits import ConnectionLimits, ListenerCounters
 from gateway.memory import TrimAfterCloses
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
-from gateway.wire import PacketConnection
+from gateway.wire import ConnectionClosed, PacketConnection
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,9 @@ class NodeConfig:
     max_frame_size: int = 20 * 1024 * 1024
 
 
-class QuitRequested(Exception):
-    """QUIT: the client asked the server to close the connection."""
+class QuitRequested(ConnectionClosed):
+    """QUIT: the client asked the server to close the connection (on a stream too,
+    where it ends the stream as a closed connection does)."""
 
 
 class Node:

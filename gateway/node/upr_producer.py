@@ -7,9 +7,11 @@ then runs three kinds of task in one nursery:
 
 - the reader (this function's own task): decodes each request of the
   consumer and answers it at once: CONTROL, STREAM_REQ, GET_FAILOVER_LOG,
-  CLOSE_STREAM, NOOP; it credits BUFFER_ACKNOWLEDGEMENTs to the flow-control
-  window and hands the responses a producer waits for (NOOP,
-  SET_VBUCKET_STATE, acknowledged SNAPSHOT_MARKERs) to whoever waits;
+  CLOSE_STREAM, NOOP, and through the node's command door what is not UPR
+  (STAT, VERSION, GET, ..., as memcached 3.0 does); it credits
+  BUFFER_ACKNOWLEDGEMENTs to the flow-control window and hands the responses
+  a producer waits for (NOOP, SET_VBUCKET_STATE, acknowledged
+  SNAPSHOT_MARKERs) to whoever waits;
 - one task per stream (``upr_streams.ProducerStream``), which reads the store
   in bounded batches and sends them;
 - the NOOP task, when the consumer enabled NOOPs: one NOOP per interval, and
@@ -78,7 +80,12 @@ class ProducerConnection(UprProducerBase):
     def __init__(self, node: Any, conn: PacketConnection, name: str, flags: upr.OpenFlags) -> None:
         delete_times = bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES)
         super().__init__(
-            conn, name, node.dialect, node.config.upr_noop_interval, delete_times=delete_times
+            conn,
+            name,
+            node.dialect,
+            node.config.upr_noop_interval,
+            delete_times=delete_times,
+            answer=node.door.answer,
         )
         self.node = node
         self.settings = StreamSettings(

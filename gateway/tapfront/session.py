@@ -12,7 +12,11 @@ connection of its own, and runs three tasks:
 - the reader: acks and nacks from the TAP peer go to the ``TapProducer``
   (framed by body length alone, as memcached 2.x read them, since the
   classic 2.x client's acks claim a key and extras over an empty body);
-  what an ack releases is then settled upstream (see below);
+  what an ack releases is then settled upstream (see below); a request that
+  is not TAP's (STAT, VERSION, an unknown opcode) goes to the front's
+  command door (``answer``), as 2.x memcached ran every packet of a TAP
+  connection through its command dispatcher (daemon/memcached.c
+  ``conn_ship_log``): answered between stream messages, the stream going on;
 - the timers: a NOOP on an idle TAP connection, the resend after a busy nack.
 
 Backpressure runs end to end. The upstream stops at the flow-control buffer
@@ -63,6 +67,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from adapters.tap.codec import is_tap_opcode
 from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer
 from adapters.translate.upr_to_tap import UprToTap
 from adapters.translate.upr_to_tap_fast import (
@@ -76,6 +81,7 @@ from adapters.upr.flow_control import is_counted
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import open_recorder
 from gateway.capture.records import Kind
+from gateway.io.door import Answer, refuse_command
 from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.plan import ConnectionPlan
 from gateway.tapfront.registry import Registry
@@ -124,8 +130,11 @@ class TapSession:
         stats: GatewayStats,
         *,
         closing_messages: tuple[TapStreamMessage, ...] = (),
+        answer: Answer = refuse_command,
     ) -> None:
         self.conn = conn
+        self.answer = answer
+        """Answers the requests that are not TAP's (the listener's ``Door.answer``)."""
         # A TAP peer's acks are framed by body length alone, as 2.x read them.
         conn.reader.lenient_responses = True
         self.plan = plan
@@ -652,6 +661,9 @@ class TapSession:
         scope.cancel()
 
     async def _on_peer_request(self, frame: Frame) -> None:
+        if frame.magic != _RESPONSE and not is_tap_opcode(frame.opcode):
+            await self.answer(self.conn, frame)  # memcached's own commands
+            return
         event = decode_frame(frame)
         if isinstance(event, TapNoop):
             await self.conn.send(encode(TapNoopResponse(event.opaque)))

@@ -9,15 +9,17 @@ and runs in one nursery:
   enable_expiry_opcode; unknown keys INVALID_ARGUMENTS), STREAM_REQ (unknown
   vbucket NOT_MY_VBUCKET, a live stream on the vbucket KEY_EXISTS, then the
   range and rollback rules against the gateway's failover log),
-  GET_FAILOVER_LOG, CLOSE_STREAM, NOOP; BUFFER_ACKNOWLEDGEMENTs credit the
+  GET_FAILOVER_LOG, CLOSE_STREAM, NOOP, and through the front's command door
+  what is not UPR (STAT, VERSION, ...); BUFFER_ACKNOWLEDGEMENTs credit the
   flow-control window; replies the streams wait for (SET_VBUCKET_STATE,
   acked markers) go to their stream;
 - one ``LogStream`` task per stream;
 - the NOOP task once the consumer enabled NOOPs: a NOOP per interval, and
   the connection drops if the previous one is unanswered.
 
-A malformed packet gets INVALID_ARGUMENTS (or UNKNOWN_COMMAND) naming what
-was wrong, then the connection closes; other consumers are untouched.
+A malformed UPR packet gets INVALID_ARGUMENTS naming what was wrong, then
+the connection closes; other consumers are untouched. An opcode that is
+neither UPR's nor the door's gets UNKNOWN_COMMAND and the stream goes on.
 
 Stats: the connection's ``StreamStats`` (direction upr_front) counts bytes,
 items by kind, the window, time blocked on it, and per vbucket the seqnos
@@ -83,7 +85,12 @@ class UprConnection(UprProducerBase):
     ) -> None:
         delete_times = bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES)
         super().__init__(
-            conn, name, front.dialect, front.config.noop_interval, delete_times=delete_times
+            conn,
+            name,
+            front.dialect,
+            front.config.noop_interval,
+            delete_times=delete_times,
+            answer=front.door.answer,
         )
         self.front = front
         self.draft = upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes
