@@ -107,7 +107,7 @@ class UprFront:
         close_logs: bool = True,
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        self.logs.open_existing()
+        await self.logs.open_existing_async()  # proofs and fsyncs off the trio loop
         try:
             async with trio.open_nursery() as nursery:
                 if self.config.capture_dir is not None:

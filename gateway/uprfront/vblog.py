@@ -54,7 +54,7 @@ uuid these sources name, so no (uuid, seqno) pair can name two versions,
 and every consumer of an old history rolls back to 0.
 
 Writers: the ingest and a takeover connection may both write one vbucket;
-``lock`` is held from ``write`` to ``publish`` (see ``ingest.commit``), and
+``lock`` is held from ``write`` to ``publish`` (see ``commit.commit``), and
 ``publish`` exposes only what was handed to the file, never items fed
 since, so nothing is readable before it is synced.
 
@@ -405,6 +405,11 @@ class VbLog:
         self._unwritten.append(item)
         self.items_total += 1
         buffer += frame_item(item)
+
+    @property
+    def unsynced(self) -> bool:
+        """Written to the file since the last publish (an fsync is due)."""
+        return self._unsynced
 
     @property
     def dirty(self) -> bool:
