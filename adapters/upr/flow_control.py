@@ -43,14 +43,13 @@ def is_counted(name: str, is_response: bool) -> bool:
 class ProducerWindow:
     """The producer's count of bytes the consumer has not yet acknowledged."""
 
-    __slots__ = ("blocked_since", "buffer_size", "total_acked", "total_sent", "unacked_bytes")
+    __slots__ = ("buffer_size", "total_acked", "total_sent", "unacked_bytes")
 
     def __init__(self, buffer_size: int | None = None) -> None:
         self.buffer_size = buffer_size
         self.unacked_bytes = 0
         self.total_sent = 0
         self.total_acked = 0
-        self.blocked_since: float | None = None
 
     @property
     def enabled(self) -> bool:
