@@ -36,6 +36,7 @@ from typing import Any
 
 from adapters import upr
 from adapters.mcbp import Status
+from adapters.upr.opening import Opening
 from adapters.upr.producer_machine import counts
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
@@ -50,25 +51,14 @@ _OK = Status.SUCCESS.value
 ITEMS = frozenset({upr.Mutation, upr.Deletion, upr.Expiration})
 
 
-async def serve_upr_producer(
-    node: Any,
-    conn: PacketConnection,
-    opened: upr.Open | None,
-    first: upr.StreamRequest | upr.GetFailoverLog | None,
-) -> None:
+async def serve_upr_producer(node: Any, conn: PacketConnection, opening: Opening) -> None:
     """Run a producer connection until the consumer leaves or the name is reused."""
-    if opened is not None:
-        name = opened.name.decode("utf-8", "replace")
-    else:
-        # The draft has no OPEN, hence no name: the peer's address stands in.
-        name = "upr-draft:" + conn.name.rpartition(" ")[2]
-    flags = opened.flags if opened is not None else upr.OpenFlags(0)
-    producer = ProducerConnection(node, conn, name, flags)
+    producer = ProducerConnection(node, conn, opening.name, opening.flags)
     try:
         with node.upr.running(producer):
-            if opened is not None:
-                await producer.respond(upr.Response(upr.Command.OPEN, opened.opaque, _OK))
-            await producer.run(first)
+            if opening.reply:
+                await conn.send(opening.reply)  # the OPEN's OK
+            await producer.run(opening.first)
     finally:
         node.trimmer.connection_closed()
 
