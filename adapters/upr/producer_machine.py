@@ -59,8 +59,8 @@ NOOP's bytes, or raises ``ProtocolError`` when the previous one is still
 unanswered, and the connection drops (ep-engine 3.0 ``DcpProducer::maybeSendNoop``).
 
 Flow control: ``window`` is the ``ProducerWindow`` the streams count their
-writes in (once per write, on the hot path); ``counts(event)`` tells which
-messages count, by event class.
+writes in (once per write, on the hot path); ``flow_control.counts(event)``
+tells which messages count, by event class.
 """
 
 from __future__ import annotations
@@ -78,19 +78,9 @@ from adapters.upr.events import (
     BufferAcknowledgement,
     CloseStream,
     Control,
-    Deletion,
-    Expiration,
-    Flush,
     GetFailoverLog,
-    Mutation,
     Noop,
-    SetVbucketState,
-    SnapshotEnd,
-    SnapshotMarker,
-    SnapshotStart,
-    StreamEnd,
     StreamRequest,
-    StreamStart,
     UprEvent,
 )
 from adapters.upr.flow_control import ProducerWindow
@@ -110,27 +100,6 @@ NOT_SUPPORTED_CONTROLS = frozenset(
 )
 """CONTROL keys a producer knows but does not implement: NOT_SUPPORTED (0x83),
 as 3.0 answers stream_buffer_size; any other unknown key is EINVAL (0x04)."""
-
-COUNTED = frozenset(
-    {
-        Mutation,
-        Deletion,
-        Expiration,
-        SnapshotMarker,
-        StreamEnd,
-        SetVbucketState,
-        Flush,
-        StreamStart,
-        SnapshotStart,
-        SnapshotEnd,
-    }
-)
-"""The stream messages flow control counts (``flow_control.COUNTED_MESSAGES``), by class."""
-
-
-def counts(event: UprEvent) -> bool:
-    """Whether flow control counts ``event`` (stream data, not housekeeping)."""
-    return type(event) in COUNTED
 
 
 def parse_uint32(value: bytes) -> int | None:

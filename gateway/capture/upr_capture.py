@@ -31,7 +31,7 @@ from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp.constants import Status, status_name
 from adapters.upr.consumer_handshake import ConsumerHandshake, HandshakeRefused
-from adapters.upr.flow_control import ConsumerAcker, is_counted
+from adapters.upr.flow_control import ConsumerAcker, counts
 from gateway.capture.mapping import UprRecording
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.records import Kind
@@ -204,7 +204,7 @@ class _Streams:
             except ProtocolError as exc:
                 raise CaptureFailed(f"the server sent a malformed UPR message: {exc}") from None
             self.on_event(event, time.time())
-            if self.acker is not None and is_counted(event.NAME, event.IS_RESPONSE):
+            if self.acker is not None and counts(event):
                 freed = self.acker.processed(frame.size, now)
                 if freed:
                     self.send(upr.BufferAcknowledgement(freed))

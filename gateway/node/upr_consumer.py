@@ -40,7 +40,7 @@ import trio
 from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Status
-from adapters.upr.flow_control import ConsumerAcker, is_counted
+from adapters.upr.flow_control import ConsumerAcker, counts
 from adapters.upr.opening import Opening
 from gateway.io.replies import refusal
 from gateway.node.items import ItemKind, StoreError, VBucketState
@@ -134,7 +134,7 @@ class ConsumerConnection:
             raise
         self.bytes_received += frame.size
         await self.handle(event)
-        if is_counted(getattr(event, "NAME", ""), event.IS_RESPONSE):
+        if counts(event):
             await self._ack(self.acker.processed(frame.size, trio.current_time()))
 
     async def _ack_timer(self) -> None:

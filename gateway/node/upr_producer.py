@@ -36,8 +36,8 @@ from typing import Any
 
 from adapters import upr
 from adapters.mcbp import Status
+from adapters.upr.flow_control import counts
 from adapters.upr.opening import Opening
-from adapters.upr.producer_machine import counts
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
 from gateway.upr_producer_base import UprProducerBase

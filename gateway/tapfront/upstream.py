@@ -27,6 +27,7 @@ from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, Frame, Magic
 from adapters.mcbp.frames import HEADER
 from adapters.upr.consumer_handshake import ConsumerHandshake, HandshakeRefused
+from adapters.upr.flow_control import ConsumerWindow
 from gateway.client import McbpClient, RequestFailed
 from gateway.tls import open_stream
 
@@ -54,9 +55,8 @@ class UprUpstream:
         self.max_frame_size = DEFAULT_MAX_FRAME_SIZE
         self._send_lock = trio.Lock()
         self._opaques = 0
-        self.unacked_bytes = 0
-        """Flow-controlled bytes received and not yet acknowledged."""
-        self.buffer_size = 0
+        self.window = ConsumerWindow()
+        """Counted bytes received and not yet acknowledged, and the buffer announced."""
         self.bytes_received = 0
 
     @classmethod
@@ -113,7 +113,7 @@ class UprUpstream:
                     answered = handshake.receive(upr.decode_frame(frame, self.dialect))
                     if answered:
                         break
-        self.buffer_size = handshake.buffer_size
+        self.window.buffer_size = handshake.buffer_size
         self._opaques = handshake.opaque
 
     def next_opaque(self) -> int:
@@ -189,13 +189,9 @@ class UprUpstream:
 
     async def acknowledge(self, size: int) -> None:
         """Return ``size`` freed bytes to the producer's flow-control window."""
-        if size <= 0 or not self.buffer_size:
-            return
-        size = min(size, self.unacked_bytes)
-        if size <= 0:
-            return
-        self.unacked_bytes -= size
-        await self.send_event(upr.BufferAcknowledgement(size, opaque=self.next_opaque()))
+        size = self.window.release(size)
+        if size:
+            await self.send_event(upr.BufferAcknowledgement(size, opaque=self.next_opaque()))
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):

@@ -22,7 +22,7 @@ from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, FrameReader, Magic, Status, encode_frame
 from adapters.upr import producer_machine as pm
 from adapters.upr.events import REQUEST_CLASSES
-from adapters.upr.flow_control import is_counted
+from adapters.upr.flow_control import COUNTED_CLASSES, is_counted
 from adapters.upr.producer_machine import ProducerMachine
 
 VBUCKETS = 4
@@ -56,7 +56,7 @@ def machine(**options: object) -> ProducerMachine[FakeStream]:
 
 def test_counted_messages_are_the_same_by_class_and_by_name() -> None:
     for cls in REQUEST_CLASSES.values():
-        assert (cls in pm.COUNTED) == is_counted(cls.NAME, False), cls
+        assert (cls in COUNTED_CLASSES) == is_counted(cls.NAME, False), cls
 
 
 def test_a_request_that_is_not_upr_goes_to_the_command_door() -> None:
