@@ -26,11 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status, encode_frame
+from adapters.mcbp import Frame, Status
 from adapters.upr.codec import decode_frame, encode
 from adapters.upr.constants import Command, OpenFlags
 from adapters.upr.dialect import Dialect
 from adapters.upr.events import GetFailoverLog, Open, StreamRequest, UprEvent
+from adapters.upr.producer_machine import error_response
 from adapters.upr.responses import Response
 
 NO_FLAGS = OpenFlags(0)
@@ -62,15 +63,7 @@ def open_connection(frame: Frame, dialect: Dialect, peer: str, *, consumers: boo
     try:
         event = decode_frame(frame, dialect)
     except ProtocolError as exc:
-        status = exc.status or Status.INVALID_ARGUMENTS
-        error = encode_frame(
-            Magic.RESPONSE,
-            frame.opcode,
-            vbucket_or_status=status,
-            opaque=frame.opaque,
-            value=str(exc).encode(),
-        )
-        return Opening(None, error, closing=exc)
+        return Opening(None, error_response(frame, exc), closing=exc)
     opener = _OPENERS.get(type(event))
     if opener is None:
         return _refused(event, dialect, Status.INVALID_ARGUMENTS, _needs_open(event))

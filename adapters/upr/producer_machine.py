@@ -102,6 +102,19 @@ NOT_SUPPORTED_CONTROLS = frozenset(
 as 3.0 answers stream_buffer_size; any other unknown key is EINVAL (0x04)."""
 
 
+def error_response(frame: Frame, exc: ProtocolError) -> bytes:
+    """The answer to a request that did not decode: its status (EINVAL when the
+    error names none) and the error's text."""
+    status = exc.status or Status.INVALID_ARGUMENTS
+    return encode_frame(
+        Magic.RESPONSE,
+        frame.opcode,
+        vbucket_or_status=status,
+        opaque=frame.opaque,
+        value=str(exc).encode(),
+    )
+
+
 def parse_uint32(value: bytes) -> int | None:
     """A CONTROL number as ep-engine 3.0's ``parseUint32`` (src/utility.cc) reads it:
     ``strtoul`` base 10, so leading blanks and a ``+`` are fine and the number may
@@ -222,15 +235,7 @@ class ProducerMachine(Generic[S]):
         except ProtocolError as exc:
             if frame.magic != _REQUEST:
                 return (Fail(exc),)
-            status = exc.status or Status.INVALID_ARGUMENTS
-            error = encode_frame(
-                Magic.RESPONSE,
-                frame.opcode,
-                vbucket_or_status=status,
-                opaque=frame.opaque,
-                value=str(exc).encode(),
-            )
-            return (Reply(error), Fail(exc))
+            return (Reply(error_response(frame, exc)), Fail(exc))
         return self.receive(event, now)
 
     def receive(self, event: UprEvent, now: float) -> tuple[Output, ...]:
