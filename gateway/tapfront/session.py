@@ -77,7 +77,7 @@ from adapters.translate.upr_to_tap_fast import (
     stamped_item,
     translate_items,
 )
-from adapters.upr.flow_control import is_counted
+from adapters.upr.flow_control import counts
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import open_recorder
 from gateway.capture.records import Kind
@@ -267,7 +267,7 @@ class TapSession:
             password=config.password,
             ssl_context=config.ssl_context,
         )
-        self.stats.buffer_size = upstream.buffer_size
+        self.stats.buffer_size = upstream.window.buffer_size
         return upstream
 
     async def _upstream_lost(self, exc: UpstreamError, failures: int) -> None:
@@ -360,7 +360,7 @@ class TapSession:
         upstream.offset = offset
         if not credit:
             return None
-        upstream.unacked_bytes += credit
+        upstream.window.unacked_bytes += credit
         settling = self._settling
         settling.credit += credit
         if not settling.arrival:
@@ -408,7 +408,7 @@ class TapSession:
         if data is None:
             return False
         upstream.offset += HEADER_SIZE + 20
-        upstream.unacked_bytes += HEADER_SIZE + 20
+        upstream.window.unacked_bytes += HEADER_SIZE + 20
         self._settling.credit += HEADER_SIZE + 20
         vb.took_marker(start, end, flags)
         self._batch.append(data)
@@ -439,8 +439,8 @@ class TapSession:
         vb = self.by_opaque.get(event.opaque)
         if vb is None:
             raise UpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
-        if is_counted(event.NAME, False):
-            upstream.unacked_bytes += frame.size
+        if counts(event):
+            upstream.window.unacked_bytes += frame.size
             self._settling.credit += frame.size
         if not self._settling.arrival and isinstance(event, _ITEMS):
             self._settling.arrival = time.time()
@@ -614,9 +614,9 @@ class TapSession:
         stats.nacks_total = self.producer.nacks_total
         stats.retransmits_total = self.producer.retransmits_total
         upstream = self.upstream
-        stats.unacked_bytes = upstream.unacked_bytes if upstream is not None else 0
+        stats.unacked_bytes = upstream.window.unacked_bytes if upstream is not None else 0
         # The upstream stops once its window is full: count that time as blocked.
-        full = upstream is not None and 0 < upstream.buffer_size <= upstream.unacked_bytes
+        full = upstream is not None and upstream.window.full
         if full and stats.blocked_since is None:
             stats.blocked_since = time.monotonic()
         elif not full and stats.blocked_since is not None:
