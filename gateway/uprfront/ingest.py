@@ -87,6 +87,8 @@ __all__ = ["Ingest", "UpstreamError", "commit"]
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 256 * 1024
+STEP_FRAMES = 512
+"""Frames applied in one step of the trio loop at most (when commits are pipelined)."""
 CONNECT_FLAGS = (
     ConnectFlags.BACKFILL
     | ConnectFlags.LIST_VBUCKETS
@@ -284,10 +286,17 @@ class Ingest:
                 if group is not None:
                     group.pending_bytes += len(data)
                 continue
-            replies = await self._apply(frames, stream)
-            if replies:
-                await stream.send_all(b"".join(replies))
-            if group is not None:
+            if group is None:
+                replies = await self._apply(frames, stream)
+                if replies:
+                    await stream.send_all(b"".join(replies))
+                continue
+            # A read of 256 KiB holds thousands of frames: applied in slices, with the
+            # streams and the commit let in between, no one step stalls the loop long.
+            for start in range(0, len(frames), STEP_FRAMES):
+                if start:
+                    await trio.lowlevel.checkpoint()
+                await self._apply(frames[start : start + STEP_FRAMES], stream)
                 await group.room()
 
     async def _apply(self, frames: list[Frame], stream: trio.abc.Stream) -> list[bytes]:

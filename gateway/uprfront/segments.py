@@ -30,12 +30,14 @@ from typing import Any
 
 import msgpack
 
-from adapters.translate.log_records import LogItem, LogMark
+from adapters.translate.log_records import LogItem, LogMark, from_row
 
 FRAME = struct.Struct(">II")
 MAX_RECORD = 64 * 1024 * 1024
 HEADER_ROW = 2
 """Row tag of a compacted segment's header: [2, covers_upto_seqno]."""
+READ_CHUNK = 256 * 1024
+"""Bytes a disk read of the log asks the file for at once."""
 SPARSE_EVERY = 64
 """One (seqno, offset) pair of a segment's sparse index per this many items."""
 ROW_STARTS = frozenset({0x92, 0x93, 0x9F})
@@ -193,3 +195,62 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         while done < size:
             with whole[done:] as rest:
                 done += os.write(fd, rest)
+
+
+class DiskPlan:
+    """Open segment files and where to read them: (fd, start offset, published size)."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[int, int, int]] = []
+
+    def close(self) -> None:
+        for fd, _offset, _size in self.parts:
+            os.close(fd)
+        self.parts = []
+
+    def __enter__(self) -> DiskPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_planned(
+    plan: DiskPlan, after: int, upto: int, limit: int, max_bytes: int | None
+) -> list[LogItem]:
+    """The items of ``plan``'s files with ``after < seqno <= upto`` (see ``vblog.VbLog.read``);
+    touches nothing but those files, so it may run in a worker thread."""
+    out: list[LogItem] = []
+    left = max_bytes if max_bytes is not None else -1
+    for fd, offset, size in plan.parts:
+        want = READ_CHUNK
+        while offset < size:
+            chunk = os.pread(fd, min(want, size - offset), offset)
+            end = offset
+            for _start, record_end, row in scan_bytes(chunk, offset):
+                end = record_end
+                if row[0] != 0:
+                    continue
+                seqno = row[1]
+                if seqno <= after:
+                    continue
+                if seqno > upto:
+                    return out
+                item = from_row(row)
+                assert type(item) is LogItem
+                out.append(item)
+                after = seqno
+                if len(out) >= limit:
+                    return out
+                if left >= 0:
+                    left -= len(item.key) + len(item.value)
+                    if left <= 0:
+                        return out
+            if end == offset:
+                if want >= size - offset:
+                    break  # nothing whole left (cannot happen once published)
+                want *= 2  # a record bigger than the chunk
+                continue
+            want = READ_CHUNK
+            offset = end
+    return out
