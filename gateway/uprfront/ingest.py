@@ -11,11 +11,15 @@ node for the whole gateway, whatever the number of consumers:
    checkpoint id from the log) and network byte order flags. The node
    resumes a registered client where its acks left off, else by checkpoint,
    else it backfills from scratch (the log then reconciles);
-3. stream in batches: every frame one read brought is applied to the logs;
-   then the touched logs are written, fsynced per the policy (in worker
-   threads, several files at once), published to the consumers, and only then are the TAP messages
-   that asked for an ack acknowledged, in one write. A crash therefore never
-   loses what the node considers delivered.
+3. stream in batches: every frame one read brought is applied to the logs'
+   buffers; the touched logs are written, fsynced per the policy (off the
+   trio loop, several files at once), published to the consumers, and only
+   then are the TAP messages that asked for an ack acknowledged, in one
+   write. A crash therefore never loses what the node considers delivered.
+   With fsync "batch" or "never" the commits are pipelined with the reading
+   (``commit.GroupCommit``): while one commit's fsyncs run, the next reads
+   are applied, and the next commit covers them all. Fsync "always" and a
+   takeover connection commit each batch (or item) before reading on.
 
 Any failure (refused connect, lost connection, malformed packet) closes the
 connection and retries with exponential backoff; each retry resumes as in 2.
@@ -44,7 +48,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 
 import trio
 
@@ -71,13 +74,18 @@ from adapters.translate.tap_to_log_fast import frame_end, log_buffer
 from gateway.capture.mapping import TapRecording
 from gateway.client import McbpClient
 from gateway.stats import GatewayStats
+from gateway.uprfront.commit import GroupCommit, commit
 from gateway.uprfront.config import UprFrontConfig
 from gateway.uprfront.logset import LogSet
 from gateway.uprfront.vblog import LogWriteError, VbLog
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Ingest", "UpstreamError", "commit"]
+
 RECEIVE_SIZE = 256 * 1024
+STEP_FRAMES = 512
+"""Frames applied in one step of the trio loop at most (when commits are pipelined)."""
 CONNECT_FLAGS = (
     ConnectFlags.BACKFILL
     | ConnectFlags.LIST_VBUCKETS
@@ -106,6 +114,23 @@ class _Batch:
         self.replies: list[bytes] = []
         self.acks: list[bytes] = []
         self.touched: dict[int, VbLog] = {}
+
+
+def _first_error(errors: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The failed log write among ``errors`` if any, else the first error (the reader's
+    and the committer's task fail together: one cancels the other)."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [errors]
+    while pending:
+        error = pending.pop(0)
+        if isinstance(error, BaseExceptionGroup):
+            pending[0:0] = error.exceptions
+        else:
+            leaves.append(error)
+    for error in leaves:
+        if isinstance(error, LogWriteError):
+            return error
+    return leaves[0]
 
 
 def _cannot_resume(vblog: VbLog) -> bool:
@@ -145,6 +170,8 @@ class Ingest:
         """Item frames skip the event objects (``tap_to_log_fast``); tests turn it off."""
         self.clock: Callable[[], float] = time.time
         """Wall-clock seconds: items' arrival, and what decides an expiration."""
+        self._group: GroupCommit | None = None
+        """The pipelined commits of the connection streaming now (fsync batch or never)."""
 
     async def run(self) -> None:
         """Stream from the upstream for ever, reconnecting with backoff."""
@@ -191,7 +218,7 @@ class Ingest:
                     self.config.upstream_user, self.config.upstream_password or ""
                 )
             vbuckets = await self._vbuckets(client)
-            logs = [self.logs.ensure(vb) for vb in vbuckets]
+            logs = await self.logs.ensure_all(vbuckets)  # off the trio loop: many fsyncs
             if not self.takeover and any(_cannot_resume(v) for v in logs):
                 # No cursor, no position: the node backfills what has no checkpoint.
                 await client.request(
@@ -237,10 +264,28 @@ class Ingest:
         )
 
     async def _stream(self, client: McbpClient) -> None:
+        if self.takeover or self.config.fsync == "always":
+            await self._read(client, None)
+            return
+        try:
+            async with trio.open_nursery() as nursery:
+                group = GroupCommit(self._commit_now, client.stream.send_all)
+                nursery.start_soon(group.run)
+                self._group = group
+                try:
+                    await self._read(client, group)
+                    await group.flush()  # the upstream closed: what it sent is logged and acked
+                finally:
+                    self._group = None
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as errors:
+            raise _first_error(errors) from None  # what ``run`` tells apart (a failed write)
+
+    async def _read(self, client: McbpClient, group: GroupCommit | None) -> None:
         reader: FrameReader = client.reader
         stream = client.stream
         if self.fast and self.recording is None:
-            await self._stream_in_place(reader, stream)
+            await self._stream_in_place(reader, stream, group)
             return
         while True:
             frames = reader.frames()
@@ -249,12 +294,25 @@ class Ingest:
                 if not data:
                     return
                 reader.receive_data(data)
+                if group is not None:
+                    group.pending_bytes += len(data)
                 continue
-            replies = await self._apply(frames, stream)
-            if replies:
-                await stream.send_all(b"".join(replies))
+            if group is None:
+                replies = await self._apply(frames, stream)
+                if replies:
+                    await stream.send_all(b"".join(replies))
+                continue
+            # A read of 256 KiB holds thousands of frames: applied in slices, with the
+            # streams and the commit let in between, no one step stalls the loop long.
+            for start in range(0, len(frames), STEP_FRAMES):
+                if start:
+                    await trio.lowlevel.checkpoint()
+                await self._apply(frames[start : start + STEP_FRAMES], stream)
+                await group.room()
 
-    async def _stream_in_place(self, reader: FrameReader, stream: trio.abc.Stream) -> None:
+    async def _stream_in_place(
+        self, reader: FrameReader, stream: trio.abc.Stream, group: GroupCommit | None
+    ) -> None:
         """The fast path's loop: the frames of each read are logged where they lie in
         it (``_apply_read``), and a frame cut short waits for the next read."""
         data = reader.take_buffered()
@@ -267,22 +325,28 @@ class Ingest:
             more = await stream.receive_some(RECEIVE_SIZE)
             if not more:
                 return
+            if group is not None:
+                group.pending_bytes += len(more)
             data = data + more if data else bytes(more)  # bytes: keys must hash
 
     async def _apply_read(
         self, data: bytes, reader: FrameReader, stream: trio.abc.Stream
     ) -> tuple[list[bytes], int]:
-        """Log the whole frames of ``data`` durably: the acks and NOOP replies to send
-        afterwards, and the offset of the first frame not whole in it.
+        """Log the whole frames of ``data``: the acks and NOOP replies to send once
+        they are durable (none when pipelined: the group commit sends them), and the
+        offset of the first frame not whole in it.
 
         Item and checkpoint frames go through ``log_buffer`` in place; any other
         frame is handed alone to ``reader`` (which refuses what it refuses) and
-        takes the event path.
+        takes the event path. Pipelined, the read is applied ``STEP_FRAMES`` items
+        at a time, each step submitted to the group commit, with the streams and
+        the commit let in between.
         """
         now = self.clock()
         batch = _Batch()
         always = self.config.fsync == "always"
-        limit = 1 if always else -1  # "always" commits after each item
+        group = self._group
+        limit = 1 if always else STEP_FRAMES if group is not None else -1
         logs = self.logs.logs
         lenient = reader.lenient_responses
         offset = framed = 0  # framed: up to where ``reader.consumed`` counts
@@ -296,6 +360,12 @@ class Ingest:
                     await self._commit(batch.touched)
                     batch.touched = {}
                     continue
+                if taken == limit and group is not None:
+                    group.submit(batch.touched, batch.replies + batch.acks)
+                    batch.touched, batch.replies, batch.acks = {}, [], []
+                    await trio.lowlevel.checkpoint()
+                    await group.room()
+                    continue
                 end = frame_end(data, offset, lenient)
                 if end is None:
                     break
@@ -308,13 +378,13 @@ class Ingest:
         finally:
             self.messages += batch.messages  # once per batch, whatever stopped it
         reader.consumed += offset - framed
-        await self._commit(batch.touched)
         self.batches += 1
-        return batch.replies + batch.acks, offset
+        return await self._settle(batch), offset
 
     async def _apply(self, frames: list[Frame], stream: trio.abc.Stream) -> list[bytes]:
-        """Log one batch of frames durably on the event path (``fast`` off, or a
-        capture recording); the acks and NOOP replies to send afterwards."""
+        """Log one batch of frames on the event path (``fast`` off, or a capture
+        recording); the acks and NOOP replies to send once durable (none when
+        pipelined: the group commit sends them)."""
         now = self.clock()
         batch = _Batch()
         try:
@@ -322,8 +392,16 @@ class Ingest:
                 await self._event(frame, now, batch, stream)
         finally:
             self.messages += batch.messages  # once per batch, whatever stopped it
-        await self._commit(batch.touched)
         self.batches += 1
+        return await self._settle(batch)
+
+    async def _settle(self, batch: _Batch) -> list[bytes]:
+        """Pipelined, hand ``batch`` to the group commit (which acks it once durable);
+        else commit it now and return what to send."""
+        if self._group is not None:
+            self._group.submit(batch.touched, batch.replies + batch.acks)
+            return []
+        await self._commit(batch.touched)
         return batch.replies + batch.acks
 
     async def _event(
@@ -338,7 +416,7 @@ class Ingest:
         kind = type(event)
         if kind is TapMutation or kind is TapDelete:  # the common case first
             vbucket = event.vbucket  # type: ignore[union-attr]
-            vblog = logs.get(vbucket) or self.logs.ensure(vbucket)
+            vblog = logs.get(vbucket) or (await self.logs.ensure_all((vbucket,)))[0]
             vblog.ingest(event, now)  # type: ignore[arg-type]
             batch.touched[vbucket] = vblog
             batch.messages += 1
@@ -370,7 +448,7 @@ class Ingest:
                 batch.replies, batch.acks = [], []
             await self.state_hook(event.vbucket, event.state)
         if not (isinstance(event, TapOpaque) and event.vbucket not in logs):
-            vblog = self.logs.ensure(event.vbucket)
+            vblog = logs.get(event.vbucket) or (await self.logs.ensure_all((event.vbucket,)))[0]
             vblog.ingest(event, now)
             batch.touched[event.vbucket] = vblog
             if always:
@@ -380,6 +458,13 @@ class Ingest:
             batch.acks.append(ack_of(event))
 
     async def _commit(self, touched: dict[int, VbLog]) -> None:
+        """Commit ``touched`` and, when pipelined, everything submitted before."""
+        if self._group is not None:
+            await self._group.flush(touched)
+        else:
+            await self._commit_now(touched)
+
+    async def _commit_now(self, touched: dict[int, VbLog]) -> None:
         if touched:
             try:
                 written = await commit(touched, sync=self.config.fsync != "never")
@@ -387,76 +472,3 @@ class Ingest:
                 self.logs.refresh_stats()
                 raise
             self.stats.upr_log.bytes_on_disk += written
-
-
-async def commit(logs: dict[int, VbLog], *, sync: bool) -> int:
-    """Write, fsync (``sync``, in worker threads) and publish ``logs``; bytes written.
-
-    Each log's lock is held from its write to its publish, taken in vbucket
-    order (two committers never wait on each other crosswise): a takeover
-    connection writing the same vbucket as the ingest cannot publish records
-    the other wrote but has not yet synced. A log whose write or fsync fails
-    is left as it was (see ``VbLog.write``); the others are published, then
-    the first failure is raised, so the caller acks nothing of the batch.
-    """
-    ordered = [logs[vb] for vb in sorted(logs)]
-    failure: LogWriteError | None = None
-    async with AsyncExitStack() as held:
-        for vblog in ordered:
-            await held.enter_async_context(vblog.lock)
-        written = 0
-        good = []
-        for vblog in ordered:
-            try:
-                written += vblog.write()
-            except LogWriteError as exc:
-                failure = failure or exc
-                continue
-            good.append(vblog)
-        if sync:
-            failed = await sync_logs(good)
-            for vblog, fsync_error in failed:
-                error = vblog.unwrite(fsync_error)
-                failure = failure or error
-            good = [v for v in good if all(v is not f for f, _ in failed)]
-        for vblog in good:
-            try:
-                vblog.publish()
-            except LogWriteError as exc:
-                failure = failure or exc
-    if failure is not None:
-        raise failure
-    return written
-
-
-SYNC_THREADS = 16
-"""Worker threads a commit fsyncs its logs in at once: the file system groups
-concurrent fsyncs into one journal commit (64 segment files: about 7 ms in
-16 threads against 86 ms one after the other on this machine's ext4)."""
-
-
-async def sync_logs(logs: list[VbLog]) -> list[tuple[VbLog, OSError]]:
-    """fsync every log, in up to ``SYNC_THREADS`` worker threads at once; the ones
-    that failed, with their error. Returns once every fsync has returned."""
-    if len(logs) <= 1:
-        return await trio.to_thread.run_sync(_sync_all, logs)
-    failed: list[tuple[VbLog, OSError]] = []
-
-    async def sync_group(group: list[VbLog]) -> None:
-        failed.extend(await trio.to_thread.run_sync(_sync_all, group))
-
-    async with trio.open_nursery() as nursery:
-        for n in range(min(SYNC_THREADS, len(logs))):
-            nursery.start_soon(sync_group, logs[n::SYNC_THREADS])
-    return failed
-
-
-def _sync_all(logs: list[VbLog]) -> list[tuple[VbLog, OSError]]:
-    """fsync each log; the ones that failed, with their error."""
-    failed = []
-    for vblog in logs:
-        try:
-            vblog.sync()
-        except OSError as exc:
-            failed.append((vblog, exc))
-    return failed

@@ -8,7 +8,12 @@ and started over (see ``vblog``), counted in
 ``GatewayStats.upr_log.logs_set_aside_total``.
 
 The manifest is rewritten after start-up, whenever a vbucket is added, and
-whenever a log's seqno reservation moves up. A manifest that is missing or
+whenever a log's seqno reservation moves up. Opening and proving logs, and
+the fsyncs of their metas and the manifest (a few hundred for 64 new logs),
+run in a worker thread (``open_existing_async``, ``ensure_all``): on the trio
+loop they stalled every connection for up to a second. Manifest writes are
+numbered and a write older than the last one written is dropped, as each
+is built on the trio thread from the cumulative ``known``. A manifest that is missing or
 damaged while vbucket directories exist is rebuilt from the logs; until
 then a vbucket without a directory cannot be told from a new one, so the
 log set counts it as lost (set aside and re-fetched) rather than serve it
@@ -21,14 +26,23 @@ import logging
 import os
 import random
 import re
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import trio
+
 from gateway.stats import GatewayStats
-from gateway.uprfront.manifest import MANIFEST_NAME, KnownVb, read_manifest, write_manifest
+from gateway.uprfront.manifest import (
+    MANIFEST_NAME,
+    KnownVb,
+    pack_manifest,
+    read_manifest,
+)
 from gateway.uprfront.proof import set_aside_root
+from gateway.uprfront.segments import write_atomic
 from gateway.uprfront.vblog import DEFAULT_SEGMENT_BYTES, DEFAULT_TAIL_BYTES, VbLog
 
 log = logging.getLogger(__name__)
@@ -78,6 +92,13 @@ class LogSet:
         """The manifest: every vbucket with a log, and what bounds its seqnos and uuids."""
         self.lost_manifest: str | None = None
         self._opened = False
+        self._opening = trio.Lock()
+        """One ``ensure_all`` at a time: two must not open the same vbucket."""
+        self._manifest_lock = threading.Lock()
+        self._manifest_built = 0
+        """Number of the latest manifest built (on the trio thread)."""
+        self._manifest_written = 0
+        """Number of the latest manifest written: an older one is never written after it."""
 
     @property
     def manifest_path(self) -> Path:
@@ -101,6 +122,10 @@ class LogSet:
         self.save_manifest()
         self.refresh_stats()
 
+    async def open_existing_async(self) -> None:
+        """``open_existing`` in a worker thread (start-up: nothing else uses the set yet)."""
+        await trio.to_thread.run_sync(self.open_existing)
+
     def _keep_damaged_manifest(self) -> None:
         base = set_aside_root(self.root)
         base.mkdir(exist_ok=True)
@@ -117,7 +142,48 @@ class LogSet:
             self.refresh_stats()
         return vblog
 
+    async def ensure_all(self, vbuckets: Iterable[int]) -> list[VbLog]:
+        """The logs of ``vbuckets``, opening the missing ones (and the manifest, first
+        of all) in a worker thread; a new log is in ``logs`` once the manifest lists it."""
+        wanted = list(vbuckets)
+        async with self._opening:
+            if not self._opened:
+                await self.open_existing_async()
+            missing = [vb for vb in dict.fromkeys(wanted) if vb not in self.logs]
+            if missing:
+                opened = await trio.to_thread.run_sync(self._open_detached, missing)
+                for vblog in opened:
+                    self._remember(vblog)
+                number, data = self._build_manifest()
+                try:
+                    await trio.to_thread.run_sync(self._write_manifest, number, data)
+                except BaseException:
+                    for vblog in opened:
+                        vblog.abandon()
+                    raise
+                for vblog in opened:
+                    self._adopt(vblog)
+                self.refresh_stats()
+        return [self.logs[vb] for vb in wanted]
+
+    def _open_detached(self, vbuckets: list[int]) -> list[VbLog]:
+        """Open and prove ``vbuckets`` without adding them to the set (a worker thread)."""
+        opened: list[VbLog] = []
+        try:
+            for vb in vbuckets:
+                opened.append(self._prove(vb))
+        except BaseException:
+            for vblog in opened:
+                vblog.abandon()
+            raise
+        return opened
+
     def _open(self, vbucket: int) -> VbLog:
+        vblog = self._prove(vbucket)
+        self._adopt(vblog)
+        return vblog
+
+    def _prove(self, vbucket: int) -> VbLog:
         o = self.options
         vblog = VbLog(
             self.root,
@@ -138,20 +204,38 @@ class LogSet:
             known_bound=known.reserved if known else 0,
             known_uuids=known.uuids if known else (),
         )
+        return vblog
+
+    def _adopt(self, vblog: VbLog) -> None:
         if vblog.problems:
             self.stats.upr_log.logs_set_aside_total[vblog.problems[0].kind] += 1
         vblog.on_reserve = self._reserved
-        self.logs[vbucket] = vblog
-        return vblog
+        self.logs[vblog.vbucket] = vblog
 
     def _reserved(self, vblog: VbLog) -> None:
         self.save_manifest()
 
     def save_manifest(self) -> None:
-        for vb, vblog in self.logs.items():
-            known = self.known.setdefault(vb, KnownVb())
-            known.remember(vblog.reserved, [u for u, _ in reversed(vblog.failover.entries)])
-        write_manifest(self.manifest_path, self.known)
+        for vblog in self.logs.values():
+            self._remember(vblog)
+        self._write_manifest(*self._build_manifest())
+
+    def _remember(self, vblog: VbLog) -> None:
+        known = self.known.setdefault(vblog.vbucket, KnownVb())
+        known.remember(vblog.reserved, [u for u, _ in reversed(vblog.failover.entries)])
+
+    def _build_manifest(self) -> tuple[int, bytes]:
+        """The manifest of ``known`` (every log ever opened), numbered (the trio thread)."""
+        self._manifest_built += 1
+        return self._manifest_built, pack_manifest(self.known)
+
+    def _write_manifest(self, number: int, data: bytes) -> None:
+        """Write manifest ``number`` unless a later one was written (any thread): each
+        holds everything the earlier ones did, as ``known`` only grows."""
+        with self._manifest_lock:
+            if number > self._manifest_written:
+                write_atomic(self.manifest_path, data)
+                self._manifest_written = number
 
     def get(self, vbucket: int) -> VbLog | None:
         return self.logs.get(vbucket)

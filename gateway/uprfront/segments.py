@@ -47,6 +47,8 @@ FRAME = struct.Struct(">II")
 MAX_RECORD = 64 * 1024 * 1024
 HEADER_ROW = 2
 """Row tag of a compacted segment's header: [2, covers_upto_seqno]."""
+READ_CHUNK = 256 * 1024
+"""Bytes a disk read of the log asks the file for at once."""
 SPARSE_EVERY = 64
 """One (seqno, offset) pair of a segment's sparse index per this many items
 (the offset of the record holding it: a block's, for an item in a block)."""
@@ -386,3 +388,47 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         while done < size:
             with whole[done:] as rest:
                 done += os.write(fd, rest)
+
+
+class DiskPlan:
+    """Open segment files and where to read them: (fd, start offset, published size)."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[int, int, int]] = []
+
+    def close(self) -> None:
+        for fd, _offset, _size in self.parts:
+            os.close(fd)
+        self.parts = []
+
+    def __enter__(self) -> DiskPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_planned(
+    plan: DiskPlan, after: int, upto: int, limit: int, max_bytes: int | None
+) -> list[LogItem]:
+    """The items of ``plan``'s files with ``after < seqno <= upto`` (see ``vblog.VbLog.read``);
+    touches nothing but those files, so it may run in a worker thread."""
+    out: list[LogItem] = []
+    left = max_bytes if max_bytes is not None else -1
+    for fd, offset, size in plan.parts:
+        want = READ_CHUNK
+        while offset < size:
+            chunk = os.pread(fd, min(want, size - offset), offset)
+            end, left, done = read_items(chunk, offset, out, after, upto, limit, left)
+            if done:
+                return out
+            if out:
+                after = out[-1].by_seqno
+            if end == offset:
+                if want >= size - offset:
+                    break  # nothing whole left (cannot happen once published)
+                want *= 2  # a record bigger than the chunk
+                continue
+            want = READ_CHUNK
+            offset = end
+    return out

@@ -22,7 +22,11 @@ most that many bytes of keys and values, encodes them at once
 with ``send_messages`` without waiting; so a stream holds nothing while the
 consumer stalls, a connection's memory stays within its outbox limit plus
 one batch's framing, and a slow consumer stalls only its own connection.
-Without flow control the sent seqno is also the acknowledged one.
+Without flow control the sent seqno is also the acknowledged one. A stream
+that keeps up reads the log's in-memory tail; one behind it reads the disk
+in a worker thread (``_read``), sized before the hand-off from the room the
+connection's other disk reads have not taken, so a disk read stalls neither
+the loop nor the connection's outbox bound.
 
 Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
 (after the consumer took SET_VBUCKET_STATE(pending)); once caught up the
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 import trio
 
@@ -60,6 +65,32 @@ MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 SF = upr.SnapshotFlags
 _KIND_NAMES = {ItemKind.MUTATION: "mutation", ItemKind.DELETION: "deletion",
                ItemKind.EXPIRATION: "expiration"}  # fmt: skip
+
+
+class DiskReads:
+    """Bytes the disk reads of one connection's streams in flight may yet queue."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self._returned = trio.Event()
+
+    async def returned(self) -> None:
+        """Until one of those reads returns."""
+        await self._returned.wait()
+
+    def wake(self) -> None:
+        self._returned.set()
+        self._returned = trio.Event()
+
+
+_disk_reads: WeakKeyDictionary[object, DiskReads] = WeakKeyDictionary()
+
+
+def disk_reads(conn: object) -> DiskReads:
+    reads = _disk_reads.get(conn)
+    if reads is None:
+        reads = _disk_reads[conn] = DiskReads()
+    return reads
 
 
 class LogStream:
@@ -137,8 +168,9 @@ class LogStream:
             high = vblog.high_seqno
             self.progress.upstream_high_seqno = high
             upto = min(high, self.end_seqno)
-            await vblog.segments_settled()  # no checkpoint between it and the read
-            batch = vblog.read(self.position, upto, BATCH, min(BATCH_BYTES, budget))
+            batch = await self._read(upto, budget)
+            if batch is None:
+                continue  # the room went to the connection's disk reads: ask again
             if batch:
                 await self._send_batch(batch)
             if not batch or batch[-1].by_seqno >= upto:
@@ -150,6 +182,32 @@ class LogStream:
                 if self.takeover:
                     return await self.conn.front.take_over(self)
                 await vblog.wait_beyond(self.position)
+
+    async def _read(self, upto: int, budget: int) -> list[LogItem] | None:
+        """The next batch up to ``upto``, of at most ``budget`` bytes less what the
+        connection's disk reads in flight have taken; None when they took it all.
+
+        Live streams read the in-memory tail, at once; a stream behind it reads
+        the disk in a worker thread (``VbLog.read_async``), its size taken from
+        the connection's room before the hand-off, so the other streams of the
+        connection cannot claim the same room meanwhile (the outbox limit still
+        bounds what a stalled consumer costs).
+        """
+        vblog = self.vblog
+        reads = disk_reads(self.conn)
+        asked = min(BATCH_BYTES, budget) - reads.taken
+        if asked <= 0:
+            await reads.returned()
+            return None
+        await vblog.segments_settled()  # no checkpoint between it and the read
+        if vblog.in_memory(self.position):
+            return vblog.read(self.position, upto, BATCH, asked)
+        reads.taken += asked
+        try:
+            return await vblog.read_async(self.position, upto, BATCH, asked)
+        finally:
+            reads.taken -= asked
+            reads.wake()
 
     def _encoder(self) -> ItemEncoder:
         settings = self.conn.settings
@@ -305,8 +363,9 @@ class LogStream:
         while self.position < min(self.vblog.high_seqno, self.end_seqno):
             budget = await self.conn.send_budget()
             upto = min(self.vblog.high_seqno, self.end_seqno)
-            await self.vblog.segments_settled()  # no checkpoint between it and the read
-            batch = self.vblog.read(self.position, upto, BATCH, min(BATCH_BYTES, budget))
+            batch = await self._read(upto, budget)
+            if batch is None:
+                continue
             if batch:
                 await self._send_batch(batch)
             if not batch or batch[-1].by_seqno >= upto:

@@ -54,7 +54,7 @@ uuid these sources name, so no (uuid, seqno) pair can name two versions,
 and every consumer of an old history rolls back to 0.
 
 Writers: the ingest and a takeover connection may both write one vbucket;
-``lock`` is held from ``write`` to ``publish`` (see ``ingest.commit``), and
+``lock`` is held from ``write`` to ``publish`` (see ``commit.commit``), and
 ``publish`` exposes only what was handed to the file, never items fed
 since, so nothing is readable before it is synced.
 
@@ -92,12 +92,13 @@ from gateway.uprfront.proof import (
 )
 from gateway.uprfront.segments import (
     SPARSE_EVERY,
+    DiskPlan,
     Segment,
     buffer_items,
     close_block,
     frame_mark,
     fsync_dir,
-    read_items,
+    read_planned,
     segment_name,
     write_all,
     write_atomic,
@@ -109,7 +110,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 RESERVE_STEP = 100_000
-READ_CHUNK = 256 * 1024
 FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_TAIL_BYTES = 256 * 1024
 
@@ -127,6 +127,21 @@ def fresh_uuid(taken: Iterable[int]) -> int:
         uuid = _uuids.getrandbits(UUID_BITS)
         if uuid and uuid not in avoid:
             return uuid
+
+
+DISK_READERS = 4
+"""Threads reading logs from disk at once, for all streams: few threads, few
+reads in flight (each up to a batch of items held in memory)."""
+_readers: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("log_disk_readers")
+
+
+def _disk_readers() -> trio.CapacityLimiter:
+    try:
+        return _readers.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(DISK_READERS)
+        _readers.set(limiter)
+        return limiter
 
 
 def _first(pair: tuple[int, int]) -> int:
@@ -398,7 +413,7 @@ class VbLog:
         self._buffer += frame_mark(mark)
 
     def append_item(self, item: LogItem) -> None:
-        """Buffer one item the translator made (the ingest's fast path calls this)."""
+        """Buffer one item the translator made (the event path)."""
         self.append_items([item])
 
     def append_items(self, items: list[LogItem]) -> None:
@@ -416,6 +431,11 @@ class VbLog:
     def _close_block(self) -> None:
         close_block(self._buffer, self._block)
         self._block = -1
+
+    @property
+    def unsynced(self) -> bool:
+        """Written to the file since the last publish (an fsync is due)."""
+        return self._unsynced
 
     @property
     def dirty(self) -> bool:
@@ -639,20 +659,62 @@ class VbLog:
         read to this many bytes (at least one item is always returned).
         """
         upto = min(upto, self.high_seqno)
-        out: list[LogItem] = []
         if after >= upto:
-            return out
+            return []
         if after >= self._tail_floor and self._tail:
             return self._read_tail(after, upto, limit, max_bytes)
-        budget = [max_bytes if max_bytes is not None else -1]
         for _attempt in range(3):
             try:
-                self._read_into(out, after, upto, limit, budget)
-                return out
+                plan = self._disk_plan(after, upto)
             except FileNotFoundError:
-                # A compaction replaced the segment meanwhile: look again.
-                after = out[-1].by_seqno if out else after
+                continue  # a compaction replaced a segment meanwhile: look again
+            with plan:
+                return read_planned(plan, after, upto, limit, max_bytes)
         raise RuntimeError(f"vbucket {self.vbucket}: log segments keep vanishing")
+
+    def in_memory(self, after: int) -> bool:
+        """Whether a read from ``after`` is served from the in-memory tail (or is empty)."""
+        return after >= self.high_seqno or (after >= self._tail_floor and bool(self._tail))
+
+    async def read_async(
+        self, after: int, upto: int, limit: int, max_bytes: int | None = None
+    ) -> list[LogItem]:
+        """``read``, with what must come from disk read in a worker thread.
+
+        The files are opened and the offsets found here, on the loop, up to
+        what is published now (published records are whole on disk and never
+        cut back); the thread only reads those open files, so a compaction
+        replacing them meanwhile changes nothing it reads. Call it right after
+        ``segments_settled``, with no checkpoint between.
+        """
+        upto = min(upto, self.high_seqno)
+        if after >= upto:
+            return []
+        if after >= self._tail_floor and self._tail:
+            return self._read_tail(after, upto, limit, max_bytes)
+        with self._disk_plan(after, upto) as plan:
+            # Not abandoned on cancel: the files stay open until the thread is done.
+            return await trio.to_thread.run_sync(
+                read_planned, plan, after, upto, limit, max_bytes, limiter=_disk_readers()
+            )
+
+    def _disk_plan(self, after: int, upto: int) -> DiskPlan:
+        """The segments that may hold ``after < seqno <= upto``, opened, each with the
+        offset to start at (the sparse index) and its published size."""
+        plan = DiskPlan()
+        try:
+            for segment in self.segments:
+                if segment.last <= after or not segment.size:
+                    continue
+                if segment.first > upto:
+                    break
+                index = bisect.bisect_right(segment.sparse, after, key=_first) - 1
+                offset = segment.sparse[index][1] if index >= 0 else 0
+                plan.parts.append((os.open(segment.path, os.O_RDONLY), offset, segment.size))
+        except BaseException:
+            plan.close()
+            raise
+        return plan
 
     def _read_tail(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
         tail = self._tail
@@ -666,36 +728,6 @@ class VbLog:
                 if left <= 0:
                     return out[: n + 1]
         return out
-
-    def _read_into(
-        self, out: list[LogItem], after: int, upto: int, limit: int, budget: list[int]
-    ) -> None:
-        left = budget[0]
-        for segment in list(self.segments):
-            if segment.last <= after or not segment.size:
-                continue
-            if segment.first > upto:
-                return
-            index = bisect.bisect_right(segment.sparse, after, key=_first) - 1
-            offset = segment.sparse[index][1] if index >= 0 else 0
-            with open(segment.path, "rb") as f:
-                want = READ_CHUNK
-                while offset < segment.size:
-                    f.seek(offset)
-                    chunk = f.read(min(want, segment.size - offset))
-                    end, left, done = read_items(chunk, offset, out, after, upto, limit, left)
-                    budget[0] = left
-                    if done:
-                        return
-                    if out:
-                        after = out[-1].by_seqno
-                    if end == offset:
-                        if want >= segment.size - offset:
-                            break  # nothing whole left (cannot happen once published)
-                        want *= 2  # a record bigger than the chunk
-                        continue
-                    want = READ_CHUNK
-                    offset = end
 
     # -- figures ---------------------------------------------------------------
 

@@ -64,6 +64,8 @@ async def start(
             done.set()
 
     port = await nursery.start(run)
+    with trio.fail_after(10):  # the ingest opened the logs (in a worker thread) and connected
+        await front.ingest.connected.wait()
     return Running(front, port, scope, done)
 
 

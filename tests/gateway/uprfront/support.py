@@ -82,9 +82,12 @@ async def start_front(
     *,
     stats: GatewayStats | None = None,
     close_logs: bool = True,
+    connected: bool = True,
     **kw: Any,
 ) -> tuple[UprFront, int, FrontScope]:
-    """The gateway in its own cancel scope (cancel it to stop or "kill" it)."""
+    """The gateway in its own cancel scope (cancel it to stop or "kill" it); with
+    ``connected``, once its ingest opened the upstream's vbuckets' logs and sent
+    CONNECT (it opens them in a worker thread, so a consumer could ask first)."""
     front = UprFront(config(state_dir, node_port, **kw), stats)
     running = FrontScope()
 
@@ -96,6 +99,9 @@ async def start_front(
             running.stopped.set()
 
     port = await nursery.start(run)
+    if connected:
+        with trio.fail_after(10):
+            await front.ingest.connected.wait()
     return front, port, running
 
 

@@ -116,6 +116,7 @@ async def test_a_log_that_cannot_be_proven_is_set_aside_and_fetched_again(
     store = filled_store(60)
     _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
     gateway = await start(nursery, tmp_path, node_port, segment_bytes=SEGMENT_BYTES)
+    await settled(gateway.front, store)  # streaming live: the load comes in many small batches
     await write_load(store, 300, seed=3)
     await settled(gateway.front, store)
     consumer = Consumer()

@@ -72,6 +72,8 @@ async def test_captures_hold_what_was_received_and_exactly_what_was_sent(
     front, port, scope = await start_front(
         nursery, tmp_path / "state", node_port, capture_dir=captures
     )
+    with trio.fail_after(10):
+        await until(lambda: caught_up(front, store))  # the backfill is logged
     await write_load(store, 300)  # live items, in TAP checkpoints, after the backfill
     with trio.fail_after(10):
         await until(lambda: caught_up(front, store))

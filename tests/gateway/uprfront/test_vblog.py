@@ -20,6 +20,7 @@ from adapters.tap import (
 )
 from adapters.translate.log_records import LogItem
 from gateway.uprfront import compaction
+from gateway.uprfront import vblog as vblog_module
 from gateway.uprfront.compaction import compact_log
 from gateway.uprfront.ingest import commit
 from gateway.uprfront.vblog import VbLog
@@ -237,3 +238,57 @@ async def test_a_reader_waits_while_a_compaction_swaps_segment_files(
         assert await compact_log(vblog, NOW + 10, purge_interval=3600) > 0
     assert latest(got) == expected
     assert [i.by_seqno for i in got] == sorted({i.by_seqno for i in got})
+
+
+async def test_disk_reads_in_a_worker_thread_equal_reads_on_the_loop(tmp_path: Path) -> None:
+    vblog = VbLog(tmp_path, 0, tail_bytes=300, segment_bytes=2000)
+    vblog.open()
+    fill(vblog, 6, keys=7)
+    vblog.close()
+    disk = VbLog(tmp_path, 0)
+    disk.open()  # nothing in memory: every read goes to disk
+    assert len(disk.segments) >= 2 and not disk.in_memory(0)
+    high = disk.high_seqno
+    for after in range(high + 1):
+        for upto in (high, after + 5):
+            for limit, max_bytes in ((1000, None), (3, None), (1000, 25)):
+                got = await disk.read_async(after, upto, limit, max_bytes)
+                assert got == disk.read(after, upto, limit, max_bytes), (after, upto, limit)
+    disk.close()
+
+
+async def test_a_disk_read_in_flight_reads_the_files_it_opened_while_a_compaction_swaps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_async`` opens the files and finds the offsets on the loop, then reads in a
+    thread: a compaction replacing and deleting those files meanwhile changes nothing
+    it reads (the open files are the old ones)."""
+    vblog = VbLog(tmp_path, 0, segment_bytes=20_000, tail_bytes=1)  # reads go to disk
+    vblog.open()
+    fill(vblog, 100)
+    before = vblog.read(0, 10**9, 10**6)
+    assert len(vblog.segments) > 2
+    first = [i for i in before if i.by_seqno <= vblog.segments[0].last]
+    middle = first[len(first) * 3 // 4].by_seqno
+    planned = threading.Event()
+    compacted = threading.Event()
+    real_read = vblog_module.read_planned
+
+    def held_read(*args: object) -> list[LogItem]:
+        planned.set()
+        assert compacted.wait(10)
+        return real_read(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vblog_module, "read_planned", held_read)
+    got: list[LogItem] = []
+
+    async def reader() -> None:
+        await vblog.segments_settled()
+        got.extend(await vblog.read_async(middle, 10**9, 10**6))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.to_thread.run_sync(planned.wait)
+        assert await compact_log(vblog, NOW + 10, purge_interval=3600) > 0
+        compacted.set()
+    assert got == [i for i in before if i.by_seqno > middle]

@@ -1,0 +1,161 @@
+"""The UPR front's pipelined group commit: what is acked, when, and in what order.
+
+For any interleaving of the ingest's submissions (logs touched, acks owed)
+with commits finishing, ``GroupCommit`` must: start a commit on everything
+submitted before it started (the logs of exactly those submissions), send
+an ack only after the commit covering its submission returned, send every
+ack once, in submission order, and send none of a commit that failed. The
+order matters: a TAP producer takes an ack as acknowledging every message
+up to its sequence number (ep-engine 2.x src/tapconnection.cc,
+``TapProducer::processAck``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.uprfront.commit import GroupCommit
+
+Step = tuple[str, frozenset[int], int]
+"""("submit", vbuckets touched, acks owed) or ("finish", _, _): the commit in progress returns."""
+
+_acks = st.integers(0, 2)
+_steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("submit"), st.frozensets(st.integers(0, 5), max_size=3), st.integers(0, 2)
+        ),
+        st.tuples(st.just("finish"), st.just(frozenset()), st.just(0)),
+    ),
+    max_size=30,
+)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.submitted: list[tuple[frozenset[int], list[bytes]]] = []
+        self.commits: list[tuple[int, set[int]]] = []
+        """(submissions covered, logs committed) of each commit started."""
+        self.finished = 0
+        """Commits returned."""
+        self.sent: list[bytes] = []
+        self.release = trio.Event()
+        self.fail_next = False
+        self.group = GroupCommit(self.commit_logs, self.send)
+
+    async def commit_logs(self, touched: dict[int, Any]) -> None:
+        self.commits.append((len(self.submitted), set(touched)))
+        await self.release.wait()
+        self.release = trio.Event()
+        if self.fail_next:
+            raise OSError("disk full")
+        self.finished += 1
+
+    async def send(self, data: bytes) -> None:
+        self.sent += [data[i : i + 4] for i in range(0, len(data), 4)]
+        owed = [ack for _, acks in self.submitted for ack in acks]
+        assert self.sent == owed[: len(self.sent)]  # in order, each once
+        # The submissions acked so far, and every one before them that logged
+        # records, were covered by a commit that returned.
+        durable = self.commits[self.finished - 1][0] if self.finished else 0
+        acked = 0
+        while sum(len(acks) for _, acks in self.submitted[:acked]) < len(self.sent):
+            acked += 1
+        assert all(not vbs for vbs, _ in self.submitted[durable:acked])
+
+    def check_started(self) -> None:
+        """Each commit took the logs of exactly the submissions made since the last one."""
+        previous = 0
+        for covered, logs in self.commits:
+            wanted = set().union(*(vbs for vbs, _ in self.submitted[previous:covered]))
+            assert logs == wanted and logs
+            previous = covered
+
+
+async def run_steps(steps: list[Step]) -> Harness:
+    h = Harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.group.run)
+        for kind, vbs, acks in steps:
+            if kind == "submit":
+                owed = [b"%04d" % (len(h.submitted) * 10 + n) for n in range(acks)]
+                h.submitted.append((vbs, owed))
+                h.group.submit({vb: object() for vb in vbs}, owed)
+            else:
+                h.release.set()
+            await trio.testing.wait_all_tasks_blocked()
+            h.check_started()
+        # Everything submitted is acked once the commits return.
+        flushed = trio.Event()
+
+        async def flush() -> None:
+            await h.group.flush()
+            flushed.set()
+
+        nursery.start_soon(flush)
+        while not flushed.is_set():
+            h.release.set()
+            await trio.testing.wait_all_tasks_blocked()
+        assert h.sent == [ack for _, acks in h.submitted for ack in acks]
+        h.check_started()
+        nursery.cancel_scope.cancel()
+    return h
+
+
+@settings(max_examples=200, deadline=None)
+@given(_steps)
+def test_acks_leave_in_order_after_the_commit_that_covers_them(steps: list[Step]) -> None:
+    trio.run(run_steps, steps)
+
+
+async def test_a_failed_commit_sends_none_of_its_acks() -> None:
+    h = Harness()
+    failed = False
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(h.group.run)
+            h.submitted.append((frozenset({1}), [b"0001"]))
+            h.group.submit({1: object()}, [b"0001"])
+            await trio.testing.wait_all_tasks_blocked()
+            h.release.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.sent == [b"0001"]
+            h.submitted.append((frozenset({2}), [b"0002"]))
+            h.group.submit({2: object()}, [b"0002"])
+            await trio.testing.wait_all_tasks_blocked()
+            h.fail_next = True
+            h.release.set()
+            await trio.testing.wait_all_tasks_blocked()
+    except* OSError:
+        failed = True
+    assert failed and h.sent == [b"0001"]
+
+
+async def test_the_reader_waits_when_too_far_ahead_of_the_commits() -> None:
+    h = Harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.group.run)
+        h.submitted.append((frozenset({1}), []))
+        h.group.submit({1: object()}, [])
+        await trio.testing.wait_all_tasks_blocked()  # its commit is in progress
+        h.submitted.append((frozenset({2}), []))
+        h.group.submit({2: object()}, [])
+        h.group.pending_bytes = 17 * 1024 * 1024  # read since that commit began
+        waited = trio.Event()
+
+        async def reader() -> None:
+            await h.group.room()
+            waited.set()
+
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not waited.is_set()  # a commit is in progress: the reader waits for it
+        h.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert waited.is_set()
+        nursery.cancel_scope.cancel()
