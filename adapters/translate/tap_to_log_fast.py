@@ -4,8 +4,8 @@
 event with an ``IntFlag`` field and a list per item. For the dominant
 messages (MUTATION and DELETE with the 2.x engine-specific rev_seqno,
 CHECKPOINT_START/END in the server layout) ``log_buffer`` walks the frames
-of one socket read in place (a header and an extras unpack per frame, the
-key and value sliced out of the read) and hands the fields to the
+of one socket read in place (one unpack of header and extras per mutation,
+the key and value sliced out of the read) and hands the fields to the
 same translator methods the event path ends in (``TapToUpr.mutation``,
 ``.delete``, ``.checkpoint_start``/``_end``), so both paths log the same
 records (a property test holds them together). It stops at anything else
@@ -50,8 +50,6 @@ OP_CHECKPOINT_START = TapOpcode.CHECKPOINT_START.value
 OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
 _TAP_FLAGS = struct.Struct(">HH")
 _ID = struct.Struct(">Q")
-FAST_OPCODES = frozenset({OP_MUTATION, OP_DELETE})
-"""Item request opcodes ``log_frames`` may take."""
 
 
 class ItemSink(Protocol):
