@@ -7,8 +7,10 @@ written to a scratch directory, then reconciled with the verify job on
 the same SparkSession: a plain ``count()`` of both captures through the data
 source (reading and decoding only). Reported: wall time, records/s, the
 split between reading captures (the scan stage, up to the shuffle) and the
-reconciliation, and the driver's peak memory (JVM resident size, which in
-local mode holds the executors too, and the Python driver's).
+reconciliation, the CPU time of the driver, the JVM and the Python workers
+(steadier than wall time on a shared host), and the driver's peak memory
+(JVM resident size, which in local mode holds the executors too, and the
+Python driver's).
 
     python bench/verify_bench.py [--records N | --ten-million] [--vbuckets 64]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import shutil
 import tempfile
 import time
@@ -29,6 +32,30 @@ from gateway.verify.synthetic import history, write_capture
 
 ITEMS_PER_KEY = 1.35
 """Average item records per key in the synthetic history (rewrites, deletes, expiries)."""
+
+
+def tree_cpu_seconds() -> float:
+    """CPU time of this process and its descendants (the JVM, the Python workers),
+    counting the children they already reaped; steadier than wall time on a shared host."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        tree.update(children)
+        frontier += children
+    return sum(times.get(pid, 0.0) for pid in tree)
 
 
 def _write(args: tuple[str, int, int, float]) -> tuple[int, float]:
@@ -72,13 +99,17 @@ def main() -> None:
         )
         spark.read.format(NAME).load(str(left)).limit(1).collect()  # warm up JVM and workers
 
+        cpu = tree_cpu_seconds()
         started = time.perf_counter()
         sides = [spark.read.format(NAME).load(str(d)) for d in (left, right)]
         counted = sides[0].unionByName(sides[1]).count()
         baseline = time.perf_counter() - started
+        baseline_cpu = tree_cpu_seconds() - cpu
 
         config = VerifyConfig(str(left), str(right), partitions=args.partitions, progress=True)
+        cpu = tree_cpu_seconds()
         result = run_verify(config, spark)
+        verify_cpu = tree_cpu_seconds() - cpu
         report = result.report
         timing, memory = report["timing"], report["memory"]
         total_records = report["records"]["left"] + report["records"]["right"]
@@ -86,10 +117,16 @@ def main() -> None:
         assert report["agree"], report["mismatches"]["by_check"]
         print(summary(report))
         print()
-        print(f"{'':32}{'seconds':>10}{'records/s':>14}")
-        print(f"{'baseline: count() of both':32}{baseline:10.1f}{counted / baseline:14,.0f}")
+        print(f"{'':32}{'seconds':>10}{'records/s':>14}{'CPU s':>10}{'CPU us/rec':>12}")
+        print(
+            f"{'baseline: count() of both':32}{baseline:10.1f}{counted / baseline:14,.0f}"
+            f"{baseline_cpu:10.1f}{baseline_cpu / counted * 1e6:12.2f}"
+        )
         rate = total_records / timing["total_s"]
-        print(f"{'verify, total':32}{timing['total_s']:10.1f}{rate:14,.0f}")
+        print(
+            f"{'verify, total':32}{timing['total_s']:10.1f}{rate:14,.0f}"
+            f"{verify_cpu:10.1f}{verify_cpu / total_records * 1e6:12.2f}"
+        )
         if "read_s" in timing:
             print(
                 f"{'  read captures (scan stage)':32}{timing['read_s']:10.1f}"
@@ -100,7 +137,10 @@ def main() -> None:
                 f"{total_records / timing['reconcile_s']:14,.0f}"
             )
         print(f"{'  report, samples':32}{timing['report_s']:10.1f}")
-        print(f"verify / baseline: {timing['total_s'] / baseline:.2f}x")
+        print(
+            f"verify / baseline: {timing['total_s'] / baseline:.2f}x wall, "
+            f"{verify_cpu / baseline_cpu:.2f}x CPU"
+        )
         print(
             f"driver peak memory: JVM RSS {memory['jvm_driver_peak_rss_bytes'] / 2**20:,.0f} MiB "
             f"(heap {memory['jvm_heap_peak_bytes'] / 2**20:,.0f} MiB), Python "

@@ -6,7 +6,7 @@
 SET_VBUCKET (0x3d), as ``cbepctl set_vbucket_state`` did. Both speak plain
 memcached binary, SASL PLAIN first when ``--user`` is given (the password
 from ``--password-file`` or the TAP_UPR_GATEWAY_PASSWORD environment
-variable, never needed on the command line).
+variable, never needed on the command line), inside TLS with ``--tls``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ STATES = {"active": 1, "replica": 2, "pending": 3, "dead": 4}
 
 
 def _add_login(parser: argparse.ArgumentParser) -> None:
+    from gateway.security_cli import add_client_tls_options
+
     parser.add_argument("--user", help="SASL PLAIN user")
     parser.add_argument(
         "--password-file",
@@ -34,6 +36,7 @@ def _add_login(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"file holding the password (default: ${PASSWORD_ENV}, else empty)",
     )
+    add_client_tls_options(parser)
 
 
 def add_admin_parsers(commands: argparse._SubParsersAction[Any]) -> None:
@@ -74,19 +77,39 @@ def _vbucket_id(text: str) -> int:
 
 
 def _password(args: argparse.Namespace) -> str:
+    from gateway.startup import StartupError
+
     if args.password_file is not None:
-        return str(args.password_file.read_text()).rstrip("\r\n")
+        try:
+            return str(args.password_file.read_text(encoding="utf-8")).rstrip("\r\n")
+        except OSError as exc:
+            raise StartupError(
+                f"--password-file {args.password_file}: cannot read it: {exc.strerror}"
+            ) from None
+        except UnicodeDecodeError:
+            raise StartupError(f"--password-file {args.password_file}: not UTF-8 text") from None
     return os.environ.get(PASSWORD_ENV, "")
+
+
+def _settle_options(args: argparse.Namespace) -> None:
+    """Read the password and build the TLS context before dialling, so a bad file is
+    named as such rather than as a failure of the server."""
+    from gateway.security_cli import client_tls_from
+
+    args.ssl_context = client_tls_from(args)
+    args.secret = _password(args) if args.user else ""
 
 
 async def _login(args: argparse.Namespace) -> Any:
     from gateway.client import McbpClient
 
     host, port = args.target
-    client = await McbpClient.connect(host, port, name=f"{host}:{port}")
+    client = await McbpClient.connect(
+        host, port, name=f"{host}:{port}", ssl_context=args.ssl_context
+    )
     if args.user:
         try:
-            await client.sasl_plain(args.user, _password(args))
+            await client.sasl_plain(args.user, args.secret)
         except BaseException:
             await client.aclose()
             raise
@@ -127,7 +150,13 @@ def _run_stats(args: argparse.Namespace) -> int:
     import trio
 
     from adapters.errors import GatewayError
+    from gateway.startup import StartupError
 
+    try:
+        _settle_options(args)
+    except StartupError as exc:
+        print(f"stats: {exc}", file=sys.stderr)
+        return 2
     try:
         values = trio.run(_stats, args)
     except (OSError, GatewayError) as exc:
@@ -145,7 +174,13 @@ def _run_vbucket(args: argparse.Namespace) -> int:
     import trio
 
     from adapters.errors import GatewayError
+    from gateway.startup import StartupError
 
+    try:
+        _settle_options(args)
+    except StartupError as exc:
+        print(f"vbucket: {exc}", file=sys.stderr)
+        return 2
     try:
         trio.run(_set_state, args)
     except (OSError, GatewayError) as exc:

@@ -205,6 +205,8 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.security_cli import add_client_tls_options
+
     parser = commands.add_parser(
         "load",
         help="drive writes, deletes and short TTLs at a node; prints ops/s",
@@ -248,6 +250,7 @@ def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="SASL PLAIN password (visible to other users in ps: prefer "
         "$TAP_UPR_GATEWAY_PASSWORD or a --config file)",
     )
+    add_client_tls_options(parser, "the node")
     parser.set_defaults(handler=_run_load)
 
 
@@ -255,8 +258,15 @@ def _run_load(args: argparse.Namespace) -> int:
     import trio
 
     from gateway.load import run_load
+    from gateway.security_cli import client_tls_from
+    from gateway.startup import StartupError
 
     host, port = args.target
+    try:
+        ssl_context = client_tls_from(args)
+    except StartupError as exc:
+        print(f"load: {exc}", file=sys.stderr)
+        return 2
     try:
         report = trio.run(
             partial(
@@ -272,6 +282,7 @@ def _run_load(args: argparse.Namespace) -> int:
                 key_prefix=args.prefix,
                 user=args.user,
                 password=args.password,
+                ssl_context=ssl_context,
             )
         )
     except OSError as exc:

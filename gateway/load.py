@@ -10,6 +10,7 @@ batches; ``--rate`` caps operations per second. Prints ops/s at the end.
 from __future__ import annotations
 
 import random
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -68,11 +69,12 @@ async def run_load(
     key_prefix: str = "load",
     user: str | None = None,
     password: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> LoadReport:
     """Write ``items`` keys (then delete a fraction of them) and report."""
     rng = random.Random(seed)
     report = LoadReport()
-    async with await McbpClient.connect(host, port, name="load") as client:
+    async with await McbpClient.connect(host, port, name="load", ssl_context=ssl_context) as client:
         if user is not None:
             await client.sasl_plain(user, password or "")
         vbuckets = await vbucket_count(client)

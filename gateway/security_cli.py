@@ -91,6 +91,33 @@ def add_upstream_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_client_tls_options(parser: argparse.ArgumentParser, server: str = "the server") -> None:
+    """``--tls``/``--ca`` for the commands that dial one server (stats, vbucket, capture, load)."""
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help=f"connect to {server} over TLS (as Couchbase's TLS port 11207; its certificate "
+        "is checked against --ca, else the system's CAs, and its address)",
+    )
+    parser.add_argument(
+        "--ca",
+        type=Path,
+        metavar="FILE",
+        help="CA certificates (PEM) to check the server's certificate (needs --tls)",
+    )
+
+
+def client_tls_from(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The context ``add_client_tls_options`` asked for, or None for plain TCP."""
+    from gateway.tls import client_context
+
+    if not args.tls:
+        if args.ca is not None:
+            raise StartupError(f"--ca {args.ca}: needs --tls")
+        return None
+    return client_context(args.ca, option="--ca")
+
+
 def limits_from(args: argparse.Namespace, *, node: bool = False) -> ConnectionLimits:
     return ConnectionLimits(
         max_connections=args.max_connections,

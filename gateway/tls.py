@@ -38,14 +38,15 @@ def server_context(cert: Path, key: Path | None) -> ssl.SSLContext:
     return context
 
 
-def client_context(ca: Path | None = None) -> ssl.SSLContext:
-    """Checks the upstream's certificate: against ``ca`` when given, else the system's CAs."""
+def client_context(ca: Path | None = None, *, option: str = "--upstream-ca") -> ssl.SSLContext:
+    """Checks the server's certificate: against ``ca`` when given, else the system's CAs.
+    ``option`` names the command line option that gave ``ca``, for the error line."""
     try:
         context = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
     except FileNotFoundError:
-        raise StartupError(f"--upstream-ca {ca}: no such file") from None
+        raise StartupError(f"{option} {ca}: no such file") from None
     except (ssl.SSLError, OSError) as exc:
-        raise StartupError(f"--upstream-ca {ca}: not a usable CA file ({exc})") from None
+        raise StartupError(f"{option} {ca}: not a usable CA file ({exc})") from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
 

@@ -1,91 +1,52 @@
 """What every UPR producer connection here does alike: the node's and the UPR front's.
 
-Theory of operation. ``UprProducerBase.run`` reads the consumer's requests in
-order and answers each at once: CONTROL (``connection_buffer_size``,
-``enable_noop``, ``set_noop_interval``, ``enable_expiry_opcode`` (only on a
-connection opened with include-delete-times); known keys we do not implement,
-such as ``stream_buffer_size``, are NOT_SUPPORTED, any other key
-INVALID_ARGUMENTS), BUFFER_ACKNOWLEDGEMENT (credited to the flow-control
-``window``, waking every stream blocked on it; never answered, and more than
-is outstanding just empties it), NOOP, and the
-responses a producer waits for (NOOP, SET_VBUCKET_STATE, acked snapshot
-markers), which go to the stream with that opaque. A NOOP task sends one
-NOOP per interval once enabled and drops the connection when the previous
-one is still unanswered. A malformed request gets an error naming what was
-wrong and the connection closes (``ProtocolError``).
+Theory of operation. The protocol decisions of a producer connection live in
+the sans-IO ``adapters.upr.producer_machine.ProducerMachine`` (CONTROL, the
+flow-control window, NOOP liveness, the stream table, what each request
+does); ``UprProducerBase`` only moves bytes and events between it and the
+connection, in one nursery:
 
-Subclasses own their streams: ``_stream_request``, ``_failover_log`` and
-``_close_stream``, plus hooks for what they also track (``_on_decode_error``,
-``_on_buffer_size``, ``_on_expiry_opcode``, ``_on_acknowledged``).
+- the reader (``run``'s own task) hands each frame to the machine and acts
+  on what comes back, in order, through ``_OUTPUTS`` (one method per output
+  class): replies are queued, memcached's own commands go to the listener's
+  command door (``answer``), wanted streams and failover logs to the
+  subclass, replies a stream waits for to that stream; a malformed request
+  is answered, then the connection closes (``ProtocolError``);
+- the timer task sleeps until ``next_deadline()`` (or a CONTROL changed the
+  NOOP settings) and sends what ``on_timer`` gives: a NOOP, or the end of a
+  connection whose consumer stopped answering them;
+- the subclass's stream tasks, which count their writes in ``window`` and
+  wait in ``_wait_for_room``, the one wait for room in the window: every
+  stream blocked on a full window waits on one event, set whenever the
+  machine says the window may have room (a buffer ack, a new buffer size).
+
+Subclasses answer ``_stream_request`` (after the machine's checks; they call
+``machine.add_stream`` when they start one) and ``_failover_log``, and hear
+of what they also track (``_on_decode_error``, ``_on_buffer_size``,
+``_on_expiry_opcode``, ``_on_acknowledged``, ``_on_unblocked``).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-from typing import Any, Protocol
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic
 
 import trio
 
 from adapters import upr
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status
+from adapters.upr import producer_machine as pm
 from adapters.upr.flow_control import ProducerWindow
-from gateway.io.replies import error_reply
+from adapters.upr.producer_machine import ProducerMachine, S
+from gateway.io.door import Answer, refuse_command
 from gateway.wire import PacketConnection
 
 log = logging.getLogger(__name__)
 
-OK = Status.SUCCESS.value
-_TRUE_FALSE = {b"true": True, b"false": False}
-NOT_SUPPORTED_CONTROLS = frozenset(
-    {
-        b"stream_buffer_size",
-        b"set_priority",
-        b"enable_ext_metadata",
-        b"enable_value_compression",
-        b"supports_cursor_dropping",
-    }
-)
-"""CONTROL keys a producer knows but does not implement: NOT_SUPPORTED (0x83),
-as 3.0 answers stream_buffer_size; any other unknown key is EINVAL (0x04)."""
 
-
-class AnsweringStream(Protocol):
-    opaque: int
-
-    @property
-    def live(self) -> bool: ...
-
-    def on_response(self, event: Any) -> None: ...
-
-
-def parse_uint32(value: bytes) -> int | None:
-    """A CONTROL number as ep-engine 3.0's ``parseUint32`` (src/utility.cc) reads it:
-    ``strtoul`` base 10, so leading blanks and a ``+`` are fine and the number may
-    be followed by a blank and anything; a ``-`` or a value over 32 bits is not."""
-    text = value.lstrip(b" \t\n\r\v\f")
-    if text[:1] == b"+":
-        text = text[1:]
-    digits = len(text) - len(text.lstrip(b"0123456789"))
-    if not digits or (digits < len(text) and not text[digits : digits + 1].isspace()):
-        return None
-    number = int(text[:digits])
-    return number if number <= 0xFFFFFFFF else None
-
-
-def seconds(value: bytes) -> float | None:
-    try:
-        parsed = float(value)
-    except ValueError:
-        return None
-    return parsed if 0 < parsed < float("inf") else None
-
-
-class UprProducerBase:
-    streams: dict[int, Any]
-    """By vbucket: the subclass's streams (each with ``opaque``, ``live``, ``on_response``)."""
-
+class UprProducerBase(Generic[S]):
     def __init__(
         self,
         conn: PacketConnection,
@@ -94,71 +55,109 @@ class UprProducerBase:
         noop_interval: float,
         *,
         delete_times: bool = False,
+        serves: Callable[[int], bool] = lambda _vb: True,
+        answer: Answer = refuse_command,
     ) -> None:
         self.conn = conn
         self.name = name
         self.dialect = dialect
-        self.window = ProducerWindow()
+        self.answer = answer
+        """Answers the requests that are not UPR's (the listener's ``Door.answer``)."""
+        self.machine: ProducerMachine[S] = ProducerMachine(
+            name,
+            dialect,
+            noop_interval=noop_interval,
+            delete_times=delete_times,
+            serves=serves,
+            admission=self._admission,
+        )
+        self.window: ProducerWindow = self.machine.window
+        self.streams: dict[int, S] = self.machine.streams
+        """By vbucket (the machine's table): each with ``opaque``, ``live``, ``on_response``."""
         self._room = trio.Event()
-        self.expiry_opcode = False
-        self.delete_times = delete_times
-        """OPEN flag INCLUDE_DELETE_TIMES (0x20)."""
-        self.noop_enabled = False
-        self.noop_interval = noop_interval
-        self._noop_changed = trio.Event()
-        self._noop_outstanding: int | None = None
-        self._opaques = itertools.count(1)
+        self._timers_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+
+    @property
+    def noop_enabled(self) -> bool:
+        return self.machine.noop_enabled
+
+    @property
+    def noop_interval(self) -> float:
+        return self.machine.noop_interval
+
+    @property
+    def expiry_opcode(self) -> bool:
+        return self.machine.expiry_opcode
 
     # -- running ---------------------------------------------------------------
 
     async def run(self, first: upr.UprEvent | None) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._noop_loop)
+            nursery.start_soon(self._timer_loop)
             if first is not None:
                 await self.handle(first)
-            while (frame := await self.conn.receive_frame()) is not None:
-                await self.handle(await self._decode(frame))
+            conn, machine = self.conn, self.machine
+            while (frame := await conn.receive_frame()) is not None:
+                for output in machine.receive_frame(frame, trio.current_time()):
+                    await _OUTPUTS[type(output)](self, output)
             # The consumer went away: nobody is left to stream to.
             nursery.cancel_scope.cancel()
 
-    async def _decode(self, frame: Frame) -> upr.UprEvent:
-        try:
-            return upr.decode_frame(frame, self.dialect)
-        except ProtocolError as exc:
-            self._on_decode_error(exc)
-            if frame.magic == Magic.REQUEST:
-                status = exc.status or Status.INVALID_ARGUMENTS
-                self.conn.send_nowait(error_reply(frame, status, str(exc)))
-            raise
-
     async def handle(self, event: upr.UprEvent) -> None:
-        if event.IS_RESPONSE:
-            self._on_response(event)  # type: ignore[arg-type]
-        elif isinstance(event, upr.StreamRequest):
-            authority = self.conn.authority
-            if (
-                event.flags & upr.StreamFlags.TAKEOVER
-                and authority is not None
-                and not authority.may_administer()
-            ):
-                denied = authority.refuse_admin("UPR takeover stream")
-                await self._refuse(event, Status.NO_ACCESS, denied)
-            else:
-                await self._stream_request(event)
-        elif isinstance(event, upr.Control):
-            await self._control(event)
-        elif isinstance(event, upr.BufferAcknowledgement):
-            await self._buffer_ack(event)
-        elif isinstance(event, upr.CloseStream):
-            await self._close_stream(event)
-        elif isinstance(event, upr.GetFailoverLog):
-            await self._failover_log(event)
-        elif isinstance(event, upr.Noop):
-            await self.respond(upr.Response(upr.Command.NOOP, event.opaque, OK))
-        else:
-            await self._refuse(event, Status.NOT_SUPPORTED, f"{event.NAME} is not for a producer")
+        """Act on one decoded event (the first request, handed over by the door)."""
+        for output in self.machine.receive(event, trio.current_time()):
+            await _OUTPUTS[type(output)](self, output)
+
+    async def _timer_loop(self) -> None:
+        machine = self.machine
+        while True:
+            self._timers_changed = trio.Event()
+            deadline = machine.next_deadline()
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                await self._timers_changed.wait()
+                continue  # the settings changed: ask again
+            noop = machine.on_timer(trio.current_time())
+            if noop:
+                await self.conn.send(noop)
+
+    def _admission(self, what: str) -> str | None:
+        authority = self.conn.authority
+        if authority is None or authority.may_administer():
+            return None
+        return authority.refuse_admin(what)
+
+    # -- acting on the machine's outputs -----------------------------------------
+
+    async def _reply(self, output: pm.Reply) -> None:
+        await self.conn.send(output.data)
+
+    async def _command(self, output: pm.McCommand) -> None:
+        await self.answer(self.conn, output.frame)  # memcached's own commands
+
+    async def _stream_wanted(self, output: pm.StreamWanted) -> None:
+        await self._stream_request(output.request)
+
+    async def _log_wanted(self, output: pm.LogWanted) -> None:
+        await self._failover_log(output.request)
+
+    async def _end_stream(self, output: pm.EndStream) -> None:
+        output.stream.close_by_consumer()  # dead before the answer that follows
+
+    async def _deliver(self, output: pm.Deliver) -> None:
+        output.stream.on_response(output.response)
+
+    async def _applied(self, output: pm.Applied) -> None:
+        _APPLIED[output.key](self, output.value)
+
+    async def _room_again(self, _output: pm.Room) -> None:
+        self._on_acknowledged()
+        self._room.set()
+
+    async def _fail(self, output: pm.Fail) -> None:
+        self._on_decode_error(output.error)
+        raise output.error
 
     # -- what subclasses provide -----------------------------------------------
 
@@ -166,9 +165,6 @@ class UprProducerBase:
         raise NotImplementedError
 
     async def _failover_log(self, req: upr.GetFailoverLog) -> None:
-        raise NotImplementedError
-
-    async def _close_stream(self, req: upr.CloseStream) -> None:
         raise NotImplementedError
 
     def _on_decode_error(self, exc: ProtocolError) -> None:
@@ -181,7 +177,13 @@ class UprProducerBase:
         """CONTROL enable_expiry_opcode was applied."""
 
     def _on_acknowledged(self) -> None:
-        """A BUFFER_ACKNOWLEDGEMENT was credited to the window."""
+        """The window may have room again (a BUFFER_ACKNOWLEDGEMENT was credited)."""
+
+    def _on_unblocked(self, seconds: float) -> None:
+        """A stream waited ``seconds`` for room in the window."""
+
+    def _on_noop_settings(self) -> None:
+        self._timers_changed.set()  # the timer task asks for the new deadline
 
     # -- sending ---------------------------------------------------------------
 
@@ -192,96 +194,38 @@ class UprProducerBase:
         command = getattr(event, "COMMAND", upr.Command.OPEN)
         await self.respond(upr.Response(command, event.opaque, status, text.encode()))
 
-    # -- flow control and settings ---------------------------------------------
-
-    async def _buffer_ack(self, ack: upr.BufferAcknowledgement) -> None:
-        # memcached 3.0 never answers a buffer ack (upr-producer.cc
-        # ``bufferAcknowledgement`` returns success, and success is silent).
-        if not self.window.enabled:
-            return  # nothing was counted, so there is nothing to credit
-        self.window.acknowledged(ack.buffer_bytes)
-        self._on_acknowledged()
-        self._room.set()
-
-    async def _control(self, req: upr.Control) -> None:
-        key = req.key
-        if key in NOT_SUPPORTED_CONTROLS:
-            # upr-producer.cc ``control``: stream_buffer_size is ENGINE_ENOTSUP.
-            text = f"control key {key.decode()!r} is not supported by this producer"
-            await self._refuse(req, Status.NOT_SUPPORTED, text)
+    async def _wait_for_room(self) -> None:
+        """Wait while the flow-control window is full (every blocked stream on one
+        event, which any credit sets; each then checks the window again)."""
+        window = self.window
+        if window.can_send:
             return
-        error = self._apply_control(key, req.value.rstrip(b"\x00"))
-        if error is None:
-            await self.respond(upr.Response(upr.Command.CONTROL, req.opaque, OK))
-        else:
-            await self._refuse(req, Status.INVALID_ARGUMENTS, error)
+        blocked_at = trio.current_time()
+        while not window.can_send:
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+        self._on_unblocked(trio.current_time() - blocked_at)
 
-    def _apply_control(self, key: bytes, value: bytes) -> str | None:
-        """Apply one CONTROL setting; the error text if it is refused (EINVAL)."""
-        shown = value.decode("utf-8", "replace")
-        if key == b"enable_expiry_opcode" and value == b"true" and not self.delete_times:
-            # Servers that know the expiry opcode send EXPIRATION only in the
-            # delete-time layout, so they refuse it on a connection without
-            # OPEN flag 0x20 (kv_engine dcp/producer.cc ``control``).
-            return "enable_expiry_opcode needs a connection opened with include-delete-times (0x20)"
-        if key == b"connection_buffer_size":
-            size = parse_uint32(value)
-            if size is None:
-                return f"connection_buffer_size must be a 32-bit decimal number, not {shown!r}"
-            self.window.set_buffer_size(size)
-            self._on_buffer_size(size)
-            self._room.set()
-        elif key == b"enable_noop":
-            # ep-engine 3.0 dcp-producer.cc ``control``: "true" turns NOOPs on,
-            # any other value turns them off; neither is refused.
-            self.noop_enabled = value == b"true"
-            self._noop_changed.set()
-        elif key == b"enable_expiry_opcode":
-            flag = _TRUE_FALSE.get(value)
-            if flag is None:
-                return f"enable_expiry_opcode must be true or false, not {shown!r}"
-            self.expiry_opcode = flag
-            self._on_expiry_opcode(flag)
-        elif key == b"set_noop_interval":
-            interval = seconds(value)
-            if interval is None:
-                return f"set_noop_interval must be a positive number of seconds, not {shown!r}"
-            self.noop_interval = interval
-            self._noop_changed.set()
-        else:
-            return f"unknown control key {key.decode('utf-8', 'replace')!r}"
-        return None
 
-    # -- responses from the consumer -------------------------------------------
+_OUTPUTS: dict[type, Callable[[UprProducerBase[Any], Any], Awaitable[None]]] = {
+    pm.Reply: UprProducerBase._reply,
+    pm.McCommand: UprProducerBase._command,
+    pm.StreamWanted: UprProducerBase._stream_wanted,
+    pm.LogWanted: UprProducerBase._log_wanted,
+    pm.EndStream: UprProducerBase._end_stream,
+    pm.Deliver: UprProducerBase._deliver,
+    pm.Applied: UprProducerBase._applied,
+    pm.Room: UprProducerBase._room_again,
+    pm.Fail: UprProducerBase._fail,
+}
+"""What the I/O side does for each output of the machine."""
 
-    def _on_response(self, event: upr.UprResponse) -> None:
-        command = getattr(event, "command", None)
-        if command is upr.Command.NOOP:
-            if event.opaque == self._noop_outstanding:
-                self._noop_outstanding = None
-            return
-        if command in (upr.Command.SET_VBUCKET_STATE, upr.Command.SNAPSHOT_MARKER):
-            for stream in self.streams.values():
-                if stream.opaque == event.opaque and stream.live:
-                    stream.on_response(event)
-                    return
-        log.debug("%s: ignoring unexpected response %r", self.name, event)
-
-    # -- NOOP ------------------------------------------------------------------
-
-    async def _noop_loop(self) -> None:
-        while True:
-            self._noop_changed = trio.Event()
-            if not self.noop_enabled:
-                await self._noop_changed.wait()
-                continue
-            with trio.move_on_after(self.noop_interval):
-                await self._noop_changed.wait()
-                continue  # settings changed: start the interval again
-            if self._noop_outstanding is not None:
-                raise ProtocolError(
-                    f"consumer {self.name!r} did not answer a NOOP within "
-                    f"{self.noop_interval:g} seconds"
-                )
-            self._noop_outstanding = next(self._opaques)
-            await self.respond(upr.Noop(opaque=self._noop_outstanding))
+_APPLIED: dict[bytes, Callable[[UprProducerBase[Any], Any], None]] = {
+    # Through the instance, so a subclass's hook is the one called.
+    b"connection_buffer_size": lambda producer, size: producer._on_buffer_size(size),
+    b"enable_expiry_opcode": lambda producer, flag: producer._on_expiry_opcode(flag),
+    b"enable_noop": lambda producer, _on: producer._on_noop_settings(),
+    b"set_noop_interval": lambda producer, _interval: producer._on_noop_settings(),
+}
+"""Who hears of each CONTROL setting the machine applied."""

@@ -201,6 +201,14 @@ class FrameReader:
         self.consumed += HEADER_SIZE + bodylen
         return frame
 
+    def take_buffered(self) -> bytes:
+        """The bytes received and not yet handed out as frames, which leave the reader
+        (a caller that goes on framing in place from there)."""
+        rest = bytes(self._buffer[self._offset :])
+        self._buffer.clear()
+        self._offset = 0
+        return rest
+
     def frames(self) -> list[Frame]:
         """Every whole frame now buffered."""
         out = []

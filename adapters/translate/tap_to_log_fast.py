@@ -1,10 +1,11 @@
 """The UPR front's ingest fast path: TAP item frames straight to log records.
 
-``decode_frame`` followed by ``TapToUpr.feed`` builds a frozen event with an
-``IntFlag`` field and a list per item. For the dominant messages (MUTATION
-and DELETE with the 2.x engine-specific rev_seqno, CHECKPOINT_START/END in
-the server layout) ``log_frames`` unpacks a whole run of frames of one
-socket read, each with one precompiled struct, and hands the fields to the
+``FrameReader``, ``decode_frame`` and ``TapToUpr.feed`` build a frame, a frozen
+event with an ``IntFlag`` field and a list per item. For the dominant
+messages (MUTATION and DELETE with the 2.x engine-specific rev_seqno,
+CHECKPOINT_START/END in the server layout) ``log_buffer`` walks the frames
+of one socket read in place (a header and an extras unpack per frame, the
+key and value sliced out of the read) and hands the fields to the
 same translator methods the event path ends in (``TapToUpr.mutation``,
 ``.delete``, ``.checkpoint_start``/``_end``), so both paths log the same
 records (a property test holds them together). It stops at anything else
@@ -18,11 +19,11 @@ makes, packed in one struct.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Protocol, TypeVar
 
 from adapters.mcbp.constants import Magic
-from adapters.mcbp.frames import Frame
+from adapters.mcbp.frames import DEFAULT_MAX_FRAME_SIZE, HEADER
 from adapters.tap.constants import TapFlags, TapOpcode
 from adapters.translate.log_records import LogItem, LogMark
 from adapters.translate.tap_to_upr import TapToUpr
@@ -37,6 +38,9 @@ _NETWORK_BYTE_ORDER = TapFlags.NETWORK_BYTE_ORDER.value
 # TAP header of a delete (engine-specific length, TAP flags, ttl, 3 reserved), rev_seqno
 _DELETE = struct.Struct(">HHB3xQ")
 _RESPONSE_HEADER = struct.Struct(">BBHBBHIIQ")
+_HEADER = HEADER
+MAX_BODY = DEFAULT_MAX_FRAME_SIZE
+"""The body length ``FrameReader`` takes by default; a frame declaring more is refused."""
 _REQUEST = Magic.REQUEST.value
 _RESPONSE = Magic.RESPONSE.value
 OP_MUTATION = TapOpcode.MUTATION.value
@@ -64,68 +68,85 @@ S = TypeVar("S", bound=ItemSink)
 _ACK = TapFlags.ACK.value
 
 
-def log_frames(
-    frames: Sequence[Frame],
+def log_buffer(
+    data: bytes,
     start: int,
     sinks: Mapping[int, S],
     now: float,
     touched: dict[int, S],
     acks: list[bytes],
-) -> int:
-    """Log the run of MUTATION/DELETE frames (each unpacked once, straight to its
-    log item) and CHECKPOINT_START/END frames of the server layout
-    from ``frames[start]``; the index of the first frame it left for the event
-    path (``len(frames)``: none), which names what is wrong with a frame.
+    max_frames: int = -1,
+) -> tuple[int, int]:
+    """Log the run of MUTATION/DELETE frames (each unpacked once, in place, straight
+    to its log item) and CHECKPOINT_START/END frames of the server layout that
+    ``data`` holds from offset ``start``, at most ``max_frames`` of them (-1: no limit).
+
+    Returns (offset, frames): where it stopped, and how many frames it took.
+    It stops at a frame cut short by the end of ``data`` and at one it leaves
+    for the event path (another message, a new vbucket, anything
+    ``FrameReader`` or the decoder would refuse: that path names what is wrong).
 
     Each item goes to its vbucket's sink, the sink into ``touched``, and the
     ack a frame asks for onto ``acks``, in order.
     """
-    mutation, delete = _MUTATION.unpack_from, _DELETE.unpack_from
+    header, mutation, delete = _HEADER.unpack_from, _MUTATION.unpack_from, _DELETE.unpack_from
     host_flags = _HOST_FLAGS.unpack_from
     ack = _RESPONSE_HEADER.pack
-    for index in range(start, len(frames)):
-        magic, opcode, keylen, _, datatype, vbucket, opaque, cas, body = frames[index]
-        if magic != _REQUEST or not keylen:
-            return index
+    size = len(data)
+    offset = start
+    taken = 0
+    while offset + 24 <= size and taken != max_frames:
+        magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas = header(
+            data, offset
+        )
+        body = offset + 24
+        end = body + bodylen
+        if (
+            magic != _REQUEST
+            or not keylen
+            or end > size
+            or bodylen > MAX_BODY
+            or extlen + keylen > bodylen
+        ):
+            break
         sink = sinks.get(vbucket)
         if sink is None:
-            return index
-        size = len(body)
+            break
         if opcode == OP_MUTATION:
-            if size < 24:
-                return index
-            es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(body)
+            if bodylen < 24:
+                break
+            es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(data, body)
             if es_len != 8 and es_len != 9:
-                return index
-            key_start = 16 + es_len
+                break
+            key_start = body + 16 + es_len
             key_end = key_start + keylen
-            if key_end > size:
-                return index
+            if key_end > end:
+                break
             given = tap_flags
             if not tap_flags & _NETWORK_BYTE_ORDER:
-                flags = host_flags(body, 8)[0]
+                flags = host_flags(data, body + 8)[0]
                 given = tap_flags | _NETWORK_BYTE_ORDER
             item = sink.translator.mutation(
-                body[key_start:key_end], body[key_end:], cas, flags, expiration, rev_seqno,
+                data[key_start:key_end], data[key_end:end], cas, flags, expiration, rev_seqno,
                 datatype, given, now,
             )  # fmt: skip
         elif opcode == OP_DELETE:
-            if size < 16:
-                return index
-            es_len, tap_flags, _, rev_seqno = delete(body)
-            if es_len != 8 or 16 + keylen > size:
-                return index
-            item = sink.translator.delete(body[16 : 16 + keylen], cas, rev_seqno, now)
+            if bodylen < 16:
+                break
+            es_len, tap_flags, _, rev_seqno = delete(data, body)
+            if es_len != 8 or 16 + keylen > bodylen:
+                break
+            item = sink.translator.delete(data[body + 16 : body + 16 + keylen], cas, rev_seqno, now)
         elif opcode in (OP_CHECKPOINT_START, OP_CHECKPOINT_END):
             # The server layout (a key, the id as an 8-byte value): one per live item
             # of a 2.x stream that keeps up, so not worth an event each.
-            if size < 16:
-                return index
-            es_len, tap_flags = _TAP_FLAGS.unpack_from(body)
-            key_end = 16 + es_len + keylen
-            if key_end > size or size - key_end != 8:
-                return index
-            checkpoint = _ID.unpack_from(body, key_end)[0]
+            if bodylen < 16:
+                break
+            es_len, tap_flags = _TAP_FLAGS.unpack_from(data, body)
+            key_end = body + 16 + es_len + keylen
+            if key_end > end or end - key_end != 8:
+                break
+            checkpoint = _ID.unpack_from(data, key_end)[0]
             translator = sink.translator
             if opcode == OP_CHECKPOINT_START:
                 sink.append_mark(translator.checkpoint_start(checkpoint))
@@ -133,13 +154,35 @@ def log_frames(
                 sink.append_mark(translator.checkpoint_end(checkpoint))
             item = None
         else:
-            return index
+            break
         if item is not None:
             sink.append_item(item)
         touched[vbucket] = sink
         if tap_flags & _ACK:
             acks.append(ack(_RESPONSE, opcode, 0, 0, 0, 0, 0, opaque, 0))
-    return len(frames)
+        offset = end
+        taken += 1
+    return offset, taken
+
+
+def frame_end(data: bytes, offset: int, lenient_responses: bool = False) -> int | None:
+    """End offset of the frame at ``offset`` if ``data`` holds it whole, None if not.
+
+    A header ``FrameReader`` refuses on its own (bad magic, a body over the
+    limit, extras and key longer than the body) ends with the header: the
+    reader raises on it without waiting for the body.
+    """
+    if len(data) - offset < 24:
+        return None
+    magic, _, keylen, extlen, _, _, bodylen, _, _ = _HEADER.unpack_from(data, offset)
+    if (
+        (magic != _REQUEST and magic != _RESPONSE)
+        or bodylen > MAX_BODY
+        or (extlen + keylen > bodylen and not (magic == _RESPONSE and lenient_responses))
+    ):
+        return offset + 24
+    end = offset + 24 + bodylen
+    return end if end <= len(data) else None
 
 
 def ack_frame(opcode: int, opaque: int) -> bytes:

@@ -40,17 +40,51 @@ def is_counted(name: str, is_response: bool) -> bool:
     return not is_response and name in COUNTED_MESSAGES
 
 
+def counts(event: object) -> bool:
+    """Whether flow control counts ``event`` (stream data, not housekeeping): by class."""
+    return type(event) in COUNTED_CLASSES
+
+
+class ConsumerWindow:
+    """The consumer's count of counted bytes received and not yet acknowledged.
+
+    For a consumer that acknowledges what it freed as it frees it (the TAP
+    front returns what its own peer acked, end to end); ``ConsumerAcker``
+    instead batches a consumer's acks by size and time.
+    """
+
+    __slots__ = ("buffer_size", "unacked_bytes")
+
+    def __init__(self, buffer_size: int = 0) -> None:
+        self.buffer_size = buffer_size
+        """What the producer accepted in CONTROL connection_buffer_size (0: no flow control)."""
+        self.unacked_bytes = 0
+
+    @property
+    def full(self) -> bool:
+        """The producer has stopped: its window is used up."""
+        return 0 < self.buffer_size <= self.unacked_bytes
+
+    def release(self, size: int) -> int:
+        """``size`` bytes freed: the BUFFER_ACKNOWLEDGEMENT to send (0: none), never
+        more than is outstanding and nothing without flow control."""
+        if size <= 0 or not self.buffer_size:
+            return 0
+        size = min(size, self.unacked_bytes)
+        self.unacked_bytes -= size
+        return size
+
+
 class ProducerWindow:
     """The producer's count of bytes the consumer has not yet acknowledged."""
 
-    __slots__ = ("blocked_since", "buffer_size", "total_acked", "total_sent", "unacked_bytes")
+    __slots__ = ("buffer_size", "total_acked", "total_sent", "unacked_bytes")
 
     def __init__(self, buffer_size: int | None = None) -> None:
         self.buffer_size = buffer_size
         self.unacked_bytes = 0
         self.total_sent = 0
         self.total_acked = 0
-        self.blocked_since: float | None = None
 
     @property
     def enabled(self) -> bool:
@@ -125,3 +159,13 @@ class ConsumerAcker:
         freed, self.freed = self.freed, 0
         self._last_ack = now
         return freed
+
+
+def _counted_classes() -> frozenset[type]:
+    from adapters.upr.events import REQUEST_CLASSES
+
+    return frozenset(cls for cls in REQUEST_CLASSES.values() if cls.NAME in COUNTED_MESSAGES)
+
+
+COUNTED_CLASSES = _counted_classes()
+"""The stream messages flow control counts, by class (``COUNTED_MESSAGES``)."""

@@ -21,6 +21,8 @@ from gateway.capture.session import (
     CaptureOptions,
     CaptureResult,
 )
+from gateway.security_cli import add_client_tls_options, client_tls_from
+from gateway.startup import StartupError
 
 DIALECTS = ("dcp", "upr-draft")
 
@@ -137,6 +139,7 @@ def add_capture_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.
     parser.add_argument(
         "--segment-mb", type=_positive, default=64, help="rotate segments at this size (MiB)"
     )
+    add_client_tls_options(parser, "the endpoints")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
     parser.set_defaults(handler=run_capture)
@@ -157,6 +160,7 @@ def _options(args: argparse.Namespace, side: str, out: Path) -> CaptureOptions:
         dialect=args.dialect,
         buffer_size=args.buffer_size,
         max_segment_bytes=args.segment_mb * 1024 * 1024,
+        ssl_context=client_tls_from(args),
     )
 
 
@@ -270,14 +274,18 @@ def run_capture(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     logs.configure(args.verbose - args.quiet)
     both = bool(args.tap and args.upr)
-    if both:
-        tap, upr = two_sided_options(args)
-        targets = [tap, upr]
-        where = f"{tap.host}:{tap.port} and {upr.host}:{upr.port}"
-    else:
-        side, options = options_from(args)
-        targets = [options]
-        where = f"{options.host}:{options.port}"
+    try:
+        if both:
+            tap, upr = two_sided_options(args)
+            targets = [tap, upr]
+            where = f"{tap.host}:{tap.port} and {upr.host}:{upr.port}"
+        else:
+            side, options = options_from(args)
+            targets = [options]
+            where = f"{options.host}:{options.port}"
+    except StartupError as unusable:  # --ca unusable or without --tls
+        print(f"capture: {unusable}", file=sys.stderr)
+        return EXIT_USAGE
     for options in targets:
         why = _check_out(options.out)
         if why:

@@ -9,6 +9,7 @@ stream (``tap_capture``/``upr_capture``) whose item events go to one
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -44,6 +45,8 @@ class CaptureOptions:
     dialect: str = "dcp"
     buffer_size: int = DEFAULT_BUFFER_SIZE
     max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES
+    ssl_context: ssl.SSLContext | None = None
+    """TLS to the endpoint (``--tls``), else plain TCP."""
     on_recorder: Callable[[CaptureRecorder], None] | None = None
     """Told the recorder once it exists (a two-sided capture watches and cuts through it)."""
 

@@ -70,7 +70,9 @@ async def capture_tap(
     Cancelled, it returns nothing but still closes the segment cleanly; the
     ``CaptureResult`` handed to ``task_status.started`` is complete by then.
     """
-    client = await McbpClient.connect(options.host, options.port, name="capture")
+    client = await McbpClient.connect(
+        options.host, options.port, name="capture", ssl_context=options.ssl_context
+    )
     try:
         vbuckets, high = await prepare(client, options)
         name = options.connection_name("tap")

@@ -30,7 +30,8 @@ import trio
 from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp.constants import Status, status_name
-from adapters.upr.flow_control import ConsumerAcker, is_counted
+from adapters.upr.consumer_handshake import ConsumerHandshake, HandshakeRefused
+from adapters.upr.flow_control import ConsumerAcker, counts
 from gateway.capture.mapping import UprRecording
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.records import Kind
@@ -61,36 +62,30 @@ def _refused(what: str, response: upr.UprResponse) -> CaptureFailed:
     )
 
 
-async def _request(client: McbpClient, event: upr.UprRequest, dialect: upr.Dialect) -> upr.UprEvent:
-    """Send one set-up request and wait for its response (nothing else flows yet)."""
-    await client.send(upr.encode(event, dialect))
-    while True:
-        frame = await client.receive_frame()
-        got = upr.decode_frame(frame, dialect)
-        if got.IS_RESPONSE and got.opaque == event.opaque:
-            return got
-
-
 async def _set_up(
     client: McbpClient, options: CaptureOptions, dialect: upr.Dialect, name: str
 ) -> bool:
-    """OPEN and CONTROLs; whether expirations will come as EXPIRATION."""
+    """OPEN and CONTROLs (``ConsumerHandshake``); whether expirations will come as
+    EXPIRATION."""
     # A server with the expiry opcode grants it only on a connection opened with
     # include-delete-times (0x20); 3.0 servers look at the producer bit alone.
-    flags = upr.OpenFlags.PRODUCER | upr.OpenFlags.INCLUDE_DELETE_TIMES
-    opened = await _request(client, upr.Open(name.encode(), flags, opaque=1), dialect)
-    if getattr(opened, "status", _OK) != _OK:
-        raise _refused("OPEN of a producer connection", opened)  # type: ignore[arg-type]
-    expiry = await _request(
-        client, upr.Control(b"enable_expiry_opcode", b"true", opaque=2), dialect
+    handshake = ConsumerHandshake(
+        dialect,
+        name.encode(),
+        flags=upr.OpenFlags.PRODUCER | upr.OpenFlags.INCLUDE_DELETE_TIMES,
+        expiry_opcode=True,
+        buffer_size=options.buffer_size,
     )
-    expiry_opcode = getattr(expiry, "status", _OK) == _OK
+    try:
+        while (request := handshake.next_request()) is not None:
+            await client.send(request)
+            while not handshake.receive(upr.decode_frame(await client.receive_frame(), dialect)):
+                pass  # nothing else flows before the answer
+    except HandshakeRefused as exc:
+        raise CaptureFailed(str(exc)) from None
+    expiry_opcode = handshake.granted.get("CONTROL enable_expiry_opcode", False)
     if not expiry_opcode:
         log.info("%s: the server has no expiry opcode; deletes stay unclassified", name)
-    size = str(options.buffer_size).encode()
-    buffer = await _request(client, upr.Control(b"connection_buffer_size", size, opaque=3), dialect)
-    if getattr(buffer, "status", _OK) != _OK:
-        raise _refused("CONTROL connection_buffer_size", buffer)  # type: ignore[arg-type]
     return expiry_opcode
 
 
@@ -102,7 +97,9 @@ async def capture_upr(
     """Capture until caught up (with ``until_caught_up``), the server closes, or cancelled."""
     dialect = upr.get_dialect(options.dialect)
     draft = upr.Command.SNAPSHOT_MARKER not in dialect.opcodes
-    client = await McbpClient.connect(options.host, options.port, name="capture")
+    client = await McbpClient.connect(
+        options.host, options.port, name="capture", ssl_context=options.ssl_context
+    )
     try:
         vbuckets, high = await prepare(client, options)
         name = options.connection_name("upr")
@@ -209,7 +206,7 @@ class _Streams:
             except ProtocolError as exc:
                 raise CaptureFailed(f"the server sent a malformed UPR message: {exc}") from None
             self.on_event(event, time.time())
-            if self.acker is not None and is_counted(event.NAME, event.IS_RESPONSE):
+            if self.acker is not None and counts(event):
                 freed = self.acker.processed(frame.size, now)
                 if freed:
                     self.send(upr.BufferAcknowledgement(freed))

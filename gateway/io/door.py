@@ -23,6 +23,18 @@ reads its requests in order:
 A role whose commands carry items (the reference node's GET/SET) has
 ``full_frames``: once authenticated, its frames may be as large as a
 stream's; the fronts' command connections stay at the command frame size.
+
+Streams keep the door. memcached never stops being memcached on a TAP or
+UPR connection: every packet a streaming connection receives goes through
+the same command dispatcher (2.x and 3.0 daemon/memcached.c ``conn_ship_log``
+runs ``try_read_command``, and ``conn_set_state`` sends a TAP/UPR connection
+back to ``conn_ship_log`` where another would wait for its next command), so
+STAT, VERSION, NOOP (0x0a), SASL and the role's ordinary commands are
+answered between stream messages, and an opcode nobody knows gets
+UNKNOWN_COMMAND with the stream going on. ``answer`` is that dispatcher for
+a stream's reader: it answers a request the stream protocol does not own,
+as the command connection did. A reply is one whole frame queued in one
+send, so it lands between two stream messages, never inside one.
 """
 
 from __future__ import annotations
@@ -50,9 +62,17 @@ Pairs = list[tuple[str, str]]
 StatHook = Callable[[str], Awaitable[Pairs]]
 StreamHook = Callable[[PacketConnection, Frame, Authenticator], Awaitable[bool]]
 CommandHook = Callable[[PacketConnection, Frame, Authenticator], Awaitable[None]]
+Answer = Callable[[PacketConnection, Frame], Awaitable[None]]
+"""How a stream's reader has a request it does not own answered (``Door.answer``)."""
 
 
 async def unknown_command(conn: PacketConnection, frame: Frame, _auth: Authenticator) -> None:
+    await refuse_command(conn, frame)
+
+
+async def refuse_command(conn: PacketConnection, frame: Frame) -> None:
+    """UNKNOWN_COMMAND, the connection left open; the ``Answer`` of a stream with no
+    door behind it (a connection we dialed)."""
     await conn.send(
         error_reply(frame, Status.UNKNOWN_COMMAND, f"unknown command 0x{frame.opcode:02x}")
     )
@@ -136,19 +156,36 @@ class Door:
                 await conn.send(error_reply(frame, Status.AUTH_ERROR, "authenticate first"))
             elif opcode == Opcode.SASL_AUTH:
                 authenticated = await self._sasl_auth(conn, frame, auth) or authenticated
-            elif opcode == Opcode.SASL_LIST_MECHS:
-                await conn.send(reply(frame, value=b"PLAIN"))
-            elif opcode == Opcode.NOOP:
-                await conn.send(reply(frame))
-            elif opcode == Opcode.VERSION:
-                await conn.send(reply(frame, value=self.version.encode()))
-            elif opcode == Opcode.STAT:
-                await self._stat(conn, frame)
-            elif opcode in self.stream_opcodes:
+            elif opcode in self.stream_opcodes and opcode not in _COMMON:
                 if await self.begin_stream(conn, frame, auth):
                     return
             else:
-                await self.command(conn, frame, auth)
+                await self.answer(conn, frame, auth)
+
+    async def answer(
+        self, conn: PacketConnection, frame: Frame, auth: Authenticator | None = None
+    ) -> None:
+        """Answer one request as a command connection does (see the module docstring);
+        a stream's reader calls it for the requests its protocol does not own."""
+        if auth is None:
+            auth = conn.authority or self.authenticator(conn)
+        common = _COMMON.get(frame.opcode)
+        if common is not None:
+            await common(self, conn, frame, auth)
+        else:
+            await self.command(conn, frame, auth)
+
+    async def _mechanisms(self, conn: PacketConnection, frame: Frame, _auth: Authenticator) -> None:
+        await conn.send(reply(frame, value=b"PLAIN"))
+
+    async def _noop(self, conn: PacketConnection, frame: Frame, _auth: Authenticator) -> None:
+        await conn.send(reply(frame))
+
+    async def _version(self, conn: PacketConnection, frame: Frame, _auth: Authenticator) -> None:
+        await conn.send(reply(frame, value=self.version.encode()))
+
+    async def _sasl(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> None:
+        await self._sasl_auth(conn, frame, auth)
 
     async def _sasl_auth(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
         outcome = await auth.authenticate(frame)
@@ -164,10 +201,20 @@ class Door:
         await conn.send(reply(frame, value=b"Authenticated"))
         return True
 
-    async def _stat(self, conn: PacketConnection, frame: Frame) -> None:
+    async def _stat(self, conn: PacketConnection, frame: Frame, _auth: Authenticator) -> None:
         try:
             pairs = await self.stat(frame.key.decode("utf-8", "replace"))
         except StatError as exc:
             await conn.send(error_reply(frame, exc.status, str(exc)))
             return
         await conn.send(stat_reply(frame, pairs))
+
+
+_COMMON: dict[int, Callable[[Door, PacketConnection, Frame, Authenticator], Awaitable[None]]] = {
+    Opcode.SASL_AUTH: Door._sasl,
+    Opcode.SASL_LIST_MECHS: Door._mechanisms,
+    Opcode.NOOP: Door._noop,
+    Opcode.VERSION: Door._version,
+    Opcode.STAT: Door._stat,
+}
+"""What every role answers alike, by opcode."""

@@ -28,6 +28,7 @@ import trio
 from adapters import tap, upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Status
+from adapters.upr.opening import Role, open_connection
 from gateway import logs
 from gateway.auth import Authenticator, Users
 from gateway.io.door import Door
@@ -36,7 +37,7 @@ from gateway.limits import ConnectionLimits, ListenerCounters
 from gateway.memory import TrimAfterCloses
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
-from gateway.wire import PacketConnection
+from gateway.wire import ConnectionClosed, PacketConnection
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,9 @@ class NodeConfig:
     max_frame_size: int = 20 * 1024 * 1024
 
 
-class QuitRequested(Exception):
-    """QUIT: the client asked the server to close the connection."""
+class QuitRequested(ConnectionClosed):
+    """QUIT: the client asked the server to close the connection (on a stream too,
+    where it ends the stream as a closed connection does)."""
 
 
 class Node:
@@ -176,35 +178,15 @@ class Node:
         if opcode in _TAP_STREAM_OPCODES:
             await receive_tap_stream(self, conn, frame)
             return True
-        try:
-            event = upr.decode_frame(frame, self.dialect)
-        except ProtocolError as exc:
-            await conn.send(error_reply(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc)))
-            raise
-        if isinstance(event, upr.Open):
-            if event.flags & upr.OpenFlags.PRODUCER:
-                await serve_upr_producer(self, conn, event, first=None)
-            elif event.flags & upr.OpenFlags.NOTIFIER:
-                await conn.send(
-                    error_reply(
-                        frame, Status.NOT_SUPPORTED, "notifier connections are not supported"
-                    )
-                )
-                return False
-            else:
-                await serve_upr_consumer(self, conn, event)
-            return True
-        if isinstance(event, upr.StreamRequest | upr.GetFailoverLog) and (
-            upr.Command.OPEN not in self.dialect.opcodes
-        ):
-            await serve_upr_producer(self, conn, None, first=event)
-            return True
-        await conn.send(
-            error_reply(
-                frame, Status.INVALID_ARGUMENTS, f"{event.NAME} needs an open UPR connection"
-            )
-        )
-        return False
+        opening = open_connection(frame, self.dialect, conn.name.rpartition(" ")[2], consumers=True)
+        if opening.role is None:
+            await conn.send(opening.reply)
+            if opening.closing is not None:
+                raise opening.closing
+            return False
+        serve = serve_upr_producer if opening.role is Role.PRODUCER else serve_upr_consumer
+        await serve(self, conn, opening)
+        return True
 
     # -- housekeeping --------------------------------------------------------
 

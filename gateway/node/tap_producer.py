@@ -19,7 +19,11 @@ connection closes. One ``TapStream`` then runs three tasks:
   VBUCKET_SET(active). Both then wait for every ack and close;
 - the reader (``_read_responses``): acks and nacks go to the sans-IO
   ``TapProducer`` (sequence numbers, ack requests, window, backoff and
-  retransmit, fatal nacks); a malformed packet gets an error and closes.
+  retransmit, fatal nacks); a malformed packet gets an error and closes. A
+  request that is not TAP's (STAT, VERSION, GET, an unknown opcode) goes to
+  the node's command door and is answered between stream messages, as 2.x
+  memcached ran every packet of a TAP connection through its command
+  dispatcher (daemon/memcached.c ``conn_ship_log``);
   Responses are framed by body length alone, as memcached 2.x read them:
   the classic 2.x client acks with the request's key length and extras
   length 8 or 16 over an empty body (see ``adapters.mcbp.frames``);
@@ -70,6 +74,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from adapters.tap.codec import is_tap_opcode
 from adapters.tap.connect import connect_refusal
 from adapters.tap.constants import swap32
 from adapters.tap.producer import ProducerState, TapProducer
@@ -393,7 +398,11 @@ class TapStream:
 
     async def _read_responses(self, scope: trio.CancelScope) -> None:
         conn = self.conn
+        answer = self.node.door.answer
         while (frame := await conn.receive_frame()) is not None:
+            if frame.is_request and not is_tap_opcode(frame.opcode):
+                await answer(conn, frame)  # memcached's own commands
+                continue
             try:
                 event = decode_frame(frame)
             except ProtocolError as exc:

@@ -40,7 +40,8 @@ import trio
 from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Status
-from adapters.upr.flow_control import ConsumerAcker, is_counted
+from adapters.upr.flow_control import ConsumerAcker, counts
+from adapters.upr.opening import Opening
 from gateway.io.replies import refusal
 from gateway.node.items import ItemKind, StoreError, VBucketState
 from gateway.wire import PacketConnection
@@ -57,11 +58,11 @@ _OK = Status.SUCCESS.value
 _NOT_RECEIVING = (VBucketState.ACTIVE, VBucketState.DEAD)
 
 
-async def serve_upr_consumer(node: Any, conn: PacketConnection, opened: upr.Open) -> None:
+async def serve_upr_consumer(node: Any, conn: PacketConnection, opening: Opening) -> None:
     """Run a consumer connection until its peer leaves or the name is reused."""
-    consumer = ConsumerConnection(node, conn, opened.name.decode("utf-8", "replace"))
+    consumer = ConsumerConnection(node, conn, opening.name)
     with node.upr.running(consumer):
-        await consumer.send(upr.Response(upr.Command.OPEN, opened.opaque, _OK))
+        await conn.send(opening.reply)  # the OPEN's OK
         await consumer.run()
 
 
@@ -133,7 +134,7 @@ class ConsumerConnection:
             raise
         self.bytes_received += frame.size
         await self.handle(event)
-        if is_counted(getattr(event, "NAME", ""), event.IS_RESPONSE):
+        if counts(event):
             await self._ack(self.acker.processed(frame.size, trio.current_time()))
 
     async def _ack_timer(self) -> None:

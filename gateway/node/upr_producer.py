@@ -7,16 +7,20 @@ then runs three kinds of task in one nursery:
 
 - the reader (this function's own task): decodes each request of the
   consumer and answers it at once: CONTROL, STREAM_REQ, GET_FAILOVER_LOG,
-  CLOSE_STREAM, NOOP; it credits BUFFER_ACKNOWLEDGEMENTs to the flow-control
-  window and hands the responses a producer waits for (NOOP,
-  SET_VBUCKET_STATE, acknowledged SNAPSHOT_MARKERs) to whoever waits;
+  CLOSE_STREAM, NOOP, and through the node's command door what is not UPR
+  (STAT, VERSION, GET, ..., as memcached 3.0 does); it credits
+  BUFFER_ACKNOWLEDGEMENTs to the flow-control window and hands the responses
+  a producer waits for (NOOP, SET_VBUCKET_STATE, acknowledged
+  SNAPSHOT_MARKERs) to whoever waits;
 - one task per stream (``upr_streams.ProducerStream``), which reads the store
   in bounded batches and sends them;
 - the NOOP task, when the consumer enabled NOOPs: one NOOP per interval, and
   the connection drops if the previous one is still unanswered.
 
-Every stream message goes through ``send_counted``: it waits while the
-flow-control window (``ProducerWindow``) is full, then queues the message
+The protocol decisions are the sans-IO ``ProducerMachine``'s, driven by
+``UprProducerBase``. Every stream message goes through ``send_counted``: it
+waits while the flow-control window (``ProducerWindow``) is full
+(``_wait_for_room``, shared with the UPR front), then queues the message
 with ``PacketConnection.send``, which itself waits while the socket's outbox
 is full. So a stream stops at the consumer's announced buffer and, with no
 flow control, at the outbox limit; memory stays bounded either way.
@@ -30,12 +34,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import trio
-
 from adapters import upr
 from adapters.mcbp import Status
-from adapters.upr.constants import StreamState
-from adapters.upr.flow_control import is_counted
+from adapters.upr.flow_control import counts
+from adapters.upr.opening import Opening
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
 from gateway.upr_producer_base import UprProducerBase
@@ -46,47 +48,41 @@ __all__ = ["ProducerConnection", "UprHub", "serve_upr_producer"]
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
-ITEM_NAMES = frozenset({"MUTATION", "DELETION", "EXPIRATION"})
+ITEMS = frozenset({upr.Mutation, upr.Deletion, upr.Expiration})
 
 
-async def serve_upr_producer(
-    node: Any,
-    conn: PacketConnection,
-    opened: upr.Open | None,
-    first: upr.StreamRequest | upr.GetFailoverLog | None,
-) -> None:
+async def serve_upr_producer(node: Any, conn: PacketConnection, opening: Opening) -> None:
     """Run a producer connection until the consumer leaves or the name is reused."""
-    if opened is not None:
-        name = opened.name.decode("utf-8", "replace")
-    else:
-        # The draft has no OPEN, hence no name: the peer's address stands in.
-        name = "upr-draft:" + conn.name.rpartition(" ")[2]
-    flags = opened.flags if opened is not None else upr.OpenFlags(0)
-    producer = ProducerConnection(node, conn, name, flags)
+    producer = ProducerConnection(node, conn, opening.name, opening.flags)
     try:
         with node.upr.running(producer):
-            if opened is not None:
-                await producer.respond(upr.Response(upr.Command.OPEN, opened.opaque, _OK))
-            await producer.run(first)
+            if opening.reply:
+                await conn.send(opening.reply)  # the OPEN's OK
+            await producer.run(opening.first)
     finally:
         node.trimmer.connection_closed()
 
 
-class ProducerConnection(UprProducerBase):
+class ProducerConnection(UprProducerBase[ProducerStream]):
     kind = "producer"
 
     def __init__(self, node: Any, conn: PacketConnection, name: str, flags: upr.OpenFlags) -> None:
         delete_times = bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES)
+        store = node.store
         super().__init__(
-            conn, name, node.dialect, node.config.upr_noop_interval, delete_times=delete_times
+            conn,
+            name,
+            node.dialect,
+            node.config.upr_noop_interval,
+            delete_times=delete_times,
+            serves=lambda vb: 0 <= vb < store.n_vbuckets,
+            answer=node.door.answer,
         )
         self.node = node
         self.settings = StreamSettings(
             delete_times=delete_times,
             draft=upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes,
         )
-        self.streams: dict[int, ProducerStream] = {}
-        """By vbucket; an ended stream stays (for its stats) until replaced."""
         self.items_sent = 0
         self.messages_sent = 0
         self.bytes_sent = 0
@@ -96,37 +92,26 @@ class ProducerConnection(UprProducerBase):
     async def send_counted(self, event: upr.UprRequest) -> None:
         """Send a stream message, first waiting for room in the flow-control window."""
         data = upr.encode(event, self.dialect)
-        window = self.window
-        counted = window.enabled and is_counted(event.NAME, False)
+        counted = self.window.enabled and counts(event)
         if counted:
-            while not window.can_send:
-                if window.blocked_since is None:
-                    window.blocked_since = trio.current_time()
-                if self._room.is_set():
-                    self._room = trio.Event()  # shared: every blocked stream waits on it
-                await self._room.wait()
-            window.blocked_since = None
+            await self._wait_for_room()
         await self.conn.send(data)
         if counted:
-            window.sent(len(data))
+            self.window.sent(len(data))
         self.messages_sent += 1
         self.bytes_sent += len(data)
-        if event.NAME in ITEM_NAMES:
+        if type(event) in ITEMS:
             self.items_sent += 1
 
     # -- requests ----------------------------------------------------------------
 
     async def _stream_request(self, req: upr.StreamRequest) -> None:
-        live = self.streams.get(req.vbucket)
-        if live is not None and live.state is not StreamState.DEAD:
-            await self._refuse(req, Status.KEY_EXISTS, f"vbucket {req.vbucket} already streams")
-            return
         answer = check_request(self.node.store, req, self.settings.draft)
         if not isinstance(answer, upr.StreamRequestOk):
             await self.respond(answer)
             return
         stream = ProducerStream(self, req)
-        self.streams[req.vbucket] = stream
+        self.machine.add_stream(req.vbucket, stream)
         await self.respond(answer)
         assert self._nursery is not None
         self._nursery.start_soon(stream.run)
@@ -137,15 +122,6 @@ class ProducerConnection(UprProducerBase):
             await self._refuse(req, Status.NOT_MY_VBUCKET, f"no vbucket {req.vbucket}")
             return
         await self.respond(upr.FailoverLogResponse(store.failover_log(req.vbucket), req.opaque))
-
-    async def _close_stream(self, req: upr.CloseStream) -> None:
-        stream = self.streams.get(req.vbucket)
-        if stream is None or stream.state is StreamState.DEAD:
-            await self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
-            return
-        # Dead before the answer, so nothing of the stream follows it.
-        stream.close_by_consumer()
-        await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
 
     def _on_expiry_opcode(self, enabled: bool) -> None:
         self.settings.expiry_opcode = enabled

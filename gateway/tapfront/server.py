@@ -4,10 +4,11 @@ Theory of operation. Every connection starts as a memcached command
 connection, as on a 2.x node: SASL (required when ``users`` is set), NOOP,
 VERSION, STAT (``tap``, ``tap-vbtakeover <vb> <name>``, ``upr``/``dcp`` about
 its upstream UPR connections, and the upstream's vbucket groups) and
-DEREGISTER_TAP_CLIENT are answered; anything else but a
-TAP CONNECT gets UNKNOWN_COMMAND and the connection stays open. A CONNECT
-is decoded (a malformed one gets NOT_SUPPORTED naming the field, and the
-connection closes), the upstream's vbuckets are read with ``STAT vbucket``
+DEREGISTER_TAP_CLIENT are answered; anything else but a TAP CONNECT gets
+UNKNOWN_COMMAND and the connection stays open; the same door answers them
+on a streaming connection too (``TapSession.answer``). A CONNECT is decoded
+(a malformed one gets NOT_SUPPORTED naming the field, and the connection
+closes), the upstream's vbuckets are read with ``STAT vbucket``
 and ``STAT vbucket-seqno``, the CONNECT is planned (``plan``) and a
 ``TapSession`` serves the connection for the rest of its life. A second
 connection under a name already streaming replaces the first, as 2.x did,
@@ -356,7 +357,9 @@ class TapFront:
             raise
         if plan.registered:
             registry.register(name)
-        session = TapSession(conn, plan, config.session_config(), registry, self.stats)
+        session = TapSession(
+            conn, plan, config.session_config(), registry, self.stats, answer=self.door.answer
+        )
         log.info(
             "%s: TAP stream of %d vbuckets (flags 0x%x) from UPR upstream %s:%d",
             name,

@@ -12,7 +12,11 @@ connection of its own, and runs three tasks:
 - the reader: acks and nacks from the TAP peer go to the ``TapProducer``
   (framed by body length alone, as memcached 2.x read them, since the
   classic 2.x client's acks claim a key and extras over an empty body);
-  what an ack releases is then settled upstream (see below);
+  what an ack releases is then settled upstream (see below); a request that
+  is not TAP's (STAT, VERSION, an unknown opcode) goes to the front's
+  command door (``answer``), as 2.x memcached ran every packet of a TAP
+  connection through its command dispatcher (daemon/memcached.c
+  ``conn_ship_log``): answered between stream messages, the stream going on;
 - the timers: a NOOP on an idle TAP connection, the resend after a busy nack.
 
 Backpressure runs end to end. The upstream stops at the flow-control buffer
@@ -63,6 +67,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from adapters.tap.codec import is_tap_opcode
 from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer
 from adapters.translate.upr_to_tap import UprToTap
 from adapters.translate.upr_to_tap_fast import (
@@ -72,10 +77,11 @@ from adapters.translate.upr_to_tap_fast import (
     stamped_item,
     translate_items,
 )
-from adapters.upr.flow_control import is_counted
+from adapters.upr.flow_control import counts
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import open_recorder
 from gateway.capture.records import Kind
+from gateway.io.door import Answer, refuse_command
 from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.plan import ConnectionPlan
 from gateway.tapfront.registry import Registry
@@ -124,8 +130,11 @@ class TapSession:
         stats: GatewayStats,
         *,
         closing_messages: tuple[TapStreamMessage, ...] = (),
+        answer: Answer = refuse_command,
     ) -> None:
         self.conn = conn
+        self.answer = answer
+        """Answers the requests that are not TAP's (the listener's ``Door.answer``)."""
         # A TAP peer's acks are framed by body length alone, as 2.x read them.
         conn.reader.lenient_responses = True
         self.plan = plan
@@ -258,7 +267,7 @@ class TapSession:
             password=config.password,
             ssl_context=config.ssl_context,
         )
-        self.stats.buffer_size = upstream.buffer_size
+        self.stats.buffer_size = upstream.window.buffer_size
         return upstream
 
     async def _upstream_lost(self, exc: UpstreamError, failures: int) -> None:
@@ -351,7 +360,7 @@ class TapSession:
         upstream.offset = offset
         if not credit:
             return None
-        upstream.unacked_bytes += credit
+        upstream.window.unacked_bytes += credit
         settling = self._settling
         settling.credit += credit
         if not settling.arrival:
@@ -399,7 +408,7 @@ class TapSession:
         if data is None:
             return False
         upstream.offset += HEADER_SIZE + 20
-        upstream.unacked_bytes += HEADER_SIZE + 20
+        upstream.window.unacked_bytes += HEADER_SIZE + 20
         self._settling.credit += HEADER_SIZE + 20
         vb.took_marker(start, end, flags)
         self._batch.append(data)
@@ -430,8 +439,8 @@ class TapSession:
         vb = self.by_opaque.get(event.opaque)
         if vb is None:
             raise UpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
-        if is_counted(event.NAME, False):
-            upstream.unacked_bytes += frame.size
+        if counts(event):
+            upstream.window.unacked_bytes += frame.size
             self._settling.credit += frame.size
         if not self._settling.arrival and isinstance(event, _ITEMS):
             self._settling.arrival = time.time()
@@ -605,9 +614,9 @@ class TapSession:
         stats.nacks_total = self.producer.nacks_total
         stats.retransmits_total = self.producer.retransmits_total
         upstream = self.upstream
-        stats.unacked_bytes = upstream.unacked_bytes if upstream is not None else 0
+        stats.unacked_bytes = upstream.window.unacked_bytes if upstream is not None else 0
         # The upstream stops once its window is full: count that time as blocked.
-        full = upstream is not None and 0 < upstream.buffer_size <= upstream.unacked_bytes
+        full = upstream is not None and upstream.window.full
         if full and stats.blocked_since is None:
             stats.blocked_since = time.monotonic()
         elif not full and stats.blocked_since is not None:
@@ -652,6 +661,9 @@ class TapSession:
         scope.cancel()
 
     async def _on_peer_request(self, frame: Frame) -> None:
+        if frame.magic != _RESPONSE and not is_tap_opcode(frame.opcode):
+            await self.answer(self.conn, frame)  # memcached's own commands
+            return
         event = decode_frame(frame)
         if isinstance(event, TapNoop):
             await self.conn.send(encode(TapNoopResponse(event.opaque)))

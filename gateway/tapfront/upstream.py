@@ -17,7 +17,6 @@ frames raise the codec's ``ProtocolError``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import ssl
 
@@ -25,8 +24,10 @@ import trio
 
 from adapters import upr
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, Frame, Magic, Status
+from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, Frame, Magic
 from adapters.mcbp.frames import HEADER
+from adapters.upr.consumer_handshake import ConsumerHandshake, HandshakeRefused
+from adapters.upr.flow_control import ConsumerWindow
 from gateway.client import McbpClient, RequestFailed
 from gateway.tls import open_stream
 
@@ -54,9 +55,8 @@ class UprUpstream:
         self.max_frame_size = DEFAULT_MAX_FRAME_SIZE
         self._send_lock = trio.Lock()
         self._opaques = 0
-        self.unacked_bytes = 0
-        """Flow-controlled bytes received and not yet acknowledged."""
-        self.buffer_size = 0
+        self.window = ConsumerWindow()
+        """Counted bytes received and not yet acknowledged, and the buffer announced."""
         self.bytes_received = 0
 
     @classmethod
@@ -85,7 +85,7 @@ class UprUpstream:
         except (trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
             await self.aclose()
             raise UpstreamError(f"UPR upstream {address}: handshake failed: {exc!r}") from None
-        except (UpstreamError, ProtocolError, RequestFailed) as exc:
+        except (UpstreamError, ProtocolError, RequestFailed, HandshakeRefused) as exc:
             await self.aclose()
             raise UpstreamError(f"UPR upstream {address}: {exc}") from None
         return self
@@ -101,33 +101,20 @@ class UprUpstream:
         if user is not None:
             client = McbpClient(self.stream, name=f"upstream {self.address}")
             await client.sasl_plain(user, password or "")
-        if upr.Command.OPEN not in self.dialect.opcodes:
-            return  # the draft opens streams directly
-        await self._request(upr.Open(name=name, flags=upr.OpenFlags.PRODUCER))
-        if upr.Command.CONTROL not in self.dialect.opcodes:
-            return
-        await self._request(upr.Control(b"connection_buffer_size", b"%d" % buffer_size))
-        self.buffer_size = buffer_size
-        await self._request(upr.Control(b"enable_noop", b"true"))
-        await self._request(upr.Control(b"set_noop_interval", b"%d" % noop_interval))
-
-    async def _request(self, event: upr.UprRequest) -> None:
-        """A handshake request; nothing else can arrive before its answer."""
-        opaque = self.next_opaque()
-        await self.send_event(dataclasses.replace(event, opaque=opaque))
-        while True:
-            for frame in await self.receive_batch():
-                response = upr.decode_frame(frame, self.dialect)
-                if not response.IS_RESPONSE or response.opaque != opaque:
-                    continue
-                status = getattr(response, "status", Status.SUCCESS)
-                if status != Status.SUCCESS:
-                    text = getattr(response, "value", b"").decode("utf-8", "replace")
-                    raise UpstreamError(
-                        f"{event.NAME} refused with status 0x{status:02x}"
-                        + (f": {text}" if text else "")
-                    )
-                return
+        handshake = ConsumerHandshake(
+            self.dialect, name, buffer_size=buffer_size, noop_interval=noop_interval
+        )
+        while (request := handshake.next_request()) is not None:
+            await self.send(request)
+            answered = False
+            while not answered:
+                for frame in await self.receive_batch():
+                    # Nothing else flows before the answer.
+                    answered = handshake.receive(upr.decode_frame(frame, self.dialect))
+                    if answered:
+                        break
+        self.window.buffer_size = handshake.buffer_size
+        self._opaques = handshake.opaque
 
     def next_opaque(self) -> int:
         self._opaques = (self._opaques + 1) & 0xFFFFFFFF
@@ -202,13 +189,9 @@ class UprUpstream:
 
     async def acknowledge(self, size: int) -> None:
         """Return ``size`` freed bytes to the producer's flow-control window."""
-        if size <= 0 or not self.buffer_size:
-            return
-        size = min(size, self.unacked_bytes)
-        if size <= 0:
-            return
-        self.unacked_bytes -= size
-        await self.send_event(upr.BufferAcknowledgement(size, opaque=self.next_opaque()))
+        size = self.window.release(size)
+        if size:
+            await self.send_event(upr.BufferAcknowledgement(size, opaque=self.next_opaque()))
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):

@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, FrameReader, Magic, Opcode
+from adapters.mcbp import Frame, FrameReader, Opcode
 from adapters.mcbp.constants import VBucketState
 from adapters.tap import (
     ConnectFlags,
@@ -70,10 +70,7 @@ from adapters.tap import (
     encode,
 )
 from adapters.tap_acks import ack_of
-from adapters.translate.tap_to_log_fast import (
-    FAST_OPCODES,
-    log_frames,
-)
+from adapters.translate.tap_to_log_fast import frame_end, log_buffer
 from gateway.capture.mapping import TapRecording
 from gateway.client import McbpClient
 from gateway.stats import GatewayStats
@@ -82,9 +79,9 @@ from gateway.uprfront.config import UprFrontConfig
 from gateway.uprfront.logset import LogSet
 from gateway.uprfront.vblog import LogWriteError, VbLog
 
-__all__ = ["Ingest", "UpstreamError", "commit"]
-
 log = logging.getLogger(__name__)
+
+__all__ = ["Ingest", "UpstreamError", "commit"]
 
 RECEIVE_SIZE = 256 * 1024
 STEP_FRAMES = 512
@@ -98,7 +95,6 @@ CONNECT_FLAGS = (
     | ConnectFlags.FIX_FLAG_BYTEORDER
 )
 _ACK = int(TapFlags.ACK)
-_REQUEST = Magic.REQUEST.value
 
 StateHook = Callable[[int, VBucketState], Awaitable[None]]
 """Called with a VBUCKET_SET before it is acked (takeover hand-off)."""
@@ -106,6 +102,18 @@ StateHook = Callable[[int, VBucketState], Awaitable[None]]
 
 class UpstreamError(GatewayError):
     """The TAP upstream refused or broke the stream."""
+
+
+class _Batch:
+    """What one batch of frames answers, and the logs it touched."""
+
+    __slots__ = ("acks", "messages", "replies", "touched")
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.replies: list[bytes] = []
+        self.acks: list[bytes] = []
+        self.touched: dict[int, VbLog] = {}
 
 
 def _first_error(errors: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -276,6 +284,9 @@ class Ingest:
     async def _read(self, client: McbpClient, group: GroupCommit | None) -> None:
         reader: FrameReader = client.reader
         stream = client.stream
+        if self.fast and self.recording is None:
+            await self._stream_in_place(reader, stream, group)
+            return
         while True:
             frames = reader.frames()
             if not frames:
@@ -299,101 +310,152 @@ class Ingest:
                 await self._apply(frames[start : start + STEP_FRAMES], stream)
                 await group.room()
 
-    async def _apply(self, frames: list[Frame], stream: trio.abc.Stream) -> list[bytes]:
-        """Log one batch durably; the acks and NOOP replies to send afterwards."""
+    async def _stream_in_place(
+        self, reader: FrameReader, stream: trio.abc.Stream, group: GroupCommit | None
+    ) -> None:
+        """The fast path's loop: the frames of each read are logged where they lie in
+        it (``_apply_read``), and a frame cut short waits for the next read."""
+        data = reader.take_buffered()
+        while True:
+            if frame_end(data, 0, reader.lenient_responses) is not None:
+                replies, used = await self._apply_read(data, reader, stream)
+                if replies:
+                    await stream.send_all(b"".join(replies))
+                data = data[used:]
+            more = await stream.receive_some(RECEIVE_SIZE)
+            if not more:
+                return
+            if group is not None:
+                group.pending_bytes += len(more)
+            data = data + more if data else bytes(more)  # bytes: keys must hash
+
+    async def _apply_read(
+        self, data: bytes, reader: FrameReader, stream: trio.abc.Stream
+    ) -> tuple[list[bytes], int]:
+        """Log the whole frames of ``data``: the acks and NOOP replies to send once
+        they are durable (none when pipelined: the group commit sends them), and the
+        offset of the first frame not whole in it.
+
+        Item and checkpoint frames go through ``log_buffer`` in place; any other
+        frame is handed alone to ``reader`` (which refuses what it refuses) and
+        takes the event path. Pipelined, the read is applied ``STEP_FRAMES`` items
+        at a time, each step submitted to the group commit, with the streams and
+        the commit let in between.
+        """
         now = self.clock()
-        replies: list[bytes] = []
-        acks: list[bytes] = []
-        touched: dict[int, VbLog] = {}
+        batch = _Batch()
+        always = self.config.fsync == "always"
+        group = self._group
+        limit = 1 if always else STEP_FRAMES if group is not None else -1
+        logs = self.logs.logs
+        lenient = reader.lenient_responses
+        offset = framed = 0  # framed: up to where ``reader.consumed`` counts
+        try:
+            while True:
+                offset, taken = log_buffer(
+                    data, offset, logs, now, batch.touched, batch.acks, limit
+                )
+                batch.messages += taken
+                if taken and always:
+                    await self._commit(batch.touched)
+                    batch.touched = {}
+                    continue
+                if taken == limit and group is not None:
+                    group.submit(batch.touched, batch.replies + batch.acks)
+                    batch.touched, batch.replies, batch.acks = {}, [], []
+                    await trio.lowlevel.checkpoint()
+                    await group.room()
+                    continue
+                end = frame_end(data, offset, lenient)
+                if end is None:
+                    break
+                reader.consumed += offset - framed  # so its errors name the stream offset
+                reader.receive_data(data[offset:end])
+                frame = reader.next_frame()  # raises for a frame it refuses
+                offset = framed = end
+                if frame is not None:
+                    await self._event(frame, now, batch, stream)
+        finally:
+            self.messages += batch.messages  # once per batch, whatever stopped it
+        reader.consumed += offset - framed
+        self.batches += 1
+        return await self._settle(batch), offset
+
+    async def _apply(self, frames: list[Frame], stream: trio.abc.Stream) -> list[bytes]:
+        """Log one batch of frames on the event path (``fast`` off, or a capture
+        recording); the acks and NOOP replies to send once durable (none when
+        pipelined: the group commit sends them)."""
+        now = self.clock()
+        batch = _Batch()
+        try:
+            for frame in frames:
+                await self._event(frame, now, batch, stream)
+        finally:
+            self.messages += batch.messages  # once per batch, whatever stopped it
+        self.batches += 1
+        return await self._settle(batch)
+
+    async def _settle(self, batch: _Batch) -> list[bytes]:
+        """Pipelined, hand ``batch`` to the group commit (which acks it once durable);
+        else commit it now and return what to send."""
+        if self._group is not None:
+            self._group.submit(batch.touched, batch.replies + batch.acks)
+            return []
+        await self._commit(batch.touched)
+        return batch.replies + batch.acks
+
+    async def _event(
+        self, frame: Frame, now: float, batch: _Batch, stream: trio.abc.Stream
+    ) -> None:
+        """Log one frame through its event (counted in ``batch.messages`` unless a NOOP)."""
         always = self.config.fsync == "always"
         logs = self.logs.logs
-        recording = self.recording
-        fast = self.fast and recording is None
-        messages = 0
-        runs = fast and not always  # "always" commits after each item: frame by frame
-        count = len(frames)
-        index = 0
-        try:
-            while index < count:
-                if runs:
-                    # The run of item frames in one pass; the frame it stops at
-                    # (control, a new vbucket, one to refuse) takes the path below.
-                    stop = log_frames(frames, index, logs, now, touched, acks)
-                    messages += stop - index
-                    if stop == count:
-                        break
-                    index = stop
-                frame = frames[index]
-                index += 1
-                # Frame by frame ("always"): an item of a known vbucket still takes
-                # the one-pass parse; a new vbucket's first item, or one to refuse,
-                # takes the event path, which names what is wrong.
-                if (
-                    fast
-                    and frame.opcode in FAST_OPCODES
-                    and log_frames((frame,), 0, logs, now, touched, acks) == 1
-                ):
-                    messages += 1
-                    if always:
-                        await self._commit(touched)
-                        touched = {}
-                    continue
-                event = decode_frame(frame)
-                if recording is not None:
-                    recording.record(event, now)
-                kind = type(event)
-                if kind is TapMutation or kind is TapDelete:  # the common case first
-                    vbucket = event.vbucket  # type: ignore[union-attr]
-                    vblog = logs.get(vbucket) or (await self.logs.ensure_all((vbucket,)))[0]
-                    vblog.ingest(event, now)  # type: ignore[arg-type]
-                    touched[vbucket] = vblog
-                    messages += 1
-                    if always:
-                        await self._commit(touched)
-                        touched = {}
-                    if int(event.tap_flags) & _ACK:  # type: ignore[union-attr]
-                        acks.append(ack_of(event))  # type: ignore[arg-type]
-                    continue
-                if isinstance(event, TapNoop):
-                    replies.append(encode(TapNoopResponse(event.opaque)))
-                    continue
-                if isinstance(event, TapNoopResponse):
-                    continue
-                if isinstance(event, TapResponse):
-                    text = event.text.decode("utf-8", "replace")
-                    raise UpstreamError(
-                        f"upstream answered 0x{event.status:02x} to {event.opcode.name}: {text}"
-                    )
-                if isinstance(event, TapConnect):
-                    raise ProtocolError("CONNECT from a TAP producer", opcode=TapOpcode.CONNECT)
-                messages += 1
-                if isinstance(event, TapVbucketSet) and self.state_hook is not None:
-                    # Durable first: what came before the state change is logged.
-                    await self._commit(touched)
-                    touched = {}
-                    if replies or acks:
-                        await stream.send_all(b"".join(replies + acks))
-                        replies, acks = [], []
-                    await self.state_hook(event.vbucket, event.state)
-                if not (isinstance(event, TapOpaque) and event.vbucket not in logs):
-                    vblog = (
-                        logs.get(event.vbucket) or (await self.logs.ensure_all((event.vbucket,)))[0]
-                    )
-                    vblog.ingest(event, now)
-                    touched[event.vbucket] = vblog
-                    if always:
-                        await self._commit(touched)
-                        touched = {}
-                if int(event.tap_flags) & _ACK:
-                    acks.append(ack_of(event))
-        finally:
-            self.messages += messages  # once per batch, whatever stopped it
-        self.batches += 1
-        if self._group is not None:  # pipelined: the group commit acks them once durable
-            self._group.submit(touched, replies + acks)
-            return []
-        await self._commit(touched)
-        return replies + acks
+        event = decode_frame(frame)
+        if self.recording is not None:
+            self.recording.record(event, now)
+        kind = type(event)
+        if kind is TapMutation or kind is TapDelete:  # the common case first
+            vbucket = event.vbucket  # type: ignore[union-attr]
+            vblog = logs.get(vbucket) or (await self.logs.ensure_all((vbucket,)))[0]
+            vblog.ingest(event, now)  # type: ignore[arg-type]
+            batch.touched[vbucket] = vblog
+            batch.messages += 1
+            if always:
+                await self._commit(batch.touched)
+                batch.touched = {}
+            if int(event.tap_flags) & _ACK:  # type: ignore[union-attr]
+                batch.acks.append(ack_of(event))  # type: ignore[arg-type]
+            return
+        if isinstance(event, TapNoop):
+            batch.replies.append(encode(TapNoopResponse(event.opaque)))
+            return
+        if isinstance(event, TapNoopResponse):
+            return
+        if isinstance(event, TapResponse):
+            text = event.text.decode("utf-8", "replace")
+            raise UpstreamError(
+                f"upstream answered 0x{event.status:02x} to {event.opcode.name}: {text}"
+            )
+        if isinstance(event, TapConnect):
+            raise ProtocolError("CONNECT from a TAP producer", opcode=TapOpcode.CONNECT)
+        batch.messages += 1
+        if isinstance(event, TapVbucketSet) and self.state_hook is not None:
+            # Durable first: what came before the state change is logged.
+            await self._commit(batch.touched)
+            batch.touched = {}
+            if batch.replies or batch.acks:
+                await stream.send_all(b"".join(batch.replies + batch.acks))
+                batch.replies, batch.acks = [], []
+            await self.state_hook(event.vbucket, event.state)
+        if not (isinstance(event, TapOpaque) and event.vbucket not in logs):
+            vblog = logs.get(event.vbucket) or (await self.logs.ensure_all((event.vbucket,)))[0]
+            vblog.ingest(event, now)
+            batch.touched[event.vbucket] = vblog
+            if always:
+                await self._commit(batch.touched)
+                batch.touched = {}
+        if int(event.tap_flags) & _ACK:
+            batch.acks.append(ack_of(event))
 
     async def _commit(self, touched: dict[int, VbLog]) -> None:
         """Commit ``touched`` and, when pipelined, everything submitted before."""

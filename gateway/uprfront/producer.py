@@ -9,15 +9,17 @@ and runs in one nursery:
   enable_expiry_opcode; unknown keys INVALID_ARGUMENTS), STREAM_REQ (unknown
   vbucket NOT_MY_VBUCKET, a live stream on the vbucket KEY_EXISTS, then the
   range and rollback rules against the gateway's failover log),
-  GET_FAILOVER_LOG, CLOSE_STREAM, NOOP; BUFFER_ACKNOWLEDGEMENTs credit the
+  GET_FAILOVER_LOG, CLOSE_STREAM, NOOP, and through the front's command door
+  what is not UPR (STAT, VERSION, ...); BUFFER_ACKNOWLEDGEMENTs credit the
   flow-control window; replies the streams wait for (SET_VBUCKET_STATE,
   acked markers) go to their stream;
 - one ``LogStream`` task per stream;
 - the NOOP task once the consumer enabled NOOPs: a NOOP per interval, and
   the connection drops if the previous one is unanswered.
 
-A malformed packet gets INVALID_ARGUMENTS (or UNKNOWN_COMMAND) naming what
-was wrong, then the connection closes; other consumers are untouched.
+A malformed UPR packet gets INVALID_ARGUMENTS naming what was wrong, then
+the connection closes; other consumers are untouched. An opcode that is
+neither UPR's nor the door's gets UNKNOWN_COMMAND and the stream goes on.
 
 Stats: the connection's ``StreamStats`` (direction upr_front) counts bytes,
 items by kind, the window, time blocked on it, and per vbucket the seqnos
@@ -37,8 +39,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import trio
 
 from adapters import upr
 from adapters.errors import ProtocolError
@@ -72,7 +72,7 @@ def delete_kind(expiry_opcode: bool) -> Kind:
     return Kind.DELETION if expiry_opcode else Kind.DELETE
 
 
-class UprConnection(UprProducerBase):
+class UprConnection(UprProducerBase[LogStream]):
     def __init__(
         self,
         front: UprFront,
@@ -83,12 +83,17 @@ class UprConnection(UprProducerBase):
     ) -> None:
         delete_times = bool(flags & upr.OpenFlags.INCLUDE_DELETE_TIMES)
         super().__init__(
-            conn, name, front.dialect, front.config.noop_interval, delete_times=delete_times
+            conn,
+            name,
+            front.dialect,
+            front.config.noop_interval,
+            delete_times=delete_times,
+            serves=front.serves,
+            answer=front.door.answer,
         )
         self.front = front
         self.draft = upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes
         self.settings = Settings(delete_times=delete_times)
-        self.streams: dict[int, LogStream] = {}
         self.stream_stats = stream_stats
         # (window bytes sent when the write ended, vbucket, last seqno in it, arrival
         # of its first item, items in it): one entry per write on the fast path
@@ -235,28 +240,13 @@ class UprConnection(UprProducerBase):
         finally:
             self.streams_waiting -= 1
 
-    async def _wait_for_room(self) -> None:
-        window = self.window
-        if window.can_send:
-            return
-        blocked_at = trio.current_time()
-        while not window.can_send:
-            if self._room.is_set():
-                self._room = trio.Event()
-            await self._room.wait()
-        self.stream_stats.blocked_seconds += trio.current_time() - blocked_at
+    def _on_unblocked(self, seconds: float) -> None:
+        self.stream_stats.blocked_seconds += seconds
 
     # -- requests --------------------------------------------------------------
 
     async def _stream_request(self, req: upr.StreamRequest) -> None:
-        vblog = self.front.logs.get(req.vbucket)
-        if vblog is None or not self.front.serves(req.vbucket):
-            await self._refuse(req, Status.NOT_MY_VBUCKET, f"no vbucket {req.vbucket} here")
-            return
-        live = self.streams.get(req.vbucket)
-        if live is not None and live.live:
-            await self._refuse(req, Status.KEY_EXISTS, f"vbucket {req.vbucket} already streams")
-            return
+        vblog = self.front.logs.logs[req.vbucket]  # served: the machine checked
         answer = answer_stream_request(
             req,
             vblog.failover.entries,
@@ -271,7 +261,7 @@ class UprConnection(UprProducerBase):
             await self.respond(answer)
             return
         stream = LogStream(self, vblog, req)
-        self.streams[req.vbucket] = stream
+        self.machine.add_stream(req.vbucket, stream)
         await self.respond(answer)
         assert self._nursery is not None
         self._nursery.start_soon(stream.run)
@@ -282,14 +272,6 @@ class UprConnection(UprProducerBase):
             await self._refuse(req, Status.NOT_MY_VBUCKET, f"no vbucket {req.vbucket} here")
             return
         await self.respond(upr.FailoverLogResponse(vblog.failover.entries, req.opaque))
-
-    async def _close_stream(self, req: upr.CloseStream) -> None:
-        stream = self.streams.get(req.vbucket)
-        if stream is None or not stream.live:
-            await self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
-            return
-        stream.close_by_consumer()  # dead first: nothing of it follows the answer
-        await self.respond(upr.Response(upr.Command.CLOSE_STREAM, req.opaque, _OK))
 
     def _on_acknowledged(self) -> None:
         self.stream_stats.unacked_bytes = self.window.unacked_bytes

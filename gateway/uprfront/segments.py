@@ -1,10 +1,21 @@
-"""Segment files of the UPR front's log: length + crc framed msgpack records.
+"""Segment files of the UPR front's log: length + crc framed records.
 
-A record on disk is ``length u32, crc32 u32, payload``, the payload a
-msgpack list (``adapters.translate.log_records.to_row``, or a segment header
-row). ``scan`` reads a file front to back and stops quietly at the first
-record that is short or fails its crc (readers only read published bytes,
-which are whole).
+A record on disk is ``length u32, crc32 u32, payload``. The payload is a
+msgpack list (``adapters.translate.log_records.to_row``: a mark, an item,
+or a segment header row), or a block of items: the byte ``BLOCK_TAG``
+(0xc1, which msgpack never uses) then, per item, its fixed fields packed
+with ``ITEM`` followed by its key and value. The ingest buffers the items
+of one vbucket between two marks as one block (``buffer_item``): one
+struct pack per item and one crc per block, where a row cost a msgpack
+pack and a crc per item. An item a field of which does not fit ``ITEM``
+goes as a row of its own; logs written with a row per item (before
+blocks) read as they always did.
+
+``scan`` reads a file front to back as rows (a block as the row of each of
+its items, all at the block's offset, the last one ending where the block
+ends) and stops quietly at the first record that is short or fails its crc
+(readers only read published bytes, which are whole); ``scan_items`` gives
+the items of a chunk as ``LogItem``s without rows (the serving read).
 
 ``tail_fault`` judges where such a scan stopped when a log is opened. Only
 an unfinished write may be cut off as a torn tail: a record cut short by
@@ -30,7 +41,7 @@ from typing import Any
 
 import msgpack
 
-from adapters.translate.log_records import LogItem, LogMark, from_row
+from adapters.translate.log_records import ItemKind, LogItem, LogMark, from_row, to_row
 
 FRAME = struct.Struct(">II")
 MAX_RECORD = 64 * 1024 * 1024
@@ -39,10 +50,19 @@ HEADER_ROW = 2
 READ_CHUNK = 256 * 1024
 """Bytes a disk read of the log asks the file for at once."""
 SPARSE_EVERY = 64
-"""One (seqno, offset) pair of a segment's sparse index per this many items."""
-ROW_STARTS = frozenset({0x92, 0x93, 0x9F})
-"""First payload byte of every row the log writes: a msgpack array of 2 (segment
-header), 3 (mark) or 15 (item) elements."""
+"""One (seqno, offset) pair of a segment's sparse index per this many items
+(the offset of the record holding it: a block's, for an item in a block)."""
+BLOCK_TAG = 0xC1
+"""First payload byte of a block of items (a byte msgpack never uses)."""
+ROW_STARTS = frozenset({0x92, 0x93, 0x9F, BLOCK_TAG})
+"""First payload byte of every record the log writes: a msgpack array of 2 (segment
+header), 3 (mark) or 15 (item) elements, or a block."""
+ITEM = struct.Struct(">QBBBHIQQIIIQdI")
+"""An item in a block: by_seqno, kind, bits (backfill 1, checkpoint_start 2),
+datatype, key length, value length, rev_seqno, cas, flags, expiration,
+lock_time, checkpoint_id, arrival, delete_time; then the key and the value."""
+BLOCK_BYTES = 64 * 1024
+"""A block is closed once it holds this many bytes (and at every mark and write)."""
 
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -89,6 +109,108 @@ def frame_mark(mark: LogMark) -> bytes:
     return _frame_head(len(payload), _crc32(payload)) + payload
 
 
+_item_pack = ITEM.pack
+_item_unpack = ITEM.unpack_from
+_ITEM_SIZE = ITEM.size
+_BLOCK_OPEN = bytes(FRAME.size) + bytes((BLOCK_TAG,))
+"""An open block: its frame header, filled in when it closes, and the tag."""
+_KINDS = tuple(ItemKind)
+_tuple_new = tuple.__new__
+
+
+def buffer_item(buffer: bytearray, block: int, item: LogItem) -> tuple[int, int]:
+    """Append ``item`` to ``buffer``: to the block open at offset ``block`` (-1: none
+    open, or too full: a new one is opened), else as a row of its own.
+
+    Returns (the block open now, -1 for none; the offset of the record that
+    holds the item). Nothing may be added to ``buffer`` but items while a
+    block is open: ``close_block`` it first.
+    """
+    (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, arr, dt) = item
+    try:
+        packed = _item_pack(seqno, kind, bf | cs << 1, dtype, len(key), len(value), rev, cas,
+                            flags, exp, lock, cp, arr, dt)  # fmt: skip
+    except struct.error:  # a field out of the block's range: the row takes anything
+        close_block(buffer, block)
+        at = len(buffer)
+        buffer += frame_item(item)
+        return -1, at
+    if block < 0 or len(buffer) - block > BLOCK_BYTES:
+        close_block(buffer, block)
+        block = len(buffer)
+        buffer += _BLOCK_OPEN
+    buffer += packed
+    buffer += key
+    buffer += value
+    return block, block
+
+
+def close_block(buffer: bytearray, block: int) -> None:
+    """Fill in the frame header of the block open at ``block`` (-1: none open)."""
+    if block >= 0:
+        with memoryview(buffer) as view, view[block + FRAME.size :] as payload:
+            crc = _crc32(payload)
+        FRAME.pack_into(buffer, block, len(buffer) - block - FRAME.size, crc)
+
+
+def _block_items(payload: bytes) -> list[LogItem] | None:
+    """The items of a block's payload (tag first); None if it does not parse."""
+    out: list[LogItem] = []
+    append = out.append
+    at, size = 1, len(payload)
+    kinds = _KINDS
+    try:
+        while at < size:
+            (seqno, kind, bits, dtype, klen, vlen, rev, cas, flags, exp, lock, cp, arr,
+             dt) = _item_unpack(payload, at)  # fmt: skip
+            key = at + _ITEM_SIZE
+            value = key + klen
+            at = value + vlen
+            if at > size:
+                return None
+            append(_tuple_new(LogItem, (seqno, kinds[kind], payload[key:value], payload[value:at],
+                                        rev, cas, flags, exp, lock, dtype, cp, bits & 1 == 1,
+                                        bits & 2 == 2, arr, dt)))  # fmt: skip
+    except (struct.error, IndexError):
+        return None
+    return out
+
+
+def scan_items(data: bytes, base: int = 0) -> Iterator[tuple[int, LogItem | None]]:
+    """(end offset, item) of each whole record of ``data`` (``base``: its offset in the
+    file), each item of a block with the block's end; None for a mark or a header.
+
+    Stops quietly where ``scan_bytes`` stops.
+    """
+    offset, size = 0, len(data)
+    unpack_frame, unpackb, crc32 = FRAME.unpack_from, msgpack.unpackb, _crc32
+    while offset + 8 <= size:
+        length, crc = unpack_frame(data, offset)
+        body = offset + 8
+        end = body + length
+        if length > MAX_RECORD or end > size:
+            return
+        payload = data[body:end]
+        if crc32(payload) != crc:
+            return
+        if length and payload[0] == BLOCK_TAG:
+            items = _block_items(payload)
+            if items is None:
+                return
+            for item in items:
+                yield base + end, item
+        else:
+            try:
+                row = unpackb(payload, raw=False, use_list=True)
+            except Exception:  # a crc collision on garbage
+                return
+            if not isinstance(row, list) or not row:
+                return
+            record = from_row(row) if row[0] == 0 else None
+            yield base + end, record if type(record) is LogItem else None
+        offset = end
+
+
 def scan(
     path: Path, start: int = 0, stop: int | None = None
 ) -> Iterator[tuple[int, int, list[Any]]]:
@@ -113,6 +235,16 @@ def scan_bytes(data: bytes, base: int = 0) -> Iterator[tuple[int, int, list[Any]
         payload = data[body : body + length]
         if zlib.crc32(payload) != crc:
             return
+        if length and payload[0] == BLOCK_TAG:
+            items = _block_items(payload)
+            if not items:
+                return
+            last = len(items) - 1
+            for n, item in enumerate(items):
+                # Every item at the block's offset: a reader starts at the block.
+                yield base + offset, base + (body + length if n == last else offset), to_row(item)
+            offset = body + length
+            continue
         try:
             row = unpackb(payload, raw=False, use_list=True)
         except Exception:  # a crc collision on garbage: tail_fault calls it damage
@@ -227,17 +359,15 @@ def read_planned(
         while offset < size:
             chunk = os.pread(fd, min(want, size - offset), offset)
             end = offset
-            for _start, record_end, row in scan_bytes(chunk, offset):
+            for record_end, item in scan_items(chunk, offset):
                 end = record_end
-                if row[0] != 0:
+                if item is None:
                     continue
-                seqno = row[1]
+                seqno = item.by_seqno
                 if seqno <= after:
                     continue
                 if seqno > upto:
                     return out
-                item = from_row(row)
-                assert type(item) is LogItem
                 out.append(item)
                 after = seqno
                 if len(out) >= limit:

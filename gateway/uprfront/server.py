@@ -34,16 +34,16 @@ from functools import partial
 import trio
 
 from adapters import upr
-from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, Opcode, Status
+from adapters.errors import GatewayError
+from adapters.mcbp import Frame, Opcode
 from adapters.mcbp.constants import VBucketState
+from adapters.upr.opening import open_connection
 from gateway import logs
 from gateway.auth import Authenticator, Users
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
 from gateway.io.door import OPEN_OPCODES, Door
 from gateway.io.named import NamedConnections
-from gateway.io.replies import error_reply
 from gateway.memory import TrimAfterCloses
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
 from gateway.uprfront.compaction import compact_log
@@ -162,52 +162,28 @@ class UprFront:
     ) -> bool:
         """Serve a UPR producer connection for the rest of the connection's life;
         False when ``frame`` was refused with an answer."""
-        try:
-            event = upr.decode_frame(frame, self.dialect)
-        except ProtocolError as exc:
-            conn.send_nowait(error_reply(frame, exc.status or Status.INVALID_ARGUMENTS, str(exc)))
-            self.stats.protocol_errors_total[(UPR_FRONT, "malformed")] += 1
-            raise
-        first: upr.UprEvent | None = None
-        if isinstance(event, upr.Open):
-            if not event.flags & upr.OpenFlags.PRODUCER:
-                await conn.send(
-                    error_reply(
-                        frame, Status.NOT_SUPPORTED, "the gateway only serves producer connections"
-                    )
-                )
-                return False
-            name = event.name.decode("utf-8", "replace")
-            flags = event.flags
-        elif (
-            isinstance(event, upr.StreamRequest | upr.GetFailoverLog)
-            and self.dialect is upr.UPR_DRAFT
-        ):
-            name, flags, first = (
-                "upr-draft:" + conn.name.rpartition(" ")[2],
-                upr.OpenFlags(0),
-                event,
-            )
-        else:
-            await conn.send(
-                error_reply(
-                    frame, Status.INVALID_ARGUMENTS, f"{event.NAME} needs an open UPR connection"
-                )
-            )
+        peer = conn.name.rpartition(" ")[2]
+        opening = open_connection(frame, self.dialect, peer, consumers=False)
+        if opening.role is None:
+            await conn.send(opening.reply)
+            if opening.closing is not None:
+                self.stats.protocol_errors_total[(UPR_FRONT, "malformed")] += 1
+                raise opening.closing
             return False
+        name = opening.name
         logs.name_connection(name)
         conn.streaming()
         stream_stats = StreamStats(
             direction=UPR_FRONT, connection=name, upstream=self.ingest.address, created=time.time()
         )
         with self.stats.stream(stream_stats):
-            producer = UprConnection(self, conn, name, flags, stream_stats)
+            producer = UprConnection(self, conn, name, opening.flags, stream_stats)
             try:
                 with self.connections.running(name, producer):  # a namesake replaces it
                     async with self._capture(producer):
-                        if isinstance(event, upr.Open):
-                            await producer.respond(upr.Response(upr.Command.OPEN, event.opaque, 0))
-                        await producer.run(first)
+                        if opening.reply:
+                            await conn.send(opening.reply)  # the OPEN's OK
+                        await producer.run(opening.first)
             finally:
                 self.trimmer.connection_closed()
         return True

@@ -77,7 +77,7 @@ from pathlib import Path
 import trio
 
 from adapters.tap.events import TapStreamMessage
-from adapters.translate.log_records import LogItem, LogMark, LogRecord, to_row
+from adapters.translate.log_records import LogItem, LogMark, LogRecord
 from adapters.translate.tap_to_upr import TapToUpr
 from adapters.upr.failover_log import UUID_BITS, FailoverLog
 from gateway.uprfront.config import UprFrontError
@@ -94,8 +94,8 @@ from gateway.uprfront.segments import (
     SPARSE_EVERY,
     DiskPlan,
     Segment,
-    frame,
-    frame_item,
+    buffer_item,
+    close_block,
     frame_mark,
     fsync_dir,
     read_planned,
@@ -200,6 +200,8 @@ class VbLog:
         self._broken: str | None = None
         """Set when a failed write could not even be cut back: no more appends."""
         self._buffer = bytearray()
+        self._block = -1
+        """Offset in the buffer of the block of items open at its end (-1: none)."""
         self._unsynced = False
         self._pending: list[tuple[int, int]] = []
         """(seqno, offset-in-buffer) of buffered items due in the sparse index."""
@@ -402,24 +404,28 @@ class VbLog:
             if type(record) is LogItem:
                 self.append_item(record)
             else:
-                self._buffer += frame(to_row(record))
+                self.append_mark(record)  # type: ignore[arg-type]
         return records
 
     def append_mark(self, mark: LogMark) -> None:
         """Buffer one mark the translator made (the ingest's fast path calls this)."""
+        self._close_block()
         self._buffer += frame_mark(mark)
 
     def append_item(self, item: LogItem) -> None:
         """Buffer one item the translator made (the ingest's fast path calls this)."""
-        buffer = self._buffer
+        self._block, at = buffer_item(self._buffer, self._block, item)
         # Only every SPARSE_EVERY-th item of a segment is indexed.
         if (self.segments[-1].count + self._pending_items) % SPARSE_EVERY == 0:
-            self._pending.append((item.by_seqno, len(buffer)))
+            self._pending.append((item.by_seqno, at))
         self._pending_items += 1
         self._buffer_high = item.by_seqno
         self._unwritten.append(item)
         self.items_total += 1
-        buffer += frame_item(item)
+
+    def _close_block(self) -> None:
+        close_block(self._buffer, self._block)
+        self._block = -1
 
     @property
     def unsynced(self) -> bool:
@@ -438,6 +444,7 @@ class VbLog:
         """
         if not self._buffer:
             return 0
+        self._close_block()
         if self._broken is not None:
             raise LogWriteError(self._broken)
         if not self._written:
@@ -496,6 +503,7 @@ class VbLog:
     def unwrite(self, exc: OSError) -> LogWriteError:
         """After a failed fsync: cut the file back to what was published and put
         the records written since back in the buffer, to be written again."""
+        self._close_block()  # its offset is about to move
         segment = self.segments[-1]
         published = segment.size
         n_sparse, count, last = self._mark

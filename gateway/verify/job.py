@@ -27,15 +27,16 @@ from typing import Any
 
 from gateway.verify.inputs import InputError, capture_files
 from gateway.verify.latency import SIZE, Histogram
-from gateway.verify.partition import INPUT_COLUMNS, RESULT_DDL, reconcile_batches
+from gateway.verify.partition import CHUNK_COLUMNS, RESULT_DDL, reconcile_chunk_batches
 from gateway.verify.progress import Progress, ProgressLog
 from gateway.verify.shipping import ship, worker_python
-from gateway.verify.source import NAME, register
+from gateway.verify.source import CHUNKS, NAME, register
 
 __all__ = ["InputError", "VerifyConfig", "VerifyResult", "run_verify", "spark_session"]
 
 SAMPLES_PER_CHECK = 20
 QUIET_LOG_LEVEL = "ERROR"
+ARROW_BATCH_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -119,11 +120,11 @@ def _submitted() -> bool:
 def _side(spark: Any, path: str, label: str, direction: str | None) -> Any:
     from pyspark.sql import functions as F
 
-    df = spark.read.format(NAME).load(path).withColumn("side", F.lit(label))
+    df = spark.read.format(NAME).option("rows", CHUNKS).load(path).withColumn("side", F.lit(label))
     if direction:
         df = df.filter((F.col("kind") >= 100) | (F.col("direction") == direction))
     # Only what the checks read crosses the shuffle.
-    return df.select(*INPUT_COLUMNS, "segment", "idx")
+    return df.select(*CHUNK_COLUMNS, "segment", "idx")
 
 
 def results_frame(spark: Any, left: str, right: str, partitions: int, **filters: Any) -> Any:
@@ -138,7 +139,7 @@ def results_frame(spark: Any, left: str, right: str, partitions: int, **filters:
         # Fixed-width sort keys: a hash stands for (side, stream), whose order among
         # streams does not matter, only that each stream's records stay together.
         .sortWithinPartitions("vbucket", F.xxhash64("side", "stream"), "segment", "idx")
-        .mapInArrow(reconcile_batches, RESULT_DDL)
+        .mapInArrow(reconcile_chunk_batches, RESULT_DDL)
     )
 
 
@@ -163,6 +164,8 @@ def run_verify(config: VerifyConfig, spark: Any = None) -> VerifyResult:
     )
     # The report's own aggregations are small: no 200-way shuffles for them.
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    # Chunks are large rows: bound the Arrow batches handed to the checks by bytes.
+    spark.conf.set("spark.sql.execution.arrow.maxBytesPerBatch", str(ARROW_BATCH_BYTES))
     results = results_frame(
         spark,
         config.left,

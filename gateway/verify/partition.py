@@ -26,6 +26,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from gateway.capture.records import CaptureRecord, Kind
 from gateway.verify.checks import FinalState, Mismatch, agreeing_latencies, reconcile_key
+from gateway.verify.decode import RECORD_SCHEMA, chunk_records
 from gateway.verify.latency import Histogram
 from gateway.verify.streams import check_stream
 
@@ -52,6 +53,8 @@ RECORD_COLUMNS = (
 )
 _UNSIGNED = frozenset({"by_seqno", "rev_seqno", "cas", "checkpoint_id", "snap_start", "snap_end"})
 INPUT_COLUMNS = ("side", "protocol", "stream", *RECORD_COLUMNS)
+_INPUT_SCHEMA = pa.schema([*((name, pa.string()) for name in INPUT_COLUMNS[:3]), *RECORD_SCHEMA])
+CHUNK_COLUMNS = ("side", "protocol", "stream", "vbucket", "kind", "payload")
 OUTPUT_ROWS = 8192
 _CUT = int(Kind.CUT)
 
@@ -302,6 +305,41 @@ def reconcile_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
     finally:
         if collecting:
             gc.enable()
+
+
+def reconcile_chunk_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body over vbucket chunks (``CHUNK_COLUMNS``, see the module docstring)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield from reconcile_batches(_chunk_records(batches))
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _chunk_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The records of chunk rows in their order, as ``INPUT_COLUMNS`` batches."""
+    for batch in batches:
+        columns = [batch.column(name) for name in ("side", "protocol", "stream", "kind")]
+        payloads = batch.column("payload")
+        for i, (side, protocol, stream, kind) in enumerate(zip(*columns, strict=True)):
+            if kind.as_py() >= 100:  # a diagnostic: its message is the payload
+                yield _diagnostic_records(side, stream, kind, payloads[i].as_py())
+                continue
+            records = chunk_records(payloads[i].as_buffer())
+            n = records.num_rows
+            constants = [pa.repeat(value, n) for value in (side, protocol, stream)]
+            yield pa.RecordBatch.from_arrays(
+                [*constants, *records.columns], names=[*INPUT_COLUMNS[:3], *records.schema.names]
+            )
+
+
+def _diagnostic_records(side: Any, stream: Any, kind: Any, message: bytes) -> pa.RecordBatch:
+    row: dict[str, Any] = dict.fromkeys(INPUT_COLUMNS)
+    row.update(side=side.as_py(), stream=stream.as_py(), kind=kind.as_py(), key=message)
+    row.update(vbucket=-1, protocol="")
+    return pa.RecordBatch.from_pylist([row], schema=_INPUT_SCHEMA)
 
 
 def reconcile_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

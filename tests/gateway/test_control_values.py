@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.upr_producer_base import parse_uint32
+from adapters.upr.producer_machine import parse_uint32
 
 blanks = st.text(alphabet=" \t\n\r\v\f", max_size=3).map(str.encode)
 

@@ -455,3 +455,50 @@ async def test_latest_and_diskonly_streams_end_at_what_exists_at_the_request(
     items = [m for m in messages if m.opcode == dcp.MUTATION]
     assert items[-1].by_seqno == high and b"too-late" not in [m.key for m in items]
     assert struct.unpack(">I", messages[-1].extras)[0] == 0  # OK
+
+
+async def test_commands_on_a_upr_stream_are_answered_between_its_messages(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """memcached v3.0.0 daemon/memcached.c: ``conn_ship_log`` runs every packet a
+    UPR connection receives through ``try_read_command``; ``dispatch_bin_command``
+    answers VERSION, NOOP (0x0a) and STAT as on any connection, and an opcode
+    with no executor goes to the engine (``process_bin_unknown_packet``), whose
+    ``processUnknownCommand`` (ep-engine src/ep_engine.cc) answers
+    UNKNOWN_COMMAND; ``conn_set_state`` then sends the connection back to
+    ``conn_ship_log``. So each reply comes whole between two stream messages,
+    and the stream goes on."""
+    store = filled(2000)
+    server, port = await serve(nursery, store, side, tmp_path)
+    expected = {0xA1: 0, 0xA2: 0, 0xA3: 0, 0xA4: 0x81}
+    with trio.fail_after(30):
+        client = await producer(port, b"asks")
+        await client.send(dcp.stream_req(1, opaque=10))
+        assert (await client.response(10)).status == 0
+        await client.send(
+            dcp.frame(0x0B, opaque=0xA1),  # VERSION
+            dcp.stat(b"", opaque=0xA2),
+            dcp.frame(dcp.MC_NOOP, opaque=0xA3),
+            dcp.frame(0xEE, opaque=0xA4),  # nobody's opcode
+        )
+        replies: dict[int, list[Reply]] = {}
+        seqnos: list[int] = []
+        high = high_seqno(server, 1)
+        later = False
+        while not later or seqnos[-1] <= high:
+            got = await client.next()
+            assert got is not None, "the server closed the connection"
+            if got.magic == dcp.RES:
+                replies.setdefault(got.opaque, []).append(got)
+            elif got.opcode == dcp.NOOP:
+                await client.send(dcp.reply(got))
+            elif got.opcode == dcp.MUTATION:
+                seqnos.append(got.by_seqno)  # every stream message whole, in order
+            if not later and set(replies) == set(expected) and replies[0xA2][-1].key == b"":
+                later = True
+                store.set(1, b"later", b"x", now=time.time())
+        await client.aclose()
+    assert {opaque: got[-1].status for opaque, got in replies.items()} == expected
+    assert replies[0xA1][0].value  # the version text
+    assert len(replies[0xA2]) > 1 and all(r.key for r in replies[0xA2][:-1])
+    assert seqnos == sorted(seqnos) and len(seqnos) == 501

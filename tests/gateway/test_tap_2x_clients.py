@@ -318,3 +318,62 @@ async def test_tap_vbtakeover_and_stat_upr_on_the_tap_side(
             assert pairs["eq_dcpq:mover:type"] == "consumer"
         await admin.aclose()
         await client.aclose()
+
+
+def command(opcode: int, opaque: int, key: bytes = b"", vbucket: int = 0) -> bytes:
+    """A plain memcached request as mc_bin_client.py packs it (no extras)."""
+    return HEADER.pack(0x80, opcode, len(key), 0, 0, vbucket, len(key), opaque, 0) + key
+
+
+async def test_commands_on_a_tap_stream_are_answered_between_its_messages(
+    nursery: trio.Nursery, side: str
+) -> None:
+    """memcached 2.x daemon/memcached.c: ``conn_ship_log`` runs every packet a
+    TAP connection receives through ``try_read_command``, the ordinary command
+    dispatcher (``dispatch_bin_command``: VERSION, NOOP, STAT; anything else to
+    the engine, whose ``processUnknownCommand`` answers UNKNOWN_COMMAND), and
+    ``conn_set_state`` sends the connection back to ``conn_ship_log`` after the
+    reply. So a command is answered in one piece between two stream messages
+    and the stream goes on; an unknown opcode does not close it."""
+    items = 2000
+    store = filled(items)
+    _, port = await serve(nursery, store, side)
+    get_status = 0 if side == "node" else Status.UNKNOWN_COMMAND  # the front serves no GET
+    expected = {0xA1: 0, 0xA2: 0, 0xA3: 0, 0xA4: Status.UNKNOWN_COMMAND, 0xA5: get_status}
+    with trio.fail_after(30):
+        client = await TapClient.open(port)
+        await client.send(classic_connect(b"asks", {F.BACKFILL: 0}))
+        first = await client.next_frame()
+        assert first is not None and first.is_request
+        await client.send(
+            command(0x0B, 0xA1)  # VERSION
+            + command(0x10, 0xA2)  # STAT (the general group)
+            + command(0x0A, 0xA3)  # NOOP
+            + command(0xEE, 0xA4)  # nobody's opcode
+            + command(0x00, 0xA5, b"key-000000")  # GET
+        )
+        replies: dict[int, list[Frame]] = {}
+        keys: set[bytes] = set()
+        later = False  # a stream message after the last reply
+
+        def done() -> bool:
+            return keys == {b"key-%06d" % i for i in range(items)} | {b"later"}
+
+        while not done():
+            frame = await client.next_frame()
+            assert frame is not None, "the stream closed"
+            if frame.magic == Magic.RESPONSE:
+                replies.setdefault(frame.opaque, []).append(frame)
+                continue
+            event = decode_frame(frame)  # every stream message whole
+            if isinstance(event, TapMutation):
+                keys.add(event.key)
+            if not later and set(replies) == set(expected) and replies[0xA2][-1].key == b"":
+                later = True
+                store.set(1, b"later", b"x", now=time.time())
+    assert {opaque: got[-1].vbucket_or_status for opaque, got in replies.items()} == expected
+    assert replies[0xA1][0].value  # the version text
+    assert len(replies[0xA2]) > 1 and all(f.key for f in replies[0xA2][:-1])
+    if side == "node":
+        assert replies[0xA5][0].value == b"v0"
+    await client.aclose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.upr.flow_control import ConsumerAcker, ProducerWindow, is_counted
+from adapters.upr.flow_control import ConsumerAcker, ConsumerWindow, ProducerWindow, is_counted
 
 
 def test_producer_stops_at_the_buffer_and_resumes_on_ack() -> None:
@@ -90,3 +90,29 @@ def test_window_never_goes_below_zero_and_acks_never_exceed_sends(
         else:
             window.acknowledged(size)
         assert 0 <= window.unacked_bytes == window.total_sent - window.total_acked
+
+
+@given(
+    buffer_size=st.integers(0, 10_000),
+    steps=st.lists(st.tuples(st.booleans(), st.integers(-5, 5_000)), max_size=40),
+)
+def test_consumer_window_acknowledges_at_most_what_is_outstanding(
+    buffer_size: int, steps: list[tuple[bool, int]]
+) -> None:
+    """ep-engine v3.0.0 src/upr-producer.cc ``BufferLog::free``: an ack frees what it
+    names, up to what is outstanding; the consumer never names more, and sends
+    nothing when nothing is freed or flow control is off."""
+    window = ConsumerWindow(buffer_size)
+    outstanding = 0
+    for received, size in steps:
+        if received:
+            size = max(size, 0)
+            window.unacked_bytes += size
+            outstanding += size
+            continue
+        ack = window.release(size)
+        expected = min(max(size, 0), outstanding) if buffer_size else 0
+        assert ack == expected
+        outstanding -= ack
+        assert window.unacked_bytes == outstanding
+        assert window.full == (0 < buffer_size <= outstanding)

@@ -125,6 +125,33 @@ async def test_stream_opcodes_go_to_the_role_until_it_keeps_the_connection() -> 
     assert conn.sent == []  # the role answered (here: nothing); the NOOP was never read
 
 
+async def test_answer_serves_a_streaming_connection_as_the_command_one() -> None:
+    """memcached daemon/memcached.c ``conn_ship_log``: a TAP or UPR connection's
+    packets go through the command dispatcher, so a stream's reader hands the
+    requests its protocol does not own to ``Door.answer``."""
+    seen: list[int] = []
+
+    async def command(conn: Any, frame: Frame, auth: Authenticator) -> None:
+        assert auth is conn.authority
+        seen.append(frame.opcode)
+        await conn.send(reply(frame, value=b"mine"))
+
+    d = door(command=command)
+    conn = FakeConnection([])
+    d.authenticator(conn)  # type: ignore[arg-type]
+    version, stat, get = request(Opcode.VERSION), request(Opcode.STAT, key=b"x"), request(0x00)
+    for data in (version, stat, get):
+        await d.answer(conn, frame_of(data))  # type: ignore[arg-type]
+    assert conn.sent == [
+        reply(frame_of(version), value=b"v1"),
+        reply(frame_of(stat), key=b"a", value=b"1")
+        + reply(frame_of(stat), key=b"b", value=b"2")
+        + reply(frame_of(stat)),
+        reply(frame_of(get), value=b"mine"),
+    ]
+    assert seen == [0x00]
+
+
 async def test_a_response_before_any_stream_closes_with_the_roles_text() -> None:
     counted: list[int] = []
     stray = encode_frame(Magic.RESPONSE, Opcode.NOOP)

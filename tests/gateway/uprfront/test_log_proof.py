@@ -133,10 +133,11 @@ def test_after_a_clean_close_a_tail_cut_at_a_record_boundary_is_damage(tmp_path:
     active = vblog.segments[-1].path
     data = active.read_bytes()
     offsets = [offset for offset, _end, _row in scan_bytes(data)]
-    active.write_bytes(data[: offsets[-2]])  # the last item and checkpoint end gone, cleanly
+    # The last round's block of items and its checkpoint end gone, cleanly.
+    active.write_bytes(data[: offsets[-2]])
     proof = prove_vbucket(vblog.dir, 0)
     assert [p.kind for p in proof.problems] == ["segment_damaged"]
-    assert "ends at seqno 7, the clean close recorded 8" in proof.problems[0].text
+    assert "ends at seqno 4, the clean close recorded 8" in proof.problems[0].text
 
 
 def test_starting_over_keeps_the_files_and_draws_a_uuid_the_seed_would_not(tmp_path: Path) -> None:
