@@ -39,6 +39,7 @@ _NETWORK_BYTE_ORDER = TapFlags.NETWORK_BYTE_ORDER.value
 _DELETE = struct.Struct(">HHB3xQ")
 _RESPONSE_HEADER = struct.Struct(">BBHBBHIIQ")
 _HEADER = HEADER
+_HEADER_MUTATION = struct.Struct(HEADER.format + _MUTATION.format[1:])
 MAX_BODY = DEFAULT_MAX_FRAME_SIZE
 """The body length ``FrameReader`` takes by default; a frame declaring more is refused."""
 _REQUEST = Magic.REQUEST.value
@@ -59,7 +60,7 @@ class ItemSink(Protocol):
     @property
     def translator(self) -> TapToUpr: ...
 
-    def append_item(self, item: LogItem) -> None: ...
+    def append_items(self, items: list[LogItem]) -> None: ...
 
     def append_mark(self, mark: LogMark) -> None: ...
 
@@ -86,19 +87,48 @@ def log_buffer(
     for the event path (another message, a new vbucket, anything
     ``FrameReader`` or the decoder would refuse: that path names what is wrong).
 
-    Each item goes to its vbucket's sink, the sink into ``touched``, and the
-    ack a frame asks for onto ``acks``, in order.
+    Each item goes to its vbucket's sink (the items of a vbucket in one call
+    per run between its marks), the sink into ``touched``, and the ack a
+    frame asks for onto ``acks``, in order.
     """
+    runs: dict[int, list[LogItem]] = {}
+    try:
+        return _log(data, start, sinks, now, touched, acks, max_frames, runs)
+    finally:
+        for vbucket, items in runs.items():
+            if items:
+                sinks[vbucket].append_items(items)
+
+
+def _log(
+    data: bytes,
+    start: int,
+    sinks: Mapping[int, S],
+    now: float,
+    touched: dict[int, S],
+    acks: list[bytes],
+    max_frames: int,
+    runs: dict[int, list[LogItem]],
+) -> tuple[int, int]:
+    """``log_buffer``'s loop; each vbucket's items are left in ``runs`` (a mark hands
+    its vbucket's run to the sink first)."""
     header, mutation, delete = _HEADER.unpack_from, _MUTATION.unpack_from, _DELETE.unpack_from
+    head_item = _HEADER_MUTATION.unpack_from
     host_flags = _HOST_FLAGS.unpack_from
     ack = _RESPONSE_HEADER.pack
     size = len(data)
     offset = start
     taken = 0
     while offset + 24 <= size and taken != max_frames:
-        magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas = header(
-            data, offset
-        )
+        if data[offset + 1] == OP_MUTATION and offset + 48 <= size:
+            # The common case: header, extras and rev_seqno in one unpack (checked below).
+            (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas, es_len,
+             tap_flags, _, flags, expiration, rev_seqno) = head_item(data, offset)  # fmt: skip
+        else:
+            magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas = header(
+                data, offset
+            )
+            es_len = -1
         body = offset + 24
         end = body + bodylen
         if (
@@ -115,7 +145,8 @@ def log_buffer(
         if opcode == OP_MUTATION:
             if bodylen < 24:
                 break
-            es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(data, body)
+            if es_len < 0:
+                es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(data, body)
             if es_len != 8 and es_len != 9:
                 break
             key_start = body + 16 + es_len
@@ -148,6 +179,10 @@ def log_buffer(
                 break
             checkpoint = _ID.unpack_from(data, key_end)[0]
             translator = sink.translator
+            run = runs.get(vbucket)
+            if run:
+                sink.append_items(run)
+                runs[vbucket] = []
             if opcode == OP_CHECKPOINT_START:
                 sink.append_mark(translator.checkpoint_start(checkpoint))
             else:
@@ -156,8 +191,14 @@ def log_buffer(
         else:
             break
         if item is not None:
-            sink.append_item(item)
-        touched[vbucket] = sink
+            run = runs.get(vbucket)
+            if run is None:
+                runs[vbucket] = [item]
+                touched[vbucket] = sink
+            else:
+                run.append(item)
+        else:
+            touched[vbucket] = sink
         if tap_flags & _ACK:
             acks.append(ack(_RESPONSE, opcode, 0, 0, 0, 0, 0, opaque, 0))
         offset = end

@@ -200,9 +200,14 @@ class TapToUpr:
             return None
         if not tap_flags & _NETWORK_BYTE_ORDER:
             flags = swap32(flags)
-        checkpoint, backfill, first = self._origin()
-        self.high_seqno += 1
-        seqno = self.high_seqno
+        # ``_origin`` inline (once per item)
+        backfill = self.in_backfill
+        if backfill:
+            checkpoint, first = 0, False
+        else:
+            checkpoint, first = self.checkpoint_id or 0, self._checkpoint_start
+        self._checkpoint_start = False
+        self.high_seqno = seqno = self.high_seqno + 1
         # tuple.__new__: a named tuple's own constructor is a Python call (per item).
         self.index[key] = _tuple_new(KeyVersion, (seqno, cas, rev, expiration, False))
         return _tuple_new(LogItem, (

@@ -5,7 +5,7 @@ msgpack list (``adapters.translate.log_records.to_row``: a mark, an item,
 or a segment header row), or a block of items: the byte ``BLOCK_TAG``
 (0xc1, which msgpack never uses) then, per item, its fixed fields packed
 with ``ITEM`` followed by its key and value. The ingest buffers the items
-of one vbucket between two marks as one block (``buffer_item``): one
+of one vbucket between two marks as one block (``buffer_items``): one
 struct pack per item and one crc per block, where a row cost a msgpack
 pack and a crc per item. An item a field of which does not fit ``ITEM``
 goes as a row of its own; logs written with a row per item (before
@@ -14,7 +14,7 @@ blocks) read as they always did.
 ``scan`` reads a file front to back as rows (a block as the row of each of
 its items, all at the block's offset, the last one ending where the block
 ends) and stops quietly at the first record that is short or fails its crc
-(readers only read published bytes, which are whole); ``scan_items`` gives
+(readers only read published bytes, which are whole); ``read_items`` reads
 the items of a chunk as ``LogItem``s without rows (the serving read).
 
 ``tail_fault`` judges where such a scan stopped when a log is opened. Only
@@ -118,31 +118,42 @@ _KINDS = tuple(ItemKind)
 _tuple_new = tuple.__new__
 
 
-def buffer_item(buffer: bytearray, block: int, item: LogItem) -> tuple[int, int]:
-    """Append ``item`` to ``buffer``: to the block open at offset ``block`` (-1: none
-    open, or too full: a new one is opened), else as a row of its own.
+def buffer_items(
+    buffer: bytearray, block: int, items: list[LogItem], first: int, sparse: list[tuple[int, int]]
+) -> int:
+    """Append ``items`` to ``buffer``: to the block open at offset ``block`` (-1: none
+    open), opening a new one when there is none or it is full; an item a field of
+    which the block cannot hold goes as a row of its own.
 
-    Returns (the block open now, -1 for none; the offset of the record that
-    holds the item). Nothing may be added to ``buffer`` but items while a
-    block is open: ``close_block`` it first.
+    ``sparse`` gets (seqno, offset of the record holding it) of the items at
+    ``first``, ``first + SPARSE_EVERY``, ... Returns the block open now (-1:
+    none). Nothing may go into ``buffer`` but items while a block is open:
+    ``close_block`` it first.
     """
-    (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, arr, dt) = item
-    try:
-        packed = _item_pack(seqno, kind, bf | cs << 1, dtype, len(key), len(value), rev, cas,
-                            flags, exp, lock, cp, arr, dt)  # fmt: skip
-    except struct.error:  # a field out of the block's range: the row takes anything
-        close_block(buffer, block)
-        at = len(buffer)
-        buffer += frame_item(item)
-        return -1, at
-    if block < 0 or len(buffer) - block > BLOCK_BYTES:
-        close_block(buffer, block)
-        block = len(buffer)
-        buffer += _BLOCK_OPEN
-    buffer += packed
-    buffer += key
-    buffer += value
-    return block, block
+    pack = _item_pack
+    for n, item in enumerate(items):
+        (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, arr, dt) = item
+        try:
+            packed = pack(seqno, kind, bf | cs << 1, dtype, len(key), len(value), rev, cas,
+                          flags, exp, lock, cp, arr, dt)  # fmt: skip
+        except struct.error:  # a field out of the block's range: a row takes anything
+            close_block(buffer, block)
+            block = -1
+            at = len(buffer)
+            buffer += frame_item(item)
+        else:
+            if block < 0 or len(buffer) - block > BLOCK_BYTES:
+                close_block(buffer, block)
+                block = len(buffer)
+                buffer += _BLOCK_OPEN
+            at = block
+            buffer += packed
+            buffer += key
+            buffer += value
+        if n == first:
+            sparse.append((seqno, at))
+            first += SPARSE_EVERY
+    return block
 
 
 def close_block(buffer: bytearray, block: int) -> None:
@@ -156,9 +167,7 @@ def close_block(buffer: bytearray, block: int) -> None:
 def _block_items(payload: bytes) -> list[LogItem] | None:
     """The items of a block's payload (tag first); None if it does not parse."""
     out: list[LogItem] = []
-    append = out.append
     at, size = 1, len(payload)
-    kinds = _KINDS
     try:
         while at < size:
             (seqno, kind, bits, dtype, klen, vlen, rev, cas, flags, exp, lock, cp, arr,
@@ -166,20 +175,57 @@ def _block_items(payload: bytes) -> list[LogItem] | None:
             key = at + _ITEM_SIZE
             value = key + klen
             at = value + vlen
-            if at > size:
-                return None
-            append(_tuple_new(LogItem, (seqno, kinds[kind], payload[key:value], payload[value:at],
-                                        rev, cas, flags, exp, lock, dtype, cp, bits & 1 == 1,
-                                        bits & 2 == 2, arr, dt)))  # fmt: skip
+            out.append(LogItem(seqno, _KINDS[kind], payload[key:value], payload[value:at], rev,
+                               cas, flags, exp, lock, dtype, cp, bits & 1 == 1, bits & 2 == 2,
+                               arr, dt))  # fmt: skip
     except (struct.error, IndexError):
         return None
-    return out
+    return out if at == size else None
 
 
-def scan_items(data: bytes, base: int = 0) -> Iterator[tuple[int, LogItem | None]]:
-    """(end offset, item) of each whole record of ``data`` (``base``: its offset in the
-    file), each item of a block with the block's end; None for a mark or a header.
+def _read_block(
+    payload: bytes, out: list[LogItem], after: int, upto: int, limit: int, left: int
+) -> tuple[int, int]:
+    """``read_items`` over one block's payload: (-1 if it does not parse, 1 if the read
+    is done, else 0; the bytes left)."""
+    append = out.append
+    at, size = 1, len(payload)
+    kinds, unpack, item_size, new = _KINDS, _item_unpack, _ITEM_SIZE, _tuple_new
+    try:
+        while at < size:
+            (seqno, kind, bits, dtype, klen, vlen, rev, cas, flags, exp, lock, cp, arr,
+             dt) = unpack(payload, at)  # fmt: skip
+            key = at + item_size
+            value = key + klen
+            at = value + vlen
+            if seqno <= after:
+                continue
+            if seqno > upto:
+                return 1, left
+            append(new(LogItem, (seqno, kinds[kind], payload[key:value], payload[value:at], rev,
+                                 cas, flags, exp, lock, dtype, cp, bits & 1 == 1, bits & 2 == 2,
+                                 arr, dt)))  # fmt: skip
+            after = seqno
+            if len(out) >= limit >= 0:
+                return 1, left
+            if left >= 0:
+                left -= klen + vlen
+                if left <= 0:
+                    return 1, left
+    except (struct.error, IndexError):
+        return -1, left
+    return (0 if at == size else -1), left
 
+
+def read_items(
+    data: bytes, base: int, out: list[LogItem], after: int, upto: int, limit: int, left: int
+) -> tuple[int, int, bool]:
+    """Append to ``out`` the items of the whole records of ``data`` (``base``: its offset
+    in the file) with ``after < by_seqno <= upto``, until ``out`` holds ``limit`` or
+    their keys and values reach ``left`` bytes (-1: no byte limit).
+
+    Returns (the file offset after the last whole record read, the bytes left,
+    whether the read is done: an item beyond ``upto``, or a limit reached).
     Stops quietly where ``scan_bytes`` stops.
     """
     offset, size = 0, len(data)
@@ -189,26 +235,41 @@ def scan_items(data: bytes, base: int = 0) -> Iterator[tuple[int, LogItem | None
         body = offset + 8
         end = body + length
         if length > MAX_RECORD or end > size:
-            return
+            break
         payload = data[body:end]
         if crc32(payload) != crc:
-            return
+            break
         if length and payload[0] == BLOCK_TAG:
-            items = _block_items(payload)
-            if items is None:
-                return
-            for item in items:
-                yield base + end, item
+            state, left = _read_block(payload, out, after, upto, limit, left)
+            if state < 0:
+                break
+            if state:
+                return base + end, left, True
+            if out:
+                after = out[-1].by_seqno
         else:
             try:
                 row = unpackb(payload, raw=False, use_list=True)
             except Exception:  # a crc collision on garbage
-                return
+                break
             if not isinstance(row, list) or not row:
-                return
+                break
             record = from_row(row) if row[0] == 0 else None
-            yield base + end, record if type(record) is LogItem else None
+            if type(record) is LogItem:  # a row of an item: the logs written before blocks
+                seqno = record.by_seqno
+                if seqno > after:
+                    if seqno > upto:
+                        return base + end, left, True
+                    out.append(record)
+                    after = seqno
+                    if len(out) >= limit:
+                        return base + end, left, True
+                    if left >= 0:
+                        left -= len(record.key) + len(record.value)
+                        if left <= 0:
+                            return base + end, left, True
         offset = end
+    return base + offset, left, False
 
 
 def scan(
@@ -358,24 +419,11 @@ def read_planned(
         want = READ_CHUNK
         while offset < size:
             chunk = os.pread(fd, min(want, size - offset), offset)
-            end = offset
-            for record_end, item in scan_items(chunk, offset):
-                end = record_end
-                if item is None:
-                    continue
-                seqno = item.by_seqno
-                if seqno <= after:
-                    continue
-                if seqno > upto:
-                    return out
-                out.append(item)
-                after = seqno
-                if len(out) >= limit:
-                    return out
-                if left >= 0:
-                    left -= len(item.key) + len(item.value)
-                    if left <= 0:
-                        return out
+            end, left, done = read_items(chunk, offset, out, after, upto, limit, left)
+            if done:
+                return out
+            if out:
+                after = out[-1].by_seqno
             if end == offset:
                 if want >= size - offset:
                     break  # nothing whole left (cannot happen once published)

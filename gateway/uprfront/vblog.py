@@ -94,7 +94,7 @@ from gateway.uprfront.segments import (
     SPARSE_EVERY,
     DiskPlan,
     Segment,
-    buffer_item,
+    buffer_items,
     close_block,
     frame_mark,
     fsync_dir,
@@ -413,15 +413,20 @@ class VbLog:
         self._buffer += frame_mark(mark)
 
     def append_item(self, item: LogItem) -> None:
-        """Buffer one item the translator made (the ingest's fast path calls this)."""
-        self._block, at = buffer_item(self._buffer, self._block, item)
+        """Buffer one item the translator made (the event path)."""
+        self.append_items([item])
+
+    def append_items(self, items: list[LogItem]) -> None:
+        """Buffer items the translator made, in order (the ingest's fast path: once per
+        read and vbucket)."""
         # Only every SPARSE_EVERY-th item of a segment is indexed.
-        if (self.segments[-1].count + self._pending_items) % SPARSE_EVERY == 0:
-            self._pending.append((item.by_seqno, at))
-        self._pending_items += 1
-        self._buffer_high = item.by_seqno
-        self._unwritten.append(item)
-        self.items_total += 1
+        first = -(self.segments[-1].count + self._pending_items) % SPARSE_EVERY
+        self._block = buffer_items(self._buffer, self._block, items, first, self._pending)
+        count = len(items)
+        self._pending_items += count
+        self._buffer_high = items[-1].by_seqno
+        self._unwritten += items
+        self.items_total += count
 
     def _close_block(self) -> None:
         close_block(self._buffer, self._block)
