@@ -47,6 +47,10 @@ class LoopWatch:
         self.largest_gc_pause = 0.0
         self.gc_seconds = 0.0
         self.collections = 0
+        self.largest_gc_generation = 0
+        """The generation the longest collection was of (2: a full one)."""
+        self.by_generation = [0, 0, 0]
+        """Collections of each generation."""
         self._gc_started = 0.0
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
@@ -54,10 +58,13 @@ class LoopWatch:
             self._gc_started = time.perf_counter()
             return
         pause = time.perf_counter() - self._gc_started
+        generation = int(info.get("generation", 0))
         self.collections += 1
+        self.by_generation[min(generation, 2)] += 1
         self.gc_seconds += pause
         if pause > self.largest_gc_pause:
             self.largest_gc_pause = pause
+            self.largest_gc_generation = generation
 
     async def run(self) -> None:
         """Measure until cancelled."""
@@ -75,7 +82,8 @@ class LoopWatch:
     def summary(self) -> str:
         return (
             f"trio loop: largest stall {self.largest_stall * 1e3:.1f} ms; "
-            f"garbage collector: {self.collections} collections, "
+            f"garbage collector: {self.collections} collections "
+            f"(by generation {'/'.join(map(str, self.by_generation))}), "
             f"{self.gc_seconds * 1e3:.0f} ms in all, largest pause "
-            f"{self.largest_gc_pause * 1e3:.1f} ms"
+            f"{self.largest_gc_pause * 1e3:.1f} ms (generation {self.largest_gc_generation})"
         )

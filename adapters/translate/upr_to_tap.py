@@ -19,9 +19,8 @@ have sent (unstamped: the TAP producer adds sequence numbers and ack flags):
 - a snapshot closes at the item whose by_seqno is its end, or, when
   deduplication or purged tombstones leave it short, at the next marker or
   at the end of the stream;
-- mutations become MUTATION (no value and NO_VALUE with keys-only; item
-  flags byte-swapped to host order unless the client asked for network
-  order, as 2.x did); deletions and expirations become DELETE;
+- mutations become MUTATION, deletions and expirations DELETE, built by
+  ``adapters.tap.item_messages`` as every TAP producer here builds them;
 - SET_VBUCKET_STATE becomes VBUCKET_SET.
 
 Anything else in a vbucket's stream is a protocol error naming it.
@@ -35,16 +34,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from adapters.errors import ProtocolError
-from adapters.tap.constants import NO_TAP_FLAGS, OpaqueCode, TapFlags, swap32
+from adapters.tap.constants import OpaqueCode
 from adapters.tap.events import (
     TapCheckpointEnd,
     TapCheckpointStart,
-    TapDelete,
-    TapMutation,
     TapOpaque,
     TapStreamMessage,
     TapVbucketSet,
 )
+from adapters.tap.item_messages import ItemMessages
 from adapters.upr.constants import SnapshotFlags
 from adapters.upr.events import (
     Deletion,
@@ -97,13 +95,8 @@ class UprToTap:
             self._expect_backfill = False
             self._resuming = True
         self.checkpoints: OrderedDict[int, tuple[int, int]] = OrderedDict()
-        item_flags = NO_TAP_FLAGS
-        if keys_only:
-            item_flags |= TapFlags.NO_VALUE
-        if network_byte_order:
-            item_flags |= TapFlags.NETWORK_BYTE_ORDER
-        self._item_flags = TapFlags(item_flags)
-        self.item_flags = int(item_flags)
+        self._messages = ItemMessages(keys_only=keys_only, network_byte_order=network_byte_order)
+        self.item_flags = int(self._messages.tap_flags)
         """TAP flags of a MUTATION from this stream, before stamping."""
 
     @property
@@ -175,21 +168,20 @@ class UprToTap:
         closes = self.advance(item.by_seqno)
         message: TapStreamMessage
         if isinstance(item, Mutation):
-            message = TapMutation(
+            message = self._messages.mutation(
                 item.key,
-                b"" if self.keys_only else item.value,
-                vbucket=self.vbucket,
+                item.value,
+                self.vbucket,
                 cas=item.cas,
-                flags=item.flags if self.network_byte_order else swap32(item.flags),
+                flags=item.flags,
                 expiration=item.expiration,
                 rev_seqno=item.rev_seqno,
                 nru=item.nru,
-                tap_flags=self._item_flags,
                 datatype=item.datatype,
             )
         else:
-            message = TapDelete(
-                item.key, vbucket=self.vbucket, cas=item.cas, rev_seqno=item.rev_seqno
+            message = ItemMessages.deletion(
+                item.key, self.vbucket, cas=item.cas, rev_seqno=item.rev_seqno
             )
         if closes:
             return [message, *self._close()]

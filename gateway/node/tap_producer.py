@@ -38,11 +38,12 @@ a change, an ack, a retransmit deadline or the NOOP interval, whichever
 comes first; an idle stream gets a memcached NOOP every
 ``tap_noop_interval``.
 
-Item flags travel as stored with FIX_FLAG_BYTEORDER (and the TAP flag
-NETWORK_BYTE_ORDER); without it they are byte-swapped, as 2.x sent them in
-little-endian host order. Deletions and expirations both become DELETE.
-Engine-specific data: rev_seqno, plus nru on mutations (the store keeps no
-NRU bits: 2.x's initial value is sent).
+Item messages come from ``adapters.tap.item_messages``, the builder the TAP
+front uses too: flags as stored with FIX_FLAG_BYTEORDER (and the TAP flag
+NETWORK_BYTE_ORDER), byte-swapped to 2.x's little-endian host order without
+it; deletions and expirations both DELETE. Engine-specific data: rev_seqno,
+plus nru on mutations (the store keeps no NRU bits: 2.x's initial value is
+sent).
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ from adapters.tap import (
     TapCheckpointStart,
     TapConnect,
     TapDelete,
-    TapFlags,
     TapMutation,
     TapNoop,
     TapNoopResponse,
@@ -76,7 +76,7 @@ from adapters.tap import (
 )
 from adapters.tap.codec import is_tap_opcode
 from adapters.tap.connect import connect_refusal
-from adapters.tap.constants import swap32
+from adapters.tap.item_messages import ItemMessages
 from adapters.tap.producer import ProducerState, TapProducer
 from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import Item, VBucketState
@@ -95,6 +95,23 @@ TAKEOVER_SETTLE_ROUNDS = 3
 """Times a takeover waits for every ack and catches up again before going dead."""
 INITIAL_NRU = 2
 """ep-engine 2.x's NRU value of an item not referenced since it was stored."""
+
+
+def item_message(messages: ItemMessages, item: Item) -> TapStreamMessage:
+    """What the node sends for one stored item version (the store keeps no NRU bits)."""
+    if item.deleted:
+        return messages.deletion(item.key, item.vbucket, cas=item.cas, rev_seqno=item.rev_seqno)
+    return messages.mutation(
+        item.key,
+        item.value,
+        item.vbucket,
+        cas=item.cas,
+        flags=item.flags,
+        expiration=item.expiration,
+        rev_seqno=item.rev_seqno,
+        nru=INITIAL_NRU,
+        datatype=item.datatype,
+    )
 
 
 async def serve_tap_stream(node: Any, conn: PacketConnection, connect: TapConnect) -> None:
@@ -150,8 +167,10 @@ class TapStream:
             backoff=config.tap_backoff,
         )
         self.noop_interval: float = config.tap_noop_interval
-        self.keys_only = plan.has(ConnectFlags.KEYS_ONLY)
-        self.network_order = plan.has(ConnectFlags.FIX_FLAG_BYTEORDER)
+        self.item_messages = ItemMessages(
+            keys_only=plan.has(ConnectFlags.KEYS_ONLY),
+            network_byte_order=plan.has(ConnectFlags.FIX_FLAG_BYTEORDER),
+        )
         self.created = time.time()
         self.last_send = trio.current_time()
         self._wake = trio.Event()
@@ -322,29 +341,7 @@ class TapStream:
     def _item_message(self, item: Item) -> TapStreamMessage:
         if item.deleted:
             self.deletes_sent += 1
-            return TapDelete(item.key, item.vbucket, cas=item.cas, rev_seqno=item.rev_seqno)
-        tap_flags = TapFlags(0)
-        value = item.value
-        if self.keys_only:
-            tap_flags |= TapFlags.NO_VALUE
-            value = b""
-        if self.network_order:
-            tap_flags |= TapFlags.NETWORK_BYTE_ORDER
-            flags = item.flags
-        else:
-            flags = swap32(item.flags)
-        return TapMutation(
-            item.key,
-            value,
-            item.vbucket,
-            cas=item.cas,
-            flags=flags,
-            expiration=item.expiration,
-            rev_seqno=item.rev_seqno,
-            nru=INITIAL_NRU,
-            tap_flags=tap_flags,
-            datatype=item.datatype,
-        )
+        return item_message(self.item_messages, item)
 
     async def _emit(
         self, message: TapStreamMessage, position: VbPosition | None = None, *, last: bool = False

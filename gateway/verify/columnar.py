@@ -49,6 +49,8 @@ class Split:
 def _u64(table: pa.Table, name: str) -> tuple[Any, Any]:
     """A column's values as uint64 (nulls as 0) and its null mask."""
     array = table.column(name).combine_chunks()
+    if not array.null_count:  # no copies
+        return array.to_numpy().view(np.uint64), np.zeros(len(array), dtype=bool)
     nulls = array.is_null().to_numpy(zero_copy_only=False)
     values = array.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64)
     return values, nulls

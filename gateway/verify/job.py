@@ -1,16 +1,20 @@
 """The reconciliation job on Spark: read two captures, apply the checks, gather a report.
 
 Theory of operation. Both captures are read through the ``tapupr-capture``
-data source (one partition per segment file), tagged ``left``/``right`` and
-unioned. One shuffle puts each vbucket in one partition, each stream's
-records together in arrival order; ``partition.reconcile_batches``
-(``mapInArrow``) then checks whole vbuckets on their columns, the few
-streams and keys that might hold a fault with the pure checks, and yields
-mismatch, stats and diagnostic rows. Those results are persisted, so the counts, samples, the
-latency histogram and the optional Parquet output cost no second pass over
-the captures. Stage timings from ``progress`` split the wall time between
-the scan (reading and decoding captures, up to the shuffle) and the
-reconciliation.
+data source (one partition per segment file) as vbucket chunks: per segment
+and vbucket, its records as one compressed Arrow batch in a single row
+(``decode.segment_chunks``), tagged ``left``/``right`` and unioned. One
+shuffle of those few large rows puts each vbucket in one partition, each
+stream's chunks together in arrival order; ``partition.reconcile_chunk_batches``
+(``mapInArrow``) then unpacks the chunks and checks whole vbuckets on their
+columns, the few streams and keys that might hold a fault with the pure
+checks, and yields mismatch, stats and diagnostic rows. No row per record
+is ever made in the JVM: the decoding in the scan is what a plain count of
+the captures costs, and Spark moves about 40 compressed bytes per record.
+Those results are persisted, so the counts, samples, the latency histogram
+and the optional Parquet output cost no second pass over the captures.
+Stage timings from ``progress`` split the wall time between the scan
+(reading and decoding captures, up to the shuffle) and the reconciliation.
 
 The same code runs in ``local[*]`` (the default) or on a cluster: with
 ``spark-submit`` the master comes from spark-submit unless ``--master`` is

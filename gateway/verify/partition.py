@@ -1,9 +1,11 @@
 """What a Spark task runs: the checks over the records of whole vbuckets.
 
-``reconcile_batches`` is given by ``mapInArrow`` the records of both sides
-repartitioned by vbucket and sorted by vbucket, stream (in any order between
-streams), segment and idx, so each vbucket arrives whole, each stream
-together and in arrival order. It gathers one vbucket at a time and
+``reconcile_batches`` is given the records of both sides sorted by vbucket,
+side and stream (in any order between streams), segment and idx, so each
+vbucket arrives whole, each stream together and in arrival order; in the job
+``reconcile_chunk_batches`` (``mapInArrow``) gives it those records unpacked
+from vbucket chunks (``decode.segment_chunks``) repartitioned by vbucket and
+sorted the same way. It gathers one vbucket at a time and
 ``columnar.split`` sets aside, on the vbucket's Arrow columns, the streams
 and keys that might hold a fault; only those become Python records, for
 ``streams.check_stream`` and ``checks.reconcile_key`` (``reconcile_rows``, the

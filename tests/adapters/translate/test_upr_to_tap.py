@@ -19,7 +19,8 @@ from adapters.tap import (
     TapStreamMessage,
     TapVbucketSet,
 )
-from adapters.translate.upr_to_tap import UprToTap, swap32
+from adapters.tap.constants import swap32
+from adapters.translate.upr_to_tap import UprToTap
 from adapters.upr import (
     Deletion,
     Expiration,

@@ -12,14 +12,27 @@ up to its sequence number (ep-engine 2.x src/tapconnection.cc,
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.uprfront.commit import GroupCommit
+from gateway.uprfront.vblog import VbLog
+from tests.gateway.uprfront.support import (
+    VBUCKETS,
+    caught_up,
+    filled_store,
+    start_front,
+    start_node,
+    until,
+)
 
 Step = tuple[str, frozenset[int], int]
 """("submit", vbuckets touched, acks owed) or ("finish", _, _): the commit in progress returns."""
@@ -159,3 +172,58 @@ async def test_the_reader_waits_when_too_far_ahead_of_the_commits() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert waited.is_set()
         nursery.cancel_scope.cancel()
+
+
+async def test_the_ingest_reads_on_while_a_commit_waits_for_its_fsync_and_exposes_nothing_before(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end with a reference node: while fsyncs are held back, the ingest keeps
+    logging what the node sends (into the logs' buffers), but publishes none of it to
+    consumers and acks none of it to the node; once the fsyncs return, both follow."""
+    store = filled_store(10)
+    node, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
+    front, _, _ = await start_front(nursery, tmp_path, node_port, fsync="batch")
+
+    def acked() -> dict[int, int]:
+        registration = node.tap.registration("upr-front")
+        assert registration is not None
+        return {vb: p.seqno for vb, p in registration.positions.items()}
+
+    def all_acked() -> bool:
+        registration = node.tap.registration("upr-front")
+        return registration is not None and all(
+            vb in registration.positions
+            and registration.positions[vb].seqno >= store.high_seqno(vb)
+            for vb in range(VBUCKETS)
+        )
+
+    with trio.fail_after(20):
+        await until(lambda: caught_up(front, store) and all_acked())
+    release, waiting = threading.Event(), threading.Event()
+    real_sync = VbLog.sync
+
+    def held_sync(vblog: VbLog) -> None:  # in a worker thread
+        waiting.set()
+        assert release.wait(20)
+        real_sync(vblog)
+
+    monkeypatch.setattr(VbLog, "sync", held_sync)
+    published = {vb: front.logs.logs[vb].high_seqno for vb in range(VBUCKETS)}
+    before = acked()
+    store.set(0, b"first", b"v", now=time.time())
+    try:
+        with trio.fail_after(20):  # a commit waits for its fsync
+            await trio.to_thread.run_sync(waiting.wait, abandon_on_cancel=True)
+        keys = [(n % VBUCKETS, b"more-%d" % n) for n in range(20)]
+        for vb, key in keys:
+            store.set(vb, key, b"v", now=time.time())
+        with trio.fail_after(20):  # logged while the commit waits
+            await until(
+                lambda: all(key in front.logs.logs[vb].translator.index for vb, key in keys)
+            )
+        assert {vb: front.logs.logs[vb].high_seqno for vb in range(VBUCKETS)} == published
+        assert acked() == before
+    finally:
+        release.set()
+    with trio.fail_after(20):
+        await until(lambda: caught_up(front, store) and all_acked())

@@ -1,0 +1,66 @@
+"""The TAP message a 2.x producer sent for one item version.
+
+One builder for every TAP producer here: the TAP front's ``UprToTap`` (items
+arriving as UPR) and the reference node's ``TapStream`` (items read from its
+store). As ep-engine 2.x's TAP producer did (src/tapconnection.cc): with
+keys-only, no value and the NO_VALUE flag; item flags byte-swapped to host
+order unless the client asked for network order (FIX_FLAG_BYTEORDER), in
+which case they travel as stored with NETWORK_BYTE_ORDER set; a deletion or
+an expiration is a DELETE. The messages are unstamped (the sans-IO
+``TapProducer`` adds sequence numbers and ack requests).
+"""
+
+from __future__ import annotations
+
+from adapters.tap.constants import NO_TAP_FLAGS, TapFlags, swap32
+from adapters.tap.events import TapDelete, TapMutation
+
+__all__ = ["ItemMessages"]
+
+
+class ItemMessages:
+    """The item messages of one TAP connection, given its CONNECT's choices."""
+
+    __slots__ = ("keys_only", "network_byte_order", "tap_flags")
+
+    def __init__(self, *, keys_only: bool, network_byte_order: bool) -> None:
+        self.keys_only = keys_only
+        self.network_byte_order = network_byte_order
+        tap_flags = NO_TAP_FLAGS
+        if keys_only:
+            tap_flags |= TapFlags.NO_VALUE
+        if network_byte_order:
+            tap_flags |= TapFlags.NETWORK_BYTE_ORDER
+        self.tap_flags = TapFlags(tap_flags)
+        """The TAP flags of every MUTATION of the connection, before stamping."""
+
+    def mutation(
+        self,
+        key: bytes,
+        value: bytes,
+        vbucket: int,
+        *,
+        cas: int,
+        flags: int,
+        expiration: int,
+        rev_seqno: int,
+        nru: int,
+        datatype: int,
+    ) -> TapMutation:
+        """``flags`` as stored (as the client set them)."""
+        return TapMutation(
+            key,
+            b"" if self.keys_only else value,
+            vbucket,
+            cas=cas,
+            flags=flags if self.network_byte_order else swap32(flags),
+            expiration=expiration,
+            rev_seqno=rev_seqno,
+            nru=nru,
+            tap_flags=self.tap_flags,
+            datatype=datatype,
+        )
+
+    @staticmethod
+    def deletion(key: bytes, vbucket: int, *, cas: int, rev_seqno: int) -> TapDelete:
+        return TapDelete(key, vbucket, cas=cas, rev_seqno=rev_seqno)
