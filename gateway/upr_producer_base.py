@@ -24,6 +24,9 @@ Subclasses answer ``_stream_request`` (after the machine's checks; they call
 ``machine.add_stream`` when they start one) and ``_failover_log``, and hear
 of what they also track (``_on_decode_error``, ``_on_buffer_size``,
 ``_on_expiry_opcode``, ``_on_acknowledged``, ``_on_unblocked``).
+``connection_stats`` is the one ``STAT dcp`` answer of a producer
+connection; subclasses give its counts (``_stat_counts``) and their
+streams' lines (``_stream_stats``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class UprProducerBase(Generic[S]):
         self._room = trio.Event()
         self._timers_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self._stat_prefix = ""
+        """Before every stat name (the node's hub adds the connection's name itself)."""
 
     @property
     def noop_enabled(self) -> bool:
@@ -206,6 +211,45 @@ class UprProducerBase(Generic[S]):
                 self._room = trio.Event()
             await self._room.wait()
         self._on_unblocked(trio.current_time() - blocked_at)
+
+    # -- statistics ------------------------------------------------------------
+
+    def connection_stats(self) -> list[tuple[str, str]]:
+        """The connection's lines of ``STAT dcp`` (ep-engine 3.0's names), then its
+        streams', each name after ``_stat_prefix``."""
+        window = self.window
+        items_sent, items_remaining, bytes_sent = self._stat_counts()
+        values: list[tuple[str, object]] = [
+            ("type", "producer"),
+            ("items_sent", items_sent),
+            ("items_remaining", items_remaining),
+            ("total_bytes_sent", bytes_sent),
+            ("unacked_bytes", window.unacked_bytes),
+            ("total_acked_bytes", window.total_acked),
+            ("max_buffer_bytes", window.buffer_size or 0),
+            ("flow_control", "enabled" if window.enabled else "disabled"),
+            ("paused", _flag(not window.can_send)),
+            ("noop_enabled", _flag(self.noop_enabled)),
+            ("noop_interval", f"{self.noop_interval:g}"),
+            ("enable_expiry_opcode", _flag(self.expiry_opcode)),
+            ("num_streams", len(self.streams)),
+        ]
+        prefix = self._stat_prefix
+        out = [(prefix + name, str(value)) for name, value in values]
+        out.extend(self._stream_stats(prefix))
+        return out
+
+    def _stat_counts(self) -> tuple[int, int, int]:
+        """Items sent, items still to send, bytes sent."""
+        raise NotImplementedError
+
+    def _stream_stats(self, prefix: str) -> list[tuple[str, str]]:
+        """Every stream's lines, in vbucket order."""
+        raise NotImplementedError
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
 
 
 _OUTPUTS: dict[type, Callable[[UprProducerBase[Any], Any], Awaitable[None]]] = {

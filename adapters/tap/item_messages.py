@@ -12,10 +12,38 @@ an expiration is a DELETE. The messages are unstamped (the sans-IO
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from adapters.tap.constants import NO_TAP_FLAGS, TapFlags, swap32
 from adapters.tap.events import TapDelete, TapMutation
 
-__all__ = ["ItemMessages"]
+__all__ = ["ItemMessages", "StoredMutation", "StoredRemoval"]
+
+
+class StoredRemoval(Protocol):
+    """What a DELETE carries of a deletion or an expiration (a UPR message or a
+    stored tombstone alike)."""
+
+    @property
+    def key(self) -> bytes: ...
+    @property
+    def cas(self) -> int: ...
+    @property
+    def rev_seqno(self) -> int: ...
+
+
+class StoredMutation(StoredRemoval, Protocol):
+    """What a MUTATION carries of an item's value (a UPR MUTATION or a stored item);
+    ``flags`` as the client set them."""
+
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def expiration(self) -> int: ...
+    @property
+    def datatype(self) -> int: ...
 
 
 class ItemMessages:
@@ -34,33 +62,20 @@ class ItemMessages:
         self.tap_flags = TapFlags(tap_flags)
         """The TAP flags of every MUTATION of the connection, before stamping."""
 
-    def mutation(
-        self,
-        key: bytes,
-        value: bytes,
-        vbucket: int,
-        *,
-        cas: int,
-        flags: int,
-        expiration: int,
-        rev_seqno: int,
-        nru: int,
-        datatype: int,
-    ) -> TapMutation:
-        """``flags`` as stored (as the client set them)."""
+    def mutation(self, item: StoredMutation, vbucket: int, nru: int) -> TapMutation:
         return TapMutation(
-            key,
-            b"" if self.keys_only else value,
+            item.key,
+            b"" if self.keys_only else item.value,
             vbucket,
-            cas=cas,
-            flags=flags if self.network_byte_order else swap32(flags),
-            expiration=expiration,
-            rev_seqno=rev_seqno,
+            cas=item.cas,
+            flags=item.flags if self.network_byte_order else swap32(item.flags),
+            expiration=item.expiration,
+            rev_seqno=item.rev_seqno,
             nru=nru,
             tap_flags=self.tap_flags,
-            datatype=datatype,
+            datatype=item.datatype,
         )
 
     @staticmethod
-    def deletion(key: bytes, vbucket: int, *, cas: int, rev_seqno: int) -> TapDelete:
-        return TapDelete(key, vbucket, cas=cas, rev_seqno=rev_seqno)
+    def deletion(item: StoredRemoval, vbucket: int) -> TapDelete:
+        return TapDelete(item.key, vbucket, cas=item.cas, rev_seqno=item.rev_seqno)

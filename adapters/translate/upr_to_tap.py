@@ -168,21 +168,9 @@ class UprToTap:
         closes = self.advance(item.by_seqno)
         message: TapStreamMessage
         if isinstance(item, Mutation):
-            message = self._messages.mutation(
-                item.key,
-                item.value,
-                self.vbucket,
-                cas=item.cas,
-                flags=item.flags,
-                expiration=item.expiration,
-                rev_seqno=item.rev_seqno,
-                nru=item.nru,
-                datatype=item.datatype,
-            )
+            message = self._messages.mutation(item, self.vbucket, item.nru)
         else:
-            message = ItemMessages.deletion(
-                item.key, self.vbucket, cas=item.cas, rev_seqno=item.rev_seqno
-            )
+            message = ItemMessages.deletion(item, self.vbucket)
         if closes:
             return [message, *self._close()]
         return [message]

@@ -100,18 +100,8 @@ INITIAL_NRU = 2
 def item_message(messages: ItemMessages, item: Item) -> TapStreamMessage:
     """What the node sends for one stored item version (the store keeps no NRU bits)."""
     if item.deleted:
-        return messages.deletion(item.key, item.vbucket, cas=item.cas, rev_seqno=item.rev_seqno)
-    return messages.mutation(
-        item.key,
-        item.value,
-        item.vbucket,
-        cas=item.cas,
-        flags=item.flags,
-        expiration=item.expiration,
-        rev_seqno=item.rev_seqno,
-        nru=INITIAL_NRU,
-        datatype=item.datatype,
-    )
+        return messages.deletion(item, item.vbucket)
+    return messages.mutation(item, item.vbucket, INITIAL_NRU)
 
 
 async def serve_tap_stream(node: Any, conn: PacketConnection, connect: TapConnect) -> None:

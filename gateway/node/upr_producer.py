@@ -136,26 +136,11 @@ class ProducerConnection(UprProducerBase[ProducerStream]):
     def items_remaining(self) -> int:
         return sum(s.items_remaining() for s in self.streams.values())
 
-    def connection_stats(self) -> list[tuple[str, str]]:
-        window = self.window
-        out = [
-            ("type", "producer"),
-            ("items_sent", str(self.items_sent)),
-            ("items_remaining", str(self.items_remaining)),
-            ("total_bytes_sent", str(self.bytes_sent)),
-            ("unacked_bytes", str(window.unacked_bytes)),
-            ("total_acked_bytes", str(window.total_acked)),
-            ("max_buffer_bytes", str(window.buffer_size or 0)),
-            ("flow_control", "enabled" if window.enabled else "disabled"),
-            ("paused", str(not window.can_send).lower()),
-            ("noop_enabled", str(self.noop_enabled).lower()),
-            ("noop_interval", f"{self.noop_interval:g}"),
-            ("enable_expiry_opcode", str(self.settings.expiry_opcode).lower()),
-            ("num_streams", str(len(self.streams))),
-        ]
-        for vb in sorted(self.streams):
-            out.extend(self.streams[vb].stats())
-        return out
+    def _stat_counts(self) -> tuple[int, int, int]:
+        return self.items_sent, self.items_remaining, self.bytes_sent
+
+    def _stream_stats(self, prefix: str) -> list[tuple[str, str]]:
+        return [pair for vb in sorted(self.streams) for pair in self.streams[vb].stats()]
 
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None:
         stream = self.streams.get(vbucket)

@@ -47,7 +47,7 @@ from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.plan import ConnectionPlan
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.settlement import Settlement
-from gateway.tapfront.upstream import UprUpstream, UpstreamError
+from gateway.tapfront.upstream import UprUpstream, UprUpstreamError
 from gateway.tapfront.vbstream import VbStream
 from gateway.wire import PacketConnection
 
@@ -183,7 +183,7 @@ class TapPeer:
                 await upstream.acknowledge(settlement.credit)
                 if settlement.replies:
                     await upstream.send(b"".join(settlement.replies))
-            except UpstreamError as exc:
+            except UprUpstreamError as exc:
                 # The upstream died under an ack: the pump finds out on its next read
                 # and reconnects. Credit and replies were owed to the lost connection
                 # only (a new one starts with an empty window and fresh streams), so

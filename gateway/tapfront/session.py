@@ -57,7 +57,7 @@ from gateway.tapfront.peer import TapPeer
 from gateway.tapfront.plan import ConnectionPlan
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.settlement import SessionConfig
-from gateway.tapfront.upstream import UprUpstream, UpstreamError
+from gateway.tapfront.upstream import UprUpstream, UprUpstreamError
 from gateway.tapfront.upstream_streams import UpstreamStreams
 from gateway.wire import PacketConnection
 
@@ -172,7 +172,7 @@ class TapSession:
                     await upstream.receive()
                     await streams.on_data()
                     await peer.flush()
-            except UpstreamError as exc:
+            except UprUpstreamError as exc:
                 failures += 1
                 await self._upstream_lost(exc, failures)
         await streams.finish()
@@ -209,7 +209,7 @@ class TapSession:
     def _attach(self, upstream: UprUpstream | None) -> None:
         self.upstream = self.peer.upstream = self.streams.upstream = upstream
 
-    async def _upstream_lost(self, exc: UpstreamError, failures: int) -> None:
+    async def _upstream_lost(self, exc: UprUpstreamError, failures: int) -> None:
         """Flush what was translated, then wait before the next attempt."""
         attempts = self.config.reconnect_attempts
         await self.peer.flush()

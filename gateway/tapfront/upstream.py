@@ -10,7 +10,7 @@ as one batch: runs of items straight from ``buffer``, anything else frame
 by frame with ``next_frame``), and returns freed buffer bytes with
 ``acknowledge``.
 
-Errors: ``UpstreamError`` for anything that makes the connection unusable
+Errors: ``UprUpstreamError`` for anything that makes the connection unusable
 (refused, closed, a failed OPEN), so the session can reconnect; malformed
 frames raise the codec's ``ProtocolError``.
 """
@@ -39,7 +39,7 @@ DEFAULT_NOOP_INTERVAL = 120
 HANDSHAKE_TIMEOUT = 10.0
 
 
-class UpstreamError(GatewayError):
+class UprUpstreamError(GatewayError):
     """The upstream connection failed or closed; a reconnect may help."""
 
 
@@ -77,17 +77,17 @@ class UprUpstream:
         try:
             stream = await open_stream(host, port, ssl_context)
         except OSError as exc:
-            raise UpstreamError(f"cannot connect to UPR upstream {address}: {exc}") from None
+            raise UprUpstreamError(f"cannot connect to UPR upstream {address}: {exc}") from None
         self = cls(stream, address, dialect)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
                 await self._handshake(name, buffer_size, noop_interval, user, password)
         except (trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
             await self.aclose()
-            raise UpstreamError(f"UPR upstream {address}: handshake failed: {exc!r}") from None
-        except (UpstreamError, ProtocolError, RequestFailed, HandshakeRefused) as exc:
+            raise UprUpstreamError(f"UPR upstream {address}: handshake failed: {exc!r}") from None
+        except (UprUpstreamError, ProtocolError, RequestFailed, HandshakeRefused) as exc:
             await self.aclose()
-            raise UpstreamError(f"UPR upstream {address}: {exc}") from None
+            raise UprUpstreamError(f"UPR upstream {address}: {exc}") from None
         return self
 
     async def _handshake(
@@ -125,7 +125,7 @@ class UprUpstream:
             async with self._send_lock:
                 await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise UpstreamError(f"UPR upstream {self.address}: send failed: {exc!r}") from None
+            raise UprUpstreamError(f"UPR upstream {self.address}: send failed: {exc!r}") from None
 
     async def send_event(self, event: upr.UprEvent) -> None:
         await self.send(upr.encode(event, self.dialect))
@@ -146,9 +146,9 @@ class UprUpstream:
         try:
             data = await self.stream.receive_some(RECEIVE_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise UpstreamError(f"UPR upstream {self.address}: {exc!r}") from None
+            raise UprUpstreamError(f"UPR upstream {self.address}: {exc!r}") from None
         if not data:
-            raise UpstreamError(f"UPR upstream {self.address} closed the connection")
+            raise UprUpstreamError(f"UPR upstream {self.address} closed the connection")
         self.bytes_received += len(data)
         if self.offset:
             # Drop what was taken before growing: at most one partial frame stays.

@@ -37,7 +37,7 @@ from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.peer import TapPeer
 from gateway.tapfront.plan import ConnectionPlan
 from gateway.tapfront.registry import Registry
-from gateway.tapfront.upstream import UprUpstream, UpstreamError
+from gateway.tapfront.upstream import UprUpstream, UprUpstreamError
 from gateway.tapfront.vbstream import VbStream
 
 __all__ = ["UpstreamStreams"]
@@ -258,7 +258,7 @@ class UpstreamStreams:
             vb = self.by_opaque.get(frame.opaque)
             self.gateway_stats.protocol_errors_total["tap_front", "upstream_malformed"] += 1
             if vb is None or not frame.is_request:
-                raise UpstreamError(f"malformed message from upstream: {exc}") from None
+                raise UprUpstreamError(f"malformed message from upstream: {exc}") from None
             log.error("%s: vbucket %d: ending the stream: %s", self.name, vb.vbucket, exc)
             await self._end_stream(vb, "malformed")
             return
@@ -270,7 +270,7 @@ class UpstreamStreams:
             return
         vb = self.by_opaque.get(event.opaque)
         if vb is None:
-            raise UpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
+            raise UprUpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
         peer = self.peer
         settling = peer.settling
         if counts(event):

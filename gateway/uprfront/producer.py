@@ -95,6 +95,7 @@ class UprConnection(UprProducerBase[LogStream]):
         self.draft = upr.Command.SNAPSHOT_MARKER not in self.dialect.opcodes
         self.settings = Settings(delete_times=delete_times)
         self.stream_stats = stream_stats
+        self._stat_prefix = f"{name}:"  # STAT dcp adds eq_dcpq: (and eq_uprq:)
         # (window bytes sent when the write ended, vbucket, last seqno in it, arrival
         # of its first item, items in it): one entry per write on the fast path
         self._in_flight: deque[tuple[int, int, int, float, int]] = deque()
@@ -297,27 +298,16 @@ class UprConnection(UprProducerBase[LogStream]):
 
     # -- statistics ------------------------------------------------------------
 
-    def connection_stats(self) -> list[tuple[str, str]]:
-        window = self.window
-        prefix = f"{self.name}:"  # STAT dcp adds eq_dcpq: (and eq_uprq:)
-        out = [
-            ("type", "producer"),
-            ("items_sent", str(sum(s.items_sent for s in self.streams.values()))),
-            ("items_remaining", str(sum(s.items_remaining() for s in self.streams.values()))),
-            ("total_bytes_sent", str(self.stream_stats.bytes_sent)),
-            ("unacked_bytes", str(window.unacked_bytes)),
-            ("total_acked_bytes", str(window.total_acked)),
-            ("max_buffer_bytes", str(window.buffer_size or 0)),
-            ("flow_control", "enabled" if window.enabled else "disabled"),
-            ("paused", str(not window.can_send).lower()),
-            ("noop_enabled", str(self.noop_enabled).lower()),
-            ("enable_expiry_opcode", str(self.settings.expiry_opcode).lower()),
-            ("num_streams", str(len(self.streams))),
-        ]
-        pairs = [(prefix + k, v) for k, v in out]
-        for vb in sorted(self.streams):
-            pairs.extend(self.streams[vb].stats(prefix))
-        return pairs
+    def _stat_counts(self) -> tuple[int, int, int]:
+        streams = self.streams.values()
+        return (
+            sum(s.items_sent for s in streams),
+            sum(s.items_remaining() for s in streams),
+            self.stream_stats.bytes_sent,
+        )
+
+    def _stream_stats(self, prefix: str) -> list[tuple[str, str]]:
+        return [pair for vb in sorted(self.streams) for pair in self.streams[vb].stats(prefix)]
 
 
 def _observe(latency: LatencyHistogram, seconds: float, count: int) -> None:
