@@ -8,12 +8,12 @@ that the records of a stream can be put back in arrival order. Unsigned
 show as negative; equality and the order of real seqnos are unaffected).
 
 ``segment_chunks`` gives instead one row per chunk of a segment's records of
-one vbucket (``CHUNK_SCHEMA``): up to ``BATCH_ROWS`` records serialized as
-one Arrow record batch (``RECORD_SCHEMA``, LZ4-compressed buffers; ``idx``
-is its first record's).
-That is what ``verify`` shuffles: a few large rows cost Spark far less to
-move and sort than a row per record, and the chunks of a vbucket, ordered by
-stream, segment and ``idx``, give back its records in arrival order
+one vbucket (``CHUNK_SCHEMA``): up to ``WINDOW_BATCHES * BATCH_ROWS``
+records serialized as one Arrow record batch (``RECORD_SCHEMA``,
+LZ4-compressed buffers; ``idx`` is its first record's). That is what
+``verify`` shuffles: a few large rows cost Spark far less to move and sort
+than a row per record, and the chunks of a vbucket, ordered by stream,
+segment and ``idx``, give back its records in arrival order
 (``chunk_records``).
 
 Decoding builds each block's columns at once with the garbage collector
@@ -45,6 +45,9 @@ from gateway.verify.inputs import is_local, local_path
 TORN = 100
 DAMAGED = 101
 BATCH_ROWS = 65536
+WINDOW_BATCHES = 16
+"""Batches grouped by vbucket at once: a live capture interleaves its vbuckets, and
+each chunk costs about as much as a hundred records to pack and unpack."""
 # Chunks travel compressed: a third of the bytes for the JVM to shuffle, sort and hand
 # to the checks, for less CPU than it saves there (measured).
 _COMPRESSED = pa.ipc.IpcWriteOptions(compression="lz4") if pa.Codec.is_available("lz4") else None
@@ -248,13 +251,40 @@ def _by_vbucket(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.RecordBatc
         begin = end
 
 
+def _windows(data: bytes, path: str) -> Iterator[tuple[int, pa.RecordBatch | TornTail]]:
+    """``record_batches`` merged into windows of ``WINDOW_BATCHES`` batches."""
+    pending: list[pa.RecordBatch] = []
+    first = 0
+
+    def merged() -> pa.RecordBatch:
+        if len(pending) == 1:
+            return pending[0]
+        return pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+
+    for start, got in record_batches(data, path):
+        if isinstance(got, TornTail):
+            if pending:
+                yield first, merged()
+                pending = []
+            yield start, got
+            continue
+        if not pending:
+            first = start
+        pending.append(got)
+        if len(pending) >= WINDOW_BATCHES:
+            yield first, merged()
+            pending = []
+    if pending:
+        yield first, merged()
+
+
 def segment_chunks(path: str, data: bytes | None = None) -> Iterator[pa.RecordBatch]:
-    """One segment file as ``CHUNK_SCHEMA`` rows: per vbucket and batch of about
-    ``BATCH_ROWS`` records, those records as one serialized Arrow record batch."""
+    """One segment file as ``CHUNK_SCHEMA`` rows: per vbucket and window of up to
+    ``WINDOW_BATCHES * BATCH_ROWS`` records, those records as one Arrow record batch."""
     try:
         data = read_bytes(path) if data is None else data
         meta = _header_meta(data, path)
-        for start, got in record_batches(data, path):
+        for start, got in _windows(data, path):
             if isinstance(got, TornTail):
                 yield _chunk_diagnostic(path, TORN, got.describe(), start)
                 continue

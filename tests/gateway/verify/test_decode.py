@@ -90,6 +90,7 @@ def chunks_by_vbucket(path: Path, data: bytes | None = None) -> dict[int, list[d
     records=st.lists(records_strategy, max_size=40),
     block_records=st.integers(1, 7),
     batch_rows=st.integers(1, 12),
+    window=st.integers(1, 3),
 )
 def test_records_and_chunks_give_back_every_record(
     tmp_path_factory: pytest.TempPathFactory,
@@ -97,8 +98,10 @@ def test_records_and_chunks_give_back_every_record(
     records: list[CaptureRecord],
     block_records: int,
     batch_rows: int,
+    window: int,
 ) -> None:
     monkeypatch.setattr(decode, "BATCH_ROWS", batch_rows)
+    monkeypatch.setattr(decode, "WINDOW_BATCHES", window)
     path = write(tmp_path_factory.mktemp("seg"), records, block_records)
     rows = [r for b in segment_batches(str(path)) for r in b.to_pylist()]
     assert [r["idx"] for r in rows] == list(range(len(records)))
