@@ -77,17 +77,10 @@ def _vbucket_id(text: str) -> int:
 
 
 def _password(args: argparse.Namespace) -> str:
-    from gateway.startup import StartupError
+    from gateway.security_cli import read_password_file
 
     if args.password_file is not None:
-        try:
-            return str(args.password_file.read_text(encoding="utf-8")).rstrip("\r\n")
-        except OSError as exc:
-            raise StartupError(
-                f"--password-file {args.password_file}: cannot read it: {exc.strerror}"
-            ) from None
-        except UnicodeDecodeError:
-            raise StartupError(f"--password-file {args.password_file}: not UTF-8 text") from None
+        return read_password_file("--password-file", args.password_file)
     return os.environ.get(PASSWORD_ENV, "")
 
 

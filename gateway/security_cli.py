@@ -147,6 +147,17 @@ def upstream_tls_from(args: argparse.Namespace) -> ssl.SSLContext | None:
     return client_context(args.upstream_ca)
 
 
+def read_password_file(option: str, path: Path) -> str:
+    """The password in ``path`` (its first line's end stripped), or a one-line
+    ``StartupError`` naming ``option`` and why it cannot be read."""
+    try:
+        return str(path.read_text(encoding="utf-8")).rstrip("\r\n")
+    except OSError as exc:
+        raise StartupError(f"{option} {path}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise StartupError(f"{option} {path}: not UTF-8 text") from None
+
+
 def upstream_password_from(
     args: argparse.Namespace, argv: Sequence[str] | None = None
 ) -> str | None:
@@ -155,15 +166,7 @@ def upstream_password_from(
     if args.upstream_user is None:
         return None
     if args.upstream_password_file is not None:
-        path = args.upstream_password_file
-        try:
-            return str(path.read_text(encoding="utf-8")).rstrip("\r\n")
-        except OSError as exc:
-            raise StartupError(
-                f"--upstream-password-file {path}: cannot read it: {exc.strerror}"
-            ) from None
-        except UnicodeDecodeError:
-            raise StartupError(f"--upstream-password-file {path}: not UTF-8 text") from None
+        return read_password_file("--upstream-password-file", args.upstream_password_file)
     if any(w == "--upstream-password" or w.startswith("--upstream-password=") for w in argv):
         log.warning(
             "--upstream-password on the command line is visible to other users (ps); "
