@@ -145,11 +145,7 @@ class UprConnection(UprProducerBase[LogStream]):
         while start < count:
             if not window.can_send:
                 # The framing of a batch read up to the budget may overshoot the window.
-                self.streams_waiting += 1
-                try:
-                    await self._wait_for_room()
-                finally:
-                    self.streams_waiting -= 1
+                await self._wait_counted()
             end = start
             # Whole messages while there is room: the last one may overshoot
             # the buffer, as a producer stops only once it is full.
@@ -194,11 +190,7 @@ class UprConnection(UprProducerBase[LogStream]):
         start = first = 0
         while start < size:
             if not window.can_send:
-                self.streams_waiting += 1
-                try:
-                    await self._wait_for_room()
-                finally:
-                    self.streams_waiting -= 1
+                await self._wait_counted()
             room = window.room  # None: a CONTROL turned flow control off meanwhile
             if room is None or size - start <= room:
                 end, count, last = size, len(items) - first, items[-1].by_seqno
@@ -216,6 +208,14 @@ class UprConnection(UprProducerBase[LogStream]):
             if count:
                 first += count
                 on_sent(count, last)
+
+    async def _wait_counted(self) -> None:
+        """``_wait_for_room``, counted in ``streams_waiting`` while it waits."""
+        self.streams_waiting += 1
+        try:
+            await self._wait_for_room()
+        finally:
+            self.streams_waiting -= 1
 
     async def send_budget(self) -> int:
         """Bytes of keys and values a stream may read from the log now, once there is room.
