@@ -322,6 +322,8 @@ class Ingest:
                 if replies:
                     await stream.send_all(b"".join(replies))
                 data = data[used:]
+                if group is not None:  # a read of fewer than STEP_FRAMES frames waits here
+                    await group.room()
             more = await stream.receive_some(RECEIVE_SIZE)
             if not more:
                 return

@@ -23,7 +23,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.uprfront.commit import GroupCommit
+from gateway.uprfront.commit import MAX_PENDING_BYTES, GroupCommit
+from gateway.uprfront.ingest import RECEIVE_SIZE
 from gateway.uprfront.vblog import VbLog
 from tests.gateway.uprfront.support import (
     VBUCKETS,
@@ -227,3 +228,42 @@ async def test_the_ingest_reads_on_while_a_commit_waits_for_its_fsync_and_expose
         release.set()
     with trio.fail_after(20):
         await until(lambda: caught_up(front, store) and all_acked())
+
+
+async def test_the_ingest_stops_reading_when_too_far_ahead_of_a_held_commit(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded memory end to end: with an fsync held, the in-place ingest reads at most
+    ``MAX_PENDING_BYTES`` (and one socket read) beyond the commit in progress, even when
+    each read holds few frames (20 KB values: about a dozen frames a read)."""
+    store = filled_store(10)
+    _node, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
+    front, _, _ = await start_front(nursery, tmp_path, node_port, fsync="batch")
+    with trio.fail_after(20):
+        await until(lambda: caught_up(front, store))
+    release, waiting = threading.Event(), threading.Event()
+    real_sync = VbLog.sync
+
+    def held_sync(vblog: VbLog) -> None:  # in a worker thread
+        waiting.set()
+        assert release.wait(30)
+        real_sync(vblog)
+
+    monkeypatch.setattr(VbLog, "sync", held_sync)
+    try:
+        store.set(0, b"first", b"v", now=time.time())
+        with trio.fail_after(20):  # a commit waits for its fsync
+            await trio.to_thread.run_sync(waiting.wait, abandon_on_cancel=True)
+        value = bytes(20 * 1024)
+        for n in range(2 * MAX_PENDING_BYTES // len(value)):  # twice what may be read ahead
+            store.set(n % VBUCKETS, b"big-%d" % n, value, now=time.time())
+        group = front.ingest._group
+        assert group is not None
+        with trio.fail_after(20):  # the reader got that far ahead
+            await until(lambda: group.pending_bytes > MAX_PENDING_BYTES)
+        await trio.testing.wait_all_tasks_blocked()  # and read no further
+        assert group.pending_bytes <= MAX_PENDING_BYTES + RECEIVE_SIZE
+    finally:
+        release.set()
+    with trio.fail_after(30):
+        await until(lambda: caught_up(front, store))
