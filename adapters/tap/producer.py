@@ -29,7 +29,6 @@ from __future__ import annotations
 import struct
 from collections import deque
 from enum import Enum, auto
-from itertools import islice
 from typing import TypeVar
 
 from adapters.errors import LocalProtocolError, ProtocolError
@@ -171,7 +170,7 @@ class TapProducer:
         """``keep`` of ``frames[start:]``, each stamped in turn by ``next_stamp``."""
         if start < len(frames):
             if self.support_ack:
-                self._outstanding.extend(islice(frames, start, None))
+                self._outstanding.extend(frames[start:] if start else frames)
             self._last = frames[-1]
 
     def request_ack_on_last(self) -> Stamped:
