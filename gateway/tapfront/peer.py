@@ -42,6 +42,7 @@ from adapters.tap import (
 from adapters.tap.codec import is_tap_opcode
 from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer, successful_acks
 from gateway.capture.mapping import TapRecording
+from gateway.io.connection import PacketConnection
 from gateway.io.door import Answer
 from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.plan import ConnectionPlan
@@ -49,7 +50,6 @@ from gateway.tapfront.registry import Registry
 from gateway.tapfront.settlement import Settlement
 from gateway.tapfront.upstream import UprUpstream, UprUpstreamError
 from gateway.tapfront.vbstream import VbStream
-from gateway.wire import PacketConnection
 
 __all__ = ["TapPeer"]
 
