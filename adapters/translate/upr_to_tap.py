@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from adapters.errors import ProtocolError
+from adapters.fastinit import positional_constructor
 from adapters.tap.constants import OpaqueCode
 from adapters.tap.events import (
     TapCheckpointEnd,
@@ -67,6 +68,10 @@ class OpenSnapshot:
     end: int
     checkpoint_id: int | None
     """None for the backfill (initial vbucket stream), else the TAP checkpoint id."""
+
+
+_open_snapshot = positional_constructor(OpenSnapshot)
+"""``OpenSnapshot`` for the fast path, which opens one per one-item snapshot."""
 
 
 class UprToTap:
@@ -195,7 +200,7 @@ class UprToTap:
         if self._expect_backfill and flags & SnapshotFlags.DISK:
             return None
         checkpoint_id = next(self._ids)
-        self.open = OpenSnapshot(start, end, checkpoint_id)
+        self.open = _open_snapshot(start, end, checkpoint_id)
         self._expect_backfill = False
         self.snap_start, self.snap_end = start, end
         self.items_in_snap = 0

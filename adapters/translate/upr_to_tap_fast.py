@@ -257,11 +257,14 @@ def translate_items(
                 checkpoint_id = translator.open_checkpoint(start, snap_end, flags)
                 if checkpoint_id is None:
                     break
+                seqno, tap_flags = next_stamp(0, force_ack=True)
                 append(
-                    _checkpoint_frame(
-                        next_stamp, _OP_CHECKPOINT_START, translator.vbucket, checkpoint_id
+                    _START.pack(
+                        _REQUEST, _OP_CHECKPOINT_START, _START_KEYLEN, 16, 0, translator.vbucket,
+                        _START_BODYLEN, seqno, 0, 0, tap_flags, DEFAULT_TTL, 0, 0, _START_KEY,
+                        checkpoint_id,
                     )
-                )
+                )  # fmt: skip
                 markers += 1
                 room -= 1
                 credit += frame_end - offset
@@ -297,11 +300,14 @@ def translate_items(
                         )
                     )  # fmt: skip
                 else:
+                    seqno, tap_flags = next_stamp(0, force_ack=True)
                     append(
-                        _checkpoint_frame(
-                            next_stamp, _OP_CHECKPOINT_END, translator.vbucket, checkpoint_id
+                        _END.pack(
+                            _REQUEST, _OP_CHECKPOINT_END, _END_KEYLEN, 16, 0, translator.vbucket,
+                            _END_BODYLEN, seqno, 0, 0, tap_flags, DEFAULT_TTL, 0, 0, _END_KEY,
+                            checkpoint_id,
                         )
-                    )
+                    )  # fmt: skip
                     closed += (translator.vbucket, checkpoint_id, by_seqno)
                     markers += 1
                 room -= 1
@@ -341,6 +347,15 @@ _CHECKPOINT = {
 _CHECKPOINT_KEYS = {opcode.value: key for opcode, key in CHECKPOINT_KEYS.items()}
 _OP_CHECKPOINT_START = TapOpcode.CHECKPOINT_START.value
 _OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
+# ``_checkpoint_frame``'s two layouts, spelled out for ``translate_items``
+_START = _CHECKPOINT[_OP_CHECKPOINT_START]
+_START_KEY = _CHECKPOINT_KEYS[_OP_CHECKPOINT_START]
+_START_KEYLEN = len(_START_KEY)
+_START_BODYLEN = 16 + _START_KEYLEN + 8
+_END = _CHECKPOINT[_OP_CHECKPOINT_END]
+_END_KEY = _CHECKPOINT_KEYS[_OP_CHECKPOINT_END]
+_END_KEYLEN = len(_END_KEY)
+_END_BODYLEN = 16 + _END_KEYLEN + 8
 _OPAQUE = struct.Struct(">BBHBBHIIQHHB3xI")
 _OP_OPAQUE = TapOpcode.OPAQUE.value
 _CLOSE_BACKFILL = OpaqueCode.CLOSE_BACKFILL.value
