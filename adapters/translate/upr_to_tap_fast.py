@@ -190,6 +190,11 @@ def translate_items(
     first_out = len(out)
     swapped = _SWAPPED
     markers_too = closed is not None
+    # A backfill comes in runs of one vbucket's items, most with the same flags:
+    # the lookups of the item before serve again.
+    last_opaque = last_flags = -1
+    last_swapped = 0
+    translator = last_touched = None
     # Key and value go from a view into the new frame: one copy, not two. (Each
     # slice of it dies with its statement, so the view releases before ``buf``
     # may grow again.)
@@ -209,9 +214,12 @@ def translate_items(
             frame_end = offset + HEADER_SIZE + bodylen
             if magic != _REQUEST or frame_end > end:
                 break
-            translator = streams.get(opaque)
-            if translator is None:
-                break
+            if opaque != last_opaque:
+                translator = streams.get(opaque)
+                if translator is None:
+                    break
+                last_opaque = opaque
+            assert translator is not None
             if opcode == DCP_MUTATION:
                 if extlen != 31 or not keylen:
                     break
@@ -221,8 +229,11 @@ def translate_items(
                     break
                 seqno, tap_flags = next_stamp(translator.item_flags)
                 if not translator.network_byte_order:
-                    swapped_flags = swapped.get(flags)
-                    flags = _swap(flags) if swapped_flags is None else swapped_flags
+                    if flags != last_flags:
+                        last_flags = flags
+                        swapped_flags = swapped.get(flags)
+                        last_swapped = _swap(flags) if swapped_flags is None else swapped_flags
+                    flags = last_swapped
                 if translator.keys_only:
                     value_end = key_at + keylen
                 head = _MUTATION.pack(
@@ -283,7 +294,8 @@ def translate_items(
                 translator.first_in_open = by_seqno
             translator.last_seqno = by_seqno
             translator.items_in_snap += 1
-            touched[translator.vbucket] = translator
+            if translator is not last_touched:
+                touched[translator.vbucket] = last_touched = translator
             if snapshot is not None and by_seqno >= snapshot.end:
                 if closed is None or room <= 0:
                     closing = translator
