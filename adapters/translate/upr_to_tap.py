@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from adapters.errors import ProtocolError
@@ -70,8 +70,19 @@ class OpenSnapshot:
     """None for the backfill (initial vbucket stream), else the TAP checkpoint id."""
 
 
-_open_snapshot = positional_constructor(OpenSnapshot)
-"""``OpenSnapshot`` for the fast path, which opens one per one-item snapshot."""
+def _snapshot_constructor() -> Callable[[int, int, int | None], OpenSnapshot]:
+    """``OpenSnapshot`` for the fast path, which opens one per one-item snapshot: the
+    positional constructor in Python; compiled (``scripts/build-mypyc``), the class's
+    own, which is the fast one there and the only one it accepts."""
+    make = positional_constructor(OpenSnapshot)
+    try:
+        make(0, 0, None)
+    except TypeError:
+        return OpenSnapshot
+    return make
+
+
+_open_snapshot = _snapshot_constructor()
 
 
 class UprToTap:
