@@ -248,6 +248,9 @@ class TapProducer:
                 furthest = position
         count = furthest + 1
         self.acked_total += count
+        if count == size:
+            outstanding.clear()  # (what a peer that acks when asked usually releases)
+            return count
         popleft = outstanding.popleft
         for _ in range(count):
             popleft()

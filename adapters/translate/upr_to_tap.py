@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from adapters.errors import ProtocolError
+from adapters.fastinit import positional_constructor
 from adapters.tap.constants import OpaqueCode
 from adapters.tap.events import (
     TapCheckpointEnd,
@@ -67,6 +68,21 @@ class OpenSnapshot:
     end: int
     checkpoint_id: int | None
     """None for the backfill (initial vbucket stream), else the TAP checkpoint id."""
+
+
+def _snapshot_constructor() -> Callable[[int, int, int | None], OpenSnapshot]:
+    """``OpenSnapshot`` for the fast path, which opens one per one-item snapshot: the
+    positional constructor in Python; compiled (``scripts/build-mypyc``), the class's
+    own, which is the fast one there and the only one it accepts."""
+    make = positional_constructor(OpenSnapshot)
+    try:
+        make(0, 0, None)
+    except TypeError:
+        return OpenSnapshot
+    return make
+
+
+_open_snapshot = _snapshot_constructor()
 
 
 class UprToTap:
@@ -195,7 +211,7 @@ class UprToTap:
         if self._expect_backfill and flags & SnapshotFlags.DISK:
             return None
         checkpoint_id = next(self._ids)
-        self.open = OpenSnapshot(start, end, checkpoint_id)
+        self.open = _open_snapshot(start, end, checkpoint_id)
         self._expect_backfill = False
         self.snap_start, self.snap_end = start, end
         self.items_in_snap = 0

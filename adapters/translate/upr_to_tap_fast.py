@@ -190,6 +190,11 @@ def translate_items(
     first_out = len(out)
     swapped = _SWAPPED
     markers_too = closed is not None
+    # A backfill comes in runs of one vbucket's items, most with the same flags:
+    # the lookups of the item before serve again.
+    last_opaque = last_flags = -1
+    last_swapped = 0
+    translator = last_touched = None
     # Key and value go from a view into the new frame: one copy, not two. (Each
     # slice of it dies with its statement, so the view releases before ``buf``
     # may grow again.)
@@ -209,9 +214,12 @@ def translate_items(
             frame_end = offset + HEADER_SIZE + bodylen
             if magic != _REQUEST or frame_end > end:
                 break
-            translator = streams.get(opaque)
-            if translator is None:
-                break
+            if opaque != last_opaque:
+                translator = streams.get(opaque)
+                if translator is None:
+                    break
+                last_opaque = opaque
+            assert translator is not None
             if opcode == DCP_MUTATION:
                 if extlen != 31 or not keylen:
                     break
@@ -221,8 +229,11 @@ def translate_items(
                     break
                 seqno, tap_flags = next_stamp(translator.item_flags)
                 if not translator.network_byte_order:
-                    swapped_flags = swapped.get(flags)
-                    flags = _swap(flags) if swapped_flags is None else swapped_flags
+                    if flags != last_flags:
+                        last_flags = flags
+                        swapped_flags = swapped.get(flags)
+                        last_swapped = _swap(flags) if swapped_flags is None else swapped_flags
+                    flags = last_swapped
                 if translator.keys_only:
                     value_end = key_at + keylen
                 head = _MUTATION.pack(
@@ -257,11 +268,14 @@ def translate_items(
                 checkpoint_id = translator.open_checkpoint(start, snap_end, flags)
                 if checkpoint_id is None:
                     break
+                seqno, tap_flags = next_stamp(0, force_ack=True)
                 append(
-                    _checkpoint_frame(
-                        next_stamp, _OP_CHECKPOINT_START, translator.vbucket, checkpoint_id
+                    _START.pack(
+                        _REQUEST, _OP_CHECKPOINT_START, _START_KEYLEN, 16, 0, translator.vbucket,
+                        _START_BODYLEN, seqno, 0, 0, tap_flags, DEFAULT_TTL, 0, 0, _START_KEY,
+                        checkpoint_id,
                     )
-                )
+                )  # fmt: skip
                 markers += 1
                 room -= 1
                 credit += frame_end - offset
@@ -280,7 +294,8 @@ def translate_items(
                 translator.first_in_open = by_seqno
             translator.last_seqno = by_seqno
             translator.items_in_snap += 1
-            touched[translator.vbucket] = translator
+            if translator is not last_touched:
+                touched[translator.vbucket] = last_touched = translator
             if snapshot is not None and by_seqno >= snapshot.end:
                 if closed is None or room <= 0:
                     closing = translator
@@ -297,11 +312,14 @@ def translate_items(
                         )
                     )  # fmt: skip
                 else:
+                    seqno, tap_flags = next_stamp(0, force_ack=True)
                     append(
-                        _checkpoint_frame(
-                            next_stamp, _OP_CHECKPOINT_END, translator.vbucket, checkpoint_id
+                        _END.pack(
+                            _REQUEST, _OP_CHECKPOINT_END, _END_KEYLEN, 16, 0, translator.vbucket,
+                            _END_BODYLEN, seqno, 0, 0, tap_flags, DEFAULT_TTL, 0, 0, _END_KEY,
+                            checkpoint_id,
                         )
-                    )
+                    )  # fmt: skip
                     closed += (translator.vbucket, checkpoint_id, by_seqno)
                     markers += 1
                 room -= 1
@@ -341,6 +359,15 @@ _CHECKPOINT = {
 _CHECKPOINT_KEYS = {opcode.value: key for opcode, key in CHECKPOINT_KEYS.items()}
 _OP_CHECKPOINT_START = TapOpcode.CHECKPOINT_START.value
 _OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
+# ``_checkpoint_frame``'s two layouts, spelled out for ``translate_items``
+_START = _CHECKPOINT[_OP_CHECKPOINT_START]
+_START_KEY = _CHECKPOINT_KEYS[_OP_CHECKPOINT_START]
+_START_KEYLEN = len(_START_KEY)
+_START_BODYLEN = 16 + _START_KEYLEN + 8
+_END = _CHECKPOINT[_OP_CHECKPOINT_END]
+_END_KEY = _CHECKPOINT_KEYS[_OP_CHECKPOINT_END]
+_END_KEYLEN = len(_END_KEY)
+_END_BODYLEN = 16 + _END_KEYLEN + 8
 _OPAQUE = struct.Struct(">BBHBBHIIQHHB3xI")
 _OP_OPAQUE = TapOpcode.OPAQUE.value
 _CLOSE_BACKFILL = OpaqueCode.CLOSE_BACKFILL.value

@@ -98,6 +98,9 @@ class TapPeer:
         self.producer = producer
         self.plan = plan
         self.name = plan.name
+        # Asked once per batch and per ack: kept as plain bools, not Flag arithmetic.
+        self._support_ack = plan.support_ack
+        self._registered = plan.registered
         self.registry = registry
         self.stats = stats
         self.gateway_stats = gateway_stats
@@ -153,11 +156,11 @@ class TapPeer:
     def end_settlement(self) -> None:
         """Attach what was gathered to the last message stamped (or settle it now)."""
         settlement, self.settling = self.settling, Settlement(self.generation)
-        settlement.close(self.generation)
+        settlement.close(self.generation, self._registered)
         if settlement.empty:
             return
         last = self.producer.last_opaque
-        if self.plan.support_ack and last and self.producer.unacked:
+        if self._support_ack and last and self.producer.unacked:
             held = self._pending.get(last)
             if held is None:
                 self._pending[last] = settlement
@@ -168,7 +171,7 @@ class TapPeer:
 
     async def flush(self) -> None:
         """Write the batch (its last message asking for an ack), then settle what may be."""
-        if self.batch and self.plan.support_ack:
+        if self.batch and self._support_ack:
             self.batch[-1] = self.producer.ack_request_on_last()
         self.end_settlement()
         if self.batch:
@@ -202,11 +205,15 @@ class TapPeer:
                 # only (a new one starts with an empty window and fresh streams), so
                 # what remains to settle is the TAP side, below, as for any ack.
                 log.info("%s: upstream gone while settling an ack: %s", self.name, exc)
+        vbucket_stats = self.stats.vbucket
+        for vbucket, seqno in settlement.seqnos.items():
+            progress = vbucket_stats(vbucket)
+            if seqno > progress.acked_seqno:
+                progress.acked_seqno = seqno
         for vbucket, position in settlement.positions.items():
-            progress = self.stats.vbucket(vbucket)
+            progress = vbucket_stats(vbucket)
             progress.acked_seqno = max(progress.acked_seqno, position.seqno)
-            if self.plan.registered:
-                self.registry.advance(self.name, vbucket, position)
+            self.registry.advance(self.name, vbucket, position)
         if settlement.arrival:
             self.stats.latency.observe(max(0.0, time.time() - settlement.arrival))
 

@@ -48,6 +48,9 @@ class Settlement:
     touched: dict[int, VbStream] = field(default_factory=dict)
     """Streams that sent messages in it; their positions are taken when it closes."""
     positions: dict[int, VbResume] = field(default_factory=dict)
+    """A registered client's positions reached (the registry keeps them)."""
+    seqnos: dict[int, int] = field(default_factory=dict)
+    """Another client's: the seqno reached is all its acks settle."""
     arrival: float = 0.0
     """Wall-clock arrival of the oldest upstream item in it (0: none)."""
 
@@ -56,15 +59,24 @@ class Settlement:
             self.credit += other.credit
             self.replies.extend(other.replies)
         self.positions.update(other.positions)
+        self.seqnos.update(other.seqnos)
         if other.arrival and not self.arrival:
             self.arrival = other.arrival
 
-    def close(self, generation: int) -> None:
+    def close(self, generation: int, registered: bool) -> None:
+        """Take the positions of the streams touched (``registered``: whole positions,
+        else the seqnos: a ``VbResume`` per vbucket and batch cost more than the rest
+        of a live batch's bookkeeping)."""
         self.generation = generation
-        for vbucket, stream in self.touched.items():
-            self.positions[vbucket] = stream.position()
+        if registered:
+            for vbucket, stream in self.touched.items():
+                self.positions[vbucket] = stream.position()
+        else:
+            seqnos = self.seqnos
+            for vbucket, stream in self.touched.items():
+                seqnos[vbucket] = stream.translator.last_seqno
         self.touched.clear()
 
     @property
     def empty(self) -> bool:
-        return not (self.credit or self.replies or self.positions)
+        return not (self.credit or self.replies or self.positions or self.seqnos)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from adapters import upr
+from adapters.fastinit import positional_constructor
 from adapters.mcbp import Status
 from adapters.tap import TapStreamMessage
 from adapters.translate.upr_to_tap import UprToTap
@@ -24,6 +25,9 @@ from gateway.tapfront.plan import MAX_SEQNO, VbStart
 from gateway.tapfront.registry import VbResume
 
 _ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
+_resume = positional_constructor(VbResume)
+"""``VbResume`` (uuid, seqno, snap_start, snap_end, checkpoint_id, backfill_done), made
+once per checkpoint a live stream closes and per vbucket a batch touched."""
 
 
 class VbStream:
@@ -210,27 +214,22 @@ class VbStream:
     def closed_position(self, seqno: int, checkpoint_id: int) -> VbResume:
         """``position`` just after the item at ``seqno`` closed checkpoint ``checkpoint_id``
         (the item ends its snapshot, so no snapshot is open at it)."""
-        return VbResume(
-            uuid=self.uuid,
-            seqno=seqno,
-            snap_start=seqno,
-            snap_end=seqno,
-            checkpoint_id=checkpoint_id,
-            backfill_done=not self.translator.backfill_pending,
+        return _resume(
+            self.uuid, seqno, seqno, seqno, checkpoint_id, not self.translator.backfill_pending
         )
 
     def position(self) -> VbResume:
         """Where the TAP peer stands once it has everything sent so far."""
         translator = self.translator
         last = translator.last_seqno
-        snap_start, snap_end = self.snap
-        if not (self.items_in_snap and snap_start <= last < snap_end):
+        snap_start, snap_end = translator.snap_start, translator.snap_end
+        if not (translator.items_in_snap and snap_start <= last < snap_end):
             snap_start = snap_end = last
-        return VbResume(
-            uuid=self.uuid,
-            seqno=last,
-            snap_start=snap_start,
-            snap_end=snap_end,
-            checkpoint_id=translator.last_closed_checkpoint,
-            backfill_done=not translator.backfill_pending,
+        return _resume(
+            self.uuid,
+            last,
+            snap_start,
+            snap_end,
+            translator.last_closed_checkpoint,
+            not translator.backfill_pending,
         )
