@@ -12,6 +12,7 @@ the ingest state (``TapToUpr.replay``) after a restart.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -73,6 +74,12 @@ class LogMark:
 
 
 LogRecord = LogItem | LogMark
+
+BLOCK_ITEM = struct.Struct(">QBBBHIQQIIIQdI")
+"""An item in a block of the log (``gateway.uprfront.segments``): by_seqno, kind,
+bits (backfill 1, checkpoint_start 2), datatype, key length, value length,
+rev_seqno, cas, flags, expiration, lock_time, checkpoint_id, arrival,
+delete_time; then the key and the value."""
 
 _ITEM, _MARK = 0, 1
 _KINDS = {kind.value: kind for kind in ItemKind}

@@ -13,6 +13,13 @@ to that. An item the structs cannot take (a number too large for its field,
 an empty key, a layout the dialect lacks) goes through ``ItemEncoder``,
 which raises the codec's own error.
 
+``BatchCut`` does the same for a disk read: it is fed the log's records as
+the read walks them (``gateway.uprfront.segments.walk_records``), and
+frames a block's items straight from the block's bytes (one struct unpack
+and one pack per item, the key and value copied as one slice), with no
+``LogItem`` per item; rows (logs written before blocks, items a block cannot
+hold) take the same steps from their ``LogItem``.
+
 ``split`` finds where the flow-control window cuts such a batch: whole
 messages while the window had room before each, as a producer stops only
 once the buffer is full (the last one may overshoot), by walking the frame
@@ -28,7 +35,7 @@ from typing import NamedTuple
 
 from adapters.mcbp.constants import Magic
 from adapters.mcbp.frames import HEADER
-from adapters.translate.log_records import LogItem
+from adapters.translate.log_records import BLOCK_ITEM, ItemKind, LogItem
 from adapters.translate.upr_snapshots import ItemEncoder
 from adapters.upr.constants import Command, SnapshotFlags
 from adapters.upr.dialect import Dialect, ItemLayout
@@ -42,6 +49,9 @@ _BODY_LENGTH = struct.Struct(">I")
 _SEQNO = struct.Struct(">Q")
 _HEAD = HEADER.format
 _HEADER_SIZE = HEADER.size
+_block_unpack = BLOCK_ITEM.unpack_from
+_BLOCK_ITEM_SIZE = BLOCK_ITEM.size
+_KINDS = tuple(ItemKind)
 
 
 class EncodedBatch(NamedTuple):
@@ -52,6 +62,11 @@ class EncodedBatch(NamedTuple):
     """Items logged as deletions (sent as DELETION)."""
     expirations: int
     """Items logged as expirations (sent as EXPIRATION or DELETION, per the consumer)."""
+    items: int = 0
+    last: int = 0
+    """Seqno of the last item (0: none)."""
+    arrival: float = 0.0
+    """When the first item entered the log (the oldest: latency figures)."""
 
 
 def _removal(
@@ -188,7 +203,10 @@ class BatchEncoder:
         if at >= 0:
             parts[at] = marker_pack(_REQUEST, marker_op, 0, 20, 0, vbucket, 20, opaque, 0,
                                     start, last, snap_flags)  # fmt: skip
-        return EncodedBatch(b"".join(parts), markers, deletions, expirations)
+        if not items:
+            return EncodedBatch(b"", 0, 0, 0)
+        return EncodedBatch(b"".join(parts), markers, deletions, expirations, len(items),
+                            items[-1].by_seqno, items[0].arrival)  # fmt: skip
 
     def split(self, data: bytes, start: int, room: int) -> tuple[int, int, int]:
         """(end offset, items, last item seqno) of what goes from ``start`` into ``room`` bytes.
@@ -207,3 +225,197 @@ class BatchEncoder:
                 last = unpack_seqno(data, offset + _HEADER_SIZE)[0]
             offset += _HEADER_SIZE + unpack_length(data, offset + 8)[0]
         return offset, items, last
+
+
+class BatchCut:
+    """One batch of a disk read, framed as ``BatchEncoder.encode`` frames the items it
+    is fed: those with ``after < by_seqno <= upto``, until it holds ``limit`` items
+    or their keys and values reach ``left`` bytes (-1: no byte limit); ``finish``
+    gives the bytes.
+
+    ``block`` and ``item`` take the records in log order and say when the batch is
+    complete, as ``gateway.uprfront.segments.read_items`` reads them.
+    """
+
+    __slots__ = ("after", "arrival", "at", "backfill", "checkpoint", "deletions", "encoder",
+                 "expirations", "items", "keys", "last", "left", "limit", "markers", "parts",
+                 "snap_flags", "start", "upto")  # fmt: skip
+
+    def __init__(self, encoder: BatchEncoder, after: int, upto: int, limit: int, left: int) -> None:
+        self.encoder = encoder
+        self.after = after
+        self.upto = upto
+        self.limit = limit
+        self.left = left
+        self.parts: list[bytes] = []
+        self.at = -1
+        """Index in parts of the open snapshot's marker (filled when it closes)."""
+        self.start = 0
+        self.last = 0
+        self.snap_flags = 0
+        self.backfill = 0
+        self.checkpoint = 0
+        self.keys: set[bytes] = set()
+        self.markers = 0
+        self.deletions = 0
+        self.expirations = 0
+        self.items = 0
+        self.arrival = 0.0
+
+    def block(self, payload: bytes) -> int:
+        """The items of one block's payload (tag first): -1 if it does not parse, 1 once
+        the batch is complete, else 0."""
+        enc = self.encoder
+        parts = self.parts
+        append = parts.append
+        vbucket, opaque = enc.vbucket, enc.opaque
+        m_op, m_pack, m_ext = enc._mutation[0], enc._mutation[1].pack, enc._mutation[2]
+        marker_pack, marker_op = enc._marker.pack, enc._marker_op
+        removals = (None, enc._deletion, enc._expiration)
+        delete_times = enc.delete_times
+        after, upto, limit, left = self.after, self.upto, self.limit, self.left
+        at, start, last, snap_flags = self.at, self.start, self.last, self.snap_flags
+        run_backfill, run_checkpoint, keys = self.backfill, self.checkpoint, self.keys
+        count, deletions, expirations, markers = (self.items, self.deletions, self.expirations,
+                                                  self.markers)  # fmt: skip
+        unpack, item_size = _block_unpack, _BLOCK_ITEM_SIZE
+        pos, size = 1, len(payload)
+        state = 0
+        while pos < size:
+            try:
+                (seqno, kind, bits, dtype, klen, vlen, rev, cas, flags, exp, lock, cp, arr,
+                 dt) = unpack(payload, pos)  # fmt: skip
+            except struct.error:
+                state = -1
+                break
+            k = pos + item_size
+            v = k + klen
+            pos = v + vlen
+            if seqno <= after:
+                continue
+            if seqno > upto or pos > size:
+                state = 1 if pos <= size else -1
+                break
+            key = payload[k:v]
+            bf = bits & 1
+            if at < 0 or bf != run_backfill or cp != run_checkpoint or bits & 3 == 2 or key in keys:
+                if at >= 0:
+                    parts[at] = marker_pack(_REQUEST, marker_op, 0, 20, 0, vbucket, 20, opaque, 0,
+                                            start, last, snap_flags)  # fmt: skip
+                at = len(parts)
+                append(b"")
+                markers += 1
+                start = seqno
+                run_backfill, run_checkpoint = bf, cp
+                snap_flags = _DISK if bf else (_MEMORY | _CHECKPOINT if bits & 2 else _MEMORY)
+                keys = {key}
+            else:
+                keys.add(key)
+            if not count:
+                self.arrival = arr
+            count += 1
+            last = after = seqno
+            try:
+                if kind == _MUTATION:
+                    if not klen:
+                        raise struct.error("empty key")
+                    append(m_pack(_REQUEST, m_op, klen, m_ext, dtype, vbucket,
+                                  m_ext + klen + vlen, opaque, cas, seqno, rev, flags, exp,
+                                  lock))  # fmt: skip
+                    append(payload[k:pos])
+                else:
+                    if kind == _DELETION:
+                        deletions += 1
+                    else:
+                        expirations += 1
+                    removal = removals[kind]
+                    if removal is None or not klen:
+                        raise struct.error("no fast path")
+                    op, pack, ext = removal[0], removal[1].pack, removal[2]
+                    if delete_times:
+                        append(pack(_REQUEST, op, klen, ext, 0, vbucket, ext + klen, opaque, cas,
+                                    seqno, rev, dt))  # fmt: skip
+                    else:
+                        append(pack(_REQUEST, op, klen, ext, 0, vbucket, ext + klen, opaque, cas,
+                                    seqno, rev))  # fmt: skip
+                    append(key)
+            except struct.error:  # the codec's error if it cannot be sent
+                append(enc._fallback.encode(LogItem(seqno, _KINDS[kind], key, payload[v:pos], rev,
+                                                    cas, flags, exp, lock, dtype, cp, bf == 1,
+                                                    bits & 2 == 2, arr, dt)))  # fmt: skip
+            if count >= limit:
+                state = 1
+                break
+            if left >= 0:
+                left -= klen + vlen
+                if left <= 0:
+                    state = 1
+                    break
+        self.after, self.left = after, left
+        self.at, self.start, self.last, self.snap_flags = at, start, last, snap_flags
+        self.backfill, self.checkpoint, self.keys = run_backfill, run_checkpoint, keys
+        self.items, self.deletions, self.expirations, self.markers = (count, deletions, expirations,
+                                                                      markers)  # fmt: skip
+        if state == 0 and pos != size:
+            return -1
+        return state
+
+    def item(self, item: LogItem) -> bool:
+        """One item of a row; True once the batch is complete (the item may not be in it)."""
+        seqno = item.by_seqno
+        if seqno <= self.after:
+            return False
+        if seqno > self.upto:
+            return True
+        key = item.key
+        bf = 1 if item.backfill else 0
+        cs = item.checkpoint_start
+        cp = item.checkpoint_id
+        if (
+            self.at < 0
+            or bf != self.backfill
+            or cp != self.checkpoint
+            or (cs and not bf)
+            or key in self.keys
+        ):
+            self._close_snapshot()
+            self.at = len(self.parts)
+            self.parts.append(b"")
+            self.markers += 1
+            self.start = seqno
+            self.backfill, self.checkpoint = bf, cp
+            self.snap_flags = _DISK if bf else (_MEMORY | _CHECKPOINT if cs else _MEMORY)
+            self.keys = {key}
+        else:
+            self.keys.add(key)
+        if not self.items:
+            self.arrival = item.arrival
+        self.items += 1
+        self.last = self.after = seqno
+        if item.kind == _DELETION:
+            self.deletions += 1
+        elif item.kind == _EXPIRATION:
+            self.expirations += 1
+        self.parts.append(self.encoder._fallback.encode(item))  # the bytes of the fast path
+        if self.items >= self.limit:
+            return True
+        if self.left >= 0:
+            self.left -= len(key) + len(item.value)
+            if self.left <= 0:
+                return True
+        return False
+
+    def _close_snapshot(self) -> None:
+        enc = self.encoder
+        if self.at >= 0:
+            self.parts[self.at] = enc._marker.pack(
+                _REQUEST, enc._marker_op, 0, 20, 0, enc.vbucket, 20, enc.opaque, 0, self.start,
+                self.last, self.snap_flags
+            )  # fmt: skip
+
+    def finish(self) -> EncodedBatch:
+        """The batch's bytes (the last snapshot's marker filled in)."""
+        self._close_snapshot()
+        self.at = -1
+        return EncodedBatch(b"".join(self.parts), self.markers, self.deletions, self.expirations,
+                            self.items, self.last, self.arrival)  # fmt: skip

@@ -73,7 +73,7 @@ from adapters.tap import (
 from adapters.tap_acks import ack_of
 from adapters.translate.tap_to_log_fast import frame_end, log_buffer
 from gateway.capture.mapping import TapRecording
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection as McbpClient
 from gateway.stats import GatewayStats
 from gateway.uprfront.commit import GroupCommit, commit
 from gateway.uprfront.config import UprFrontConfig

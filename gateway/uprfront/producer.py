@@ -36,7 +36,7 @@ import bisect
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,13 +44,14 @@ from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Status
 from adapters.translate.log_records import LogItem
+from adapters.translate.log_to_upr_fast import EncodedBatch
 from adapters.upr.rollback import answer_stream_request
 from gateway.capture.mapping import UprRecording
 from gateway.capture.records import Kind
+from gateway.io.connection import ConnectionClosed, PacketConnection
 from gateway.stats import LATENCY_BUCKETS, LatencyHistogram, StreamStats
 from gateway.upr_producer_base import UprProducerBase
 from gateway.uprfront.streams import LogStream
-from gateway.wire import ConnectionClosed, PacketConnection
 
 if TYPE_CHECKING:
     from gateway.uprfront.server import UprFront
@@ -165,27 +166,28 @@ class UprConnection(UprProducerBase[LogStream]):
 
     async def send_encoded(
         self,
-        data: bytes,
-        items: Sequence[LogItem],
+        encoded: EncodedBatch,
         vbucket: int,
         split: Callable[[bytes, int, int], tuple[int, int, int]],
         on_sent: Callable[[int, int], None],
     ) -> None:
         """``send_messages`` for a batch encoded as one buffer (the serving fast path).
 
-        ``items`` are the logged items ``data`` carries, in order; ``split``
-        (``BatchEncoder.split``) finds the whole messages that fit the
-        window's room when the rest of ``data`` does not. The window, the
-        byte counts and the latency entry are updated once per write;
-        ``on_sent(items, last seqno)`` is told after each write that carried items.
+        ``split`` (``BatchEncoder.split``) finds the whole messages that fit
+        the window's room when the rest of the batch does not. The window,
+        the byte counts and the latency entry are updated once per write (each
+        write's items counted with the batch's oldest arrival: an upper
+        bound); ``on_sent(items, last seqno)`` is told after each write that
+        carried items.
         """
         window = self.window
         stats = self.stream_stats
+        data = encoded.data
         size = len(data)
         if not window.enabled:
             await self.conn.send(data)
             stats.bytes_sent += size
-            on_sent(len(items), items[-1].by_seqno)
+            on_sent(encoded.items, encoded.last)
             return
         start = first = 0
         while start < size:
@@ -193,14 +195,12 @@ class UprConnection(UprProducerBase[LogStream]):
                 await self._wait_counted()
             room = window.room  # None: a CONTROL turned flow control off meanwhile
             if room is None or size - start <= room:
-                end, count, last = size, len(items) - first, items[-1].by_seqno
+                end, count, last = size, encoded.items - first, encoded.last
             else:
                 end, count, last = split(data, start, room)
             window.sent(end - start)
             if count:
-                self._in_flight.append(
-                    (window.total_sent, vbucket, last, items[first].arrival, count)
-                )
+                self._in_flight.append((window.total_sent, vbucket, last, encoded.arrival, count))
             await self.conn.send(data if end - start == size else data[start:end])
             stats.bytes_sent += end - start
             stats.unacked_bytes = window.unacked_bytes

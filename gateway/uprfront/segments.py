@@ -34,14 +34,14 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
-from adapters.translate.log_records import ItemKind, LogItem, LogMark, from_row, to_row
+from adapters.translate.log_records import BLOCK_ITEM, ItemKind, LogItem, LogMark, from_row, to_row
 
 FRAME = struct.Struct(">II")
 MAX_RECORD = 64 * 1024 * 1024
@@ -57,10 +57,8 @@ BLOCK_TAG = 0xC1
 ROW_STARTS = frozenset({0x92, 0x93, 0x9F, BLOCK_TAG})
 """First payload byte of every record the log writes: a msgpack array of 2 (segment
 header), 3 (mark) or 15 (item) elements, or a block."""
-ITEM = struct.Struct(">QBBBHIQQIIIQdI")
-"""An item in a block: by_seqno, kind, bits (backfill 1, checkpoint_start 2),
-datatype, key length, value length, rev_seqno, cas, flags, expiration,
-lock_time, checkpoint_id, arrival, delete_time; then the key and the value."""
+ITEM = BLOCK_ITEM
+"""An item in a block (``log_records.BLOCK_ITEM``), then its key and value."""
 BLOCK_BYTES = 64 * 1024
 """A block is closed once it holds this many bytes (and at every mark and write)."""
 
@@ -217,16 +215,61 @@ def _read_block(
     return (0 if at == size else -1), left
 
 
-def read_items(
-    data: bytes, base: int, out: list[LogItem], after: int, upto: int, limit: int, left: int
-) -> tuple[int, int, bool]:
-    """Append to ``out`` the items of the whole records of ``data`` (``base``: its offset
-    in the file) with ``after < by_seqno <= upto``, until ``out`` holds ``limit`` or
-    their keys and values reach ``left`` bytes (-1: no byte limit).
+class RecordSink(Protocol):
+    """What a read of the log feeds the items of the records it walks (``walk_records``)."""
 
-    Returns (the file offset after the last whole record read, the bytes left,
-    whether the read is done: an item beyond ``upto``, or a limit reached).
-    Stops quietly where ``scan_bytes`` stops.
+    def block(self, payload: bytes) -> int:
+        """A block's payload (tag first): -1 if it does not parse, 1 if the read is
+        done, else 0."""
+        ...
+
+    def item(self, item: LogItem) -> bool:
+        """The item of a row; True if the read is done."""
+        ...
+
+
+class ItemSink:
+    """The items read, as ``LogItem``s (``read_items``)."""
+
+    __slots__ = ("after", "left", "limit", "out", "upto")
+
+    def __init__(self, out: list[LogItem], after: int, upto: int, limit: int, left: int) -> None:
+        self.out = out
+        self.after = after
+        self.upto = upto
+        self.limit = limit
+        self.left = left
+
+    def block(self, payload: bytes) -> int:
+        out = self.out
+        state, self.left = _read_block(payload, out, self.after, self.upto, self.limit, self.left)
+        if out:
+            self.after = out[-1].by_seqno
+        return state
+
+    def item(self, item: LogItem) -> bool:
+        seqno = item.by_seqno
+        if seqno <= self.after:
+            return False
+        if seqno > self.upto:
+            return True
+        self.out.append(item)
+        self.after = seqno
+        if len(self.out) >= self.limit:
+            return True
+        if self.left >= 0:
+            self.left -= len(item.key) + len(item.value)
+            if self.left <= 0:
+                return True
+        return False
+
+
+def walk_records(data: bytes, base: int, sink: RecordSink) -> tuple[int, bool]:
+    """Feed ``sink`` the items of the whole records of ``data`` (``base``: its offset in
+    the file), in order, until it says the read is done.
+
+    Returns (the file offset after the last whole record read, whether the
+    read is done). Stops quietly where ``scan_bytes`` stops.
     """
     offset, size = 0, len(data)
     unpack_frame, unpackb, crc32 = FRAME.unpack_from, msgpack.unpackb, _crc32
@@ -240,13 +283,11 @@ def read_items(
         if crc32(payload) != crc:
             break
         if length and payload[0] == BLOCK_TAG:
-            state, left = _read_block(payload, out, after, upto, limit, left)
+            state = sink.block(payload)
             if state < 0:
                 break
             if state:
-                return base + end, left, True
-            if out:
-                after = out[-1].by_seqno
+                return base + end, True
         else:
             try:
                 row = unpackb(payload, raw=False, use_list=True)
@@ -255,21 +296,27 @@ def read_items(
             if not isinstance(row, list) or not row:
                 break
             record = from_row(row) if row[0] == 0 else None
-            if type(record) is LogItem:  # a row of an item: the logs written before blocks
-                seqno = record.by_seqno
-                if seqno > after:
-                    if seqno > upto:
-                        return base + end, left, True
-                    out.append(record)
-                    after = seqno
-                    if len(out) >= limit:
-                        return base + end, left, True
-                    if left >= 0:
-                        left -= len(record.key) + len(record.value)
-                        if left <= 0:
-                            return base + end, left, True
+            # A row of an item: the logs written before blocks, or a field a block cannot hold.
+            if type(record) is LogItem and sink.item(record):
+                return base + end, True
         offset = end
-    return base + offset, left, False
+    return base + offset, False
+
+
+def read_items(
+    data: bytes, base: int, out: list[LogItem], after: int, upto: int, limit: int, left: int
+) -> tuple[int, int, bool]:
+    """Append to ``out`` the items of the whole records of ``data`` (``base``: its offset
+    in the file) with ``after < by_seqno <= upto``, until ``out`` holds ``limit`` or
+    their keys and values reach ``left`` bytes (-1: no byte limit).
+
+    Returns (the file offset after the last whole record read, the bytes left,
+    whether the read is done: an item beyond ``upto``, or a limit reached).
+    Stops quietly where ``scan_bytes`` stops.
+    """
+    sink = ItemSink(out, after, upto, limit, left)
+    end, done = walk_records(data, base, sink)
+    return end, sink.left, done
 
 
 def scan(
@@ -411,24 +458,41 @@ class DiskPlan:
 def read_planned(
     plan: DiskPlan, after: int, upto: int, limit: int, max_bytes: int | None
 ) -> list[LogItem]:
-    """The items of ``plan``'s files with ``after < seqno <= upto`` (see ``vblog.VbLog.read``);
-    touches nothing but those files, so it may run in a worker thread."""
+    """The items of ``plan``'s files with ``after < seqno <= upto`` (see ``vblog.VbLog.read``)."""
     out: list[LogItem] = []
-    left = max_bytes if max_bytes is not None else -1
+    sink = ItemSink(out, after, upto, limit, max_bytes if max_bytes is not None else -1)
     for fd, offset, size in plan.parts:
-        want = READ_CHUNK
-        while offset < size:
-            chunk = os.pread(fd, min(want, size - offset), offset)
-            end, left, done = read_items(chunk, offset, out, after, upto, limit, left)
-            if done:
-                return out
-            if out:
-                after = out[-1].by_seqno
-            if end == offset:
-                if want >= size - offset:
-                    break  # nothing whole left (cannot happen once published)
-                want *= 2  # a record bigger than the chunk
-                continue
-            want = READ_CHUNK
-            offset = end
+        if feed_part(fd, offset, size, sink, READ_CHUNK, pread):
+            break
     return out
+
+
+def pread(fd: int, offset: int, size: int) -> bytes:
+    """``size`` bytes of the file at ``offset`` (the one call a disk read makes in a
+    worker thread)."""
+    return os.pread(fd, size, offset)
+
+
+def feed_part(
+    fd: int,
+    offset: int,
+    size: int,
+    sink: RecordSink,
+    chunk: int,
+    read: Callable[[int, int, int], bytes],
+) -> bool:
+    """Feed ``sink`` one part of a plan on the calling thread; whether the read is done."""
+    want = chunk
+    while offset < size:
+        data = read(fd, offset, min(want, size - offset))
+        end, done = walk_records(data, offset, sink)
+        if done:
+            return True
+        if end == offset:
+            if want >= size - offset:
+                break  # nothing whole left (cannot happen once published)
+            want *= 2  # a record bigger than the chunk
+            continue
+        want = chunk
+        offset = end
+    return False

@@ -17,16 +17,17 @@ them, tagged with the request's opaque:
 
 Before each read the stream waits for the connection's ``send_budget``:
 room in the flow-control window and in the socket's outbox. It reads at
-most that many bytes of keys and values, encodes them at once
-(``ItemEncoder``: item to wire bytes in one struct pack) and queues them
-with ``send_messages`` without waiting; so a stream holds nothing while the
+most that many bytes of keys and values, frames them at once
+(``log_to_upr_fast``; a disk read frames them from the log's bytes) and
+queues them without waiting; so a stream holds nothing while the
 consumer stalls, a connection's memory stays within its outbox limit plus
 one batch's framing, and a slow consumer stalls only its own connection.
 Without flow control the sent seqno is also the acknowledged one. A stream
 that keeps up reads the log's in-memory tail; one behind it reads the disk
-in a worker thread (``_read``), sized before the hand-off from the room the
-connection's other disk reads have not taken, so a disk read stalls neither
-the loop nor the connection's outbox bound.
+(``_next``), sized before the hand-off from the room the connection's other
+disk reads have not taken: a worker thread reads the bytes and the loop
+frames them a chunk at a time, so a disk read neither blocks the loop on
+I/O nor stalls it for long, and keeps the connection's outbox bound.
 
 Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
 (after the consumer took SET_VBUCKET_STATE(pending)); once caught up the
@@ -49,7 +50,7 @@ from adapters import upr
 from adapters.mcbp import FrameReader
 from adapters.mcbp.constants import VBucketState
 from adapters.translate.log_records import ItemKind, LogItem
-from adapters.translate.log_to_upr_fast import BatchEncoder
+from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder, EncodedBatch
 from adapters.translate.upr_snapshots import ItemEncoder, cut_snapshots
 from adapters.upr.constants import StreamState
 from gateway.uprfront.vblog import VbLog
@@ -168,12 +169,10 @@ class LogStream:
             high = vblog.high_seqno
             self.progress.upstream_high_seqno = high
             upto = min(high, self.end_seqno)
-            batch = await self._read(upto, budget)
-            if batch is None:
+            last = await self._next(upto, budget)
+            if last is None:
                 continue  # the room went to the connection's disk reads: ask again
-            if batch:
-                await self._send_batch(batch)
-            if not batch or batch[-1].by_seqno >= upto:
+            if last >= upto or not last:
                 self.position = max(self.position, upto)  # the rest were gaps
                 if self.position >= self.end_seqno:
                     return upr.StreamEndReason.OK
@@ -183,31 +182,61 @@ class LogStream:
                     return await self.conn.front.take_over(self)
                 await vblog.wait_beyond(self.position)
 
-    async def _read(self, upto: int, budget: int) -> list[LogItem] | None:
-        """The next batch up to ``upto``, of at most ``budget`` bytes less what the
-        connection's disk reads in flight have taken; None when they took it all.
+    async def _next(self, upto: int, budget: int) -> int | None:
+        """Read and send the next batch up to ``upto``, of at most ``budget`` bytes less
+        what the connection's disk reads in flight have taken: the seqno of its last
+        item (0: none, the rest up to ``upto`` are gaps), or None when those reads
+        took all the room.
 
         Live streams read the in-memory tail, at once; a stream behind it reads
-        the disk in a worker thread (``VbLog.read_async``), its size taken from
-        the connection's room before the hand-off, so the other streams of the
-        connection cannot claim the same room meanwhile (the outbox limit still
-        bounds what a stalled consumer costs).
+        the disk (``VbLog.read_disk``: the bytes in a worker thread, decoded on
+        the loop a chunk at a time), its size taken from the connection's room
+        before the hand-off, so the other streams of the connection cannot
+        claim the same room meanwhile (the outbox limit still bounds what a
+        stalled consumer costs). On the fast path (``log_to_upr_fast``) a disk
+        read frames the items straight from the log's block bytes.
         """
         vblog = self.vblog
-        reads = disk_reads(self.conn)
+        conn = self.conn
+        reads = disk_reads(conn)
         asked = min(BATCH_BYTES, budget) - reads.taken
         if asked <= 0:
             await reads.returned()
             return None
+        # ACK only once the vbucket is being handed over (upr-stream.cc
+        # ``takeoverSendPhase``), not while catching up.
+        extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not conn.draft else SF(0)
+        fast = not conn.draft and not extra and conn.recording is None
         await vblog.segments_settled()  # no checkpoint between it and the read
         if vblog.in_memory(self.position):
-            return vblog.read(self.position, upto, BATCH, asked)
+            batch = vblog.read(self.position, upto, BATCH, asked)
+            if not batch:
+                return 0
+            if fast:
+                await self._send_encoded(self._fast_encoder().encode(batch))
+            else:
+                await self._send_batch(batch, extra)
+            return batch[-1].by_seqno
         reads.taken += asked
         try:
-            return await vblog.read_async(self.position, upto, BATCH, asked)
+            if fast:
+                cut = BatchCut(self._fast_encoder(), self.position, min(upto, vblog.high_seqno),
+                               BATCH, asked)  # fmt: skip
+                await vblog.read_disk(self.position, upto, cut)
+                encoded = cut.finish()
+            else:
+                batch = await vblog.read_async(self.position, upto, BATCH, asked)
         finally:
             reads.taken -= asked
             reads.wake()
+        if fast:
+            if encoded.items:
+                await self._send_encoded(encoded)
+            return encoded.last
+        if not batch:
+            return 0
+        await self._send_batch(batch, extra)
+        return batch[-1].by_seqno
 
     def _encoder(self) -> ItemEncoder:
         settings = self.conn.settings
@@ -241,16 +270,11 @@ class LogStream:
             )
         return encoder
 
-    async def _send_batch(self, batch: list[LogItem]) -> None:
-        """Markers and items of one batch, encoded at once and sent joined."""
+    async def _send_batch(self, batch: list[LogItem], extra: upr.SnapshotFlags) -> None:
+        """Markers and items of one batch, encoded at once and sent joined (the event
+        path: the draft dialect, a takeover's send phase, a capture)."""
         conn = self.conn
         draft = conn.draft
-        # ACK only once the vbucket is being handed over (upr-stream.cc
-        # ``takeoverSendPhase``), not while catching up.
-        extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not draft else SF(0)
-        if not draft and not extra and conn.recording is None:
-            await self._send_batch_fast(batch)
-            return
         encode = self._encoder().encode
         messages: list[bytes] = []
         items: list[LogItem | None] = []
@@ -300,12 +324,11 @@ class LogStream:
             progress.acked_seqno = self.position
         conn.stream_stats.last_item_time = time.time()
 
-    async def _send_batch_fast(self, batch: list[LogItem]) -> None:
-        """``_send_batch`` in one pass (``log_to_upr_fast``): the same bytes, and the
-        counters and window accounting once per write instead of per message."""
+    async def _send_encoded(self, encoded: EncodedBatch) -> None:
+        """A batch framed in one pass (``log_to_upr_fast``): the bytes of ``_send_batch``,
+        and the counters and window accounting once per write instead of per message."""
         conn = self.conn
         encoder = self._fast_encoder()
-        encoded = encoder.encode(batch)
         if len(encoded.data) > self.peak_batch_bytes:
             self.peak_batch_bytes = len(encoded.data)
         progress = self.progress
@@ -315,12 +338,12 @@ class LogStream:
             self.items_sent += count
             self.position = progress.sent_seqno = last
 
-        await conn.send_encoded(encoded.data, batch, self.vbucket, encoder.split, sent)
-        self.position = progress.sent_seqno = batch[-1].by_seqno
+        await conn.send_encoded(encoded, self.vbucket, encoder.split, sent)
+        self.position = progress.sent_seqno = encoded.last
         self.markers_sent += encoded.markers
         counts = conn.stream_stats.items_sent
         counts["marker"] += encoded.markers
-        mutations = len(batch) - encoded.deletions - encoded.expirations
+        mutations = encoded.items - encoded.deletions - encoded.expirations
         if mutations:
             counts["mutation"] += mutations
         if encoded.deletions:
@@ -363,12 +386,8 @@ class LogStream:
         while self.position < min(self.vblog.high_seqno, self.end_seqno):
             budget = await self.conn.send_budget()
             upto = min(self.vblog.high_seqno, self.end_seqno)
-            batch = await self._read(upto, budget)
-            if batch is None:
-                continue
-            if batch:
-                await self._send_batch(batch)
-            if not batch or batch[-1].by_seqno >= upto:
+            last = await self._next(upto, budget)
+            if last is not None and (last >= upto or not last):
                 self.position = max(self.position, upto)
         if self._unacked_markers:
             await self._markers_acked.wait()

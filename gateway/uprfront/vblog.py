@@ -103,15 +103,20 @@ from gateway.uprfront.proof import (
     set_aside_bound,
 )
 from gateway.uprfront.segments import (
+    READ_CHUNK,
     SPARSE_EVERY,
     DiskPlan,
+    ItemSink,
+    RecordSink,
     Segment,
     buffer_items,
     close_block,
     frame_mark,
     fsync_dir,
+    pread,
     read_planned,
     segment_name,
+    walk_records,
     write_all,
     write_atomic,
 )
@@ -143,7 +148,7 @@ def fresh_uuid(taken: Iterable[int]) -> int:
 
 DISK_READERS = 4
 """Threads reading logs from disk at once, for all streams: few threads, few
-reads in flight (each up to a batch of items held in memory)."""
+reads in flight (each a chunk of bytes; the decoding is done on the loop)."""
 _readers: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("log_disk_readers")
 
 
@@ -786,24 +791,53 @@ class VbLog:
     async def read_async(
         self, after: int, upto: int, limit: int, max_bytes: int | None = None
     ) -> list[LogItem]:
-        """``read``, with what must come from disk read in a worker thread.
-
-        The files are opened and the offsets found here, on the loop, up to
-        what is published now (published records are whole on disk and never
-        cut back); the thread only reads those open files, so a compaction
-        replacing them meanwhile changes nothing it reads. Call it right after
-        ``segments_settled``, with no checkpoint between.
-        """
+        """``read``, with what must come from disk read by ``read_disk``. Call it right
+        after ``segments_settled``, with no checkpoint between."""
         upto = min(upto, self.high_seqno)
         if after >= upto:
             return []
         if after >= self._tail_floor and self._tail:
             return self._read_tail(after, upto, limit, max_bytes)
+        out: list[LogItem] = []
+        left = max_bytes if max_bytes is not None else -1
+        await self.read_disk(after, upto, ItemSink(out, after, upto, limit, left))
+        return out
+
+    async def read_disk(
+        self, after: int, upto: int, sink: RecordSink, chunk: int = READ_CHUNK
+    ) -> None:
+        """Feed ``sink`` the records on disk from ``after`` (up to ``upto``: what is
+        published now) until it says the read is done or the log ends there.
+
+        The files are opened and the offsets found here, on the loop; a worker
+        thread only reads ``chunk`` bytes at a time of those open files (I/O,
+        which releases the GIL), so a compaction replacing them meanwhile
+        changes nothing it reads; ``sink`` decodes each chunk here, a bounded
+        slice of work between two waits. Call it right after
+        ``segments_settled``, with no checkpoint between.
+        """
+        upto = min(upto, self.high_seqno)
+        if after >= upto:
+            return
+        limiter = _disk_readers()
+        to_thread = trio.to_thread.run_sync
         with self._disk_plan(after, upto) as plan:
             # Not abandoned on cancel: the files stay open until the thread is done.
-            return await trio.to_thread.run_sync(
-                read_planned, plan, after, upto, limit, max_bytes, limiter=_disk_readers()
-            )
+            for fd, offset, size in plan.parts:
+                want = chunk
+                while offset < size:
+                    data = await to_thread(pread, fd, offset, min(want, size - offset),
+                                           limiter=limiter)  # fmt: skip
+                    end, done = walk_records(data, offset, sink)
+                    if done:
+                        return
+                    if end == offset:
+                        if want >= size - offset:
+                            break  # nothing whole left (cannot happen once published)
+                        want *= 2  # a record bigger than the chunk
+                        continue
+                    want = chunk
+                    offset = end
 
     def _disk_plan(self, after: int, upto: int) -> DiskPlan:
         """The segments that may hold ``after < seqno <= upto``, opened, each with the

@@ -24,7 +24,7 @@ from pathlib import Path
 import trio
 
 from adapters import upr
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 from gateway.node.store import Store
 from gateway.uprfront.proof import prove_vbucket
 from tests.gateway.uprfront.log_damage import Consumer, start
@@ -63,7 +63,7 @@ trio.run(main)
 
 
 async def _highs(port: int) -> dict[int, int]:
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         stats = await client.stats("vbucket-seqno")
     return {vb: int(stats[f"vb_{vb}:high_seqno"]) for vb in range(VBUCKETS)}
 

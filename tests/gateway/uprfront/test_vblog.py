@@ -272,14 +272,14 @@ async def test_a_disk_read_in_flight_reads_the_files_it_opened_while_a_compactio
     middle = first[len(first) * 3 // 4].by_seqno
     planned = threading.Event()
     compacted = threading.Event()
-    real_read = vblog_module.read_planned
+    real_read = vblog_module.pread
 
-    def held_read(*args: object) -> list[LogItem]:
+    def held_read(*args: int) -> bytes:
         planned.set()
         assert compacted.wait(10)
-        return real_read(*args)  # type: ignore[arg-type]
+        return real_read(*args)
 
-    monkeypatch.setattr(vblog_module, "read_planned", held_read)
+    monkeypatch.setattr(vblog_module, "pread", held_read)
     got: list[LogItem] = []
 
     async def reader() -> None:
