@@ -647,8 +647,8 @@ class VbLog:
         always of the file it was meant for)."""
         if self._rewrite:
             return  # a failed fsync: written again and synced by a later commit
-        if upto is None:
-            upto = self._written_size
+        if upto is None or upto > self._written_size:
+            upto = self._written_size  # (cut back since by a failed fsync: settle what is left)
         drop = upto - self._settled_size
         if drop > 0:
             del self._written[:drop]

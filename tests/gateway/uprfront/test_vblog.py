@@ -292,3 +292,39 @@ async def test_a_disk_read_in_flight_reads_the_files_it_opened_while_a_compactio
         assert await compact_log(vblog, NOW + 10, purge_interval=3600) > 0
         compacted.set()
     assert got == [i for i in before if i.by_seqno > middle]
+
+
+async def test_a_failed_fsync_of_served_records_writes_the_same_bytes_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fsync batch serves records before their fsync. When it fails, the kernel may
+    have dropped those pages (here: the file cut back to what was synced); what
+    consumers saw stays served, and the next commit writes the same bytes at the same
+    offsets, so the log that becomes durable holds those records with those seqnos."""
+    vblog = VbLog(tmp_path, 0)
+    vblog.open()
+    fill(vblog, 1)
+    synced = vblog.segments[-1].size
+    for i in range(5):
+        vblog.ingest(TapMutation(b"served-%d" % i, b"v", cas=100 + i, rev_seqno=1), NOW)
+    real_sync = VbLog.sync
+
+    def failing_sync(log: VbLog) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(VbLog, "sync", failing_sync)
+    with pytest.raises(vblog_module.LogWriteError, match="written again with the same seqnos"):
+        await commit({0: vblog}, sync=True, early=True)
+    served = vblog.read(0, 10**9, 10**6)
+    assert [i.key for i in served[-5:]] == [b"served-%d" % i for i in range(5)]
+    assert vblog.dirty and not vblog.unsynced
+    with open(vblog.segments[-1].path, "r+b") as f:
+        f.truncate(synced)  # the pages the failed fsync dropped
+    monkeypatch.setattr(VbLog, "sync", real_sync)
+    await commit({0: vblog}, sync=True, early=True)
+    assert not vblog.dirty and vblog.read(0, 10**9, 10**6) == served
+    vblog.close()
+    again = VbLog(tmp_path, 0)
+    again.open()
+    assert again.continued and again.read(0, 10**9, 10**6) == served
+    again.close()
