@@ -27,8 +27,8 @@ import trio
 
 from adapters import tap, upr
 from adapters.mcbp import FrameReader
-from gateway.client import McbpClient
-from gateway.wire import bound_port
+from gateway.io.connection import PacketConnection
+from gateway.io.listen import bound_port
 
 RECEIVE = 256 * 1024
 
@@ -166,7 +166,7 @@ async def bench(args: argparse.Namespace) -> None:
             f"vbuckets, loaded in {time.perf_counter() - loading:.1f}s, "
             f"RSS {loaded['VmRSS'] / 1024:.0f} MiB"
         )
-        async with await McbpClient.connect("127.0.0.1", port) as client:
+        async with await PacketConnection.connect("127.0.0.1", port) as client:
             stats = await client.stats("vbucket-seqno")
         highs = {
             int(k[3:].split(":")[0]): int(v)

@@ -34,7 +34,7 @@ from node_stream_bench import memory_kib, read_frames, report, upr_streams
 from adapters import tap, upr
 from adapters.mcbp import FrameReader, Magic, Opcode, encode_frame
 from adapters.mcbp.vbucket import vbucket_of
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 
 RECEIVE = 256 * 1024
 STAMP = struct.Struct(">d")
@@ -74,7 +74,7 @@ def gateway_command(node_port: int) -> list[str]:
 
 
 async def high_seqnos(port: int) -> dict[int, int]:
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         stats = await client.stats("vbucket-seqno")
     return {
         int(k[3:].split(":")[0]): int(v)
@@ -126,7 +126,7 @@ def throughput(items: int, value_size: int, vbuckets: int) -> None:
 
 async def timed_writes(port: int, rate: float, seconds: float, vbuckets: int) -> int:
     """SETs whose value starts with their send time, ``rate`` per second."""
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         batch = max(1, int(rate / 200))
         started = time.monotonic()
         sent = 0
@@ -148,7 +148,7 @@ async def timed_writes(port: int, rate: float, seconds: float, vbuckets: int) ->
                 sent += 1
             await client.send(b"".join(packets))
             for _ in range(batch):
-                await client.receive_frame()
+                await client.next_frame()
             ahead = sent / rate - (time.monotonic() - started)
             if ahead > 0:
                 await trio.sleep(ahead)
@@ -179,7 +179,7 @@ async def latency_run(node_port: int, tap_port: int, rate: float, vbuckets: int)
     tap_client = await trio.open_tcp_stream("127.0.0.1", tap_port)
     await tap_client.send_all(tap.encode(tap.TapConnect(b"latency", tap.ConnectFlags(0))))
     upr_client = await trio.open_tcp_stream("127.0.0.1", node_port)
-    async with await McbpClient.connect("127.0.0.1", node_port) as client:
+    async with await PacketConnection.connect("127.0.0.1", node_port) as client:
         seqnos = await client.stats("vbucket-seqno")
     requests = [upr.encode(upr.Open(name=b"lat", flags=upr.OpenFlags.PRODUCER, opaque=1))]
     for vb in range(vbuckets):

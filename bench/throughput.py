@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from readers import tap_read, upr_read
 
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection as McbpClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -52,11 +52,11 @@ from tap_front_bench import STAMP, relay, timed_writes
 
 from adapters import upr
 from adapters.mcbp import FrameReader
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
+from gateway.io.listen import bound_port
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
 from gateway.uprfront import UprFront, UprFrontConfig
-from gateway.wire import bound_port
 
 VBUCKETS = 4
 RECEIVE = 256 * 1024
@@ -207,7 +207,7 @@ async def sink(port: int, wanted: int) -> None:
 async def vbuckets_ready(port: int) -> None:
     """Until the gateway serves every vbucket (its ingest opened the logs and connects)."""
     while True:
-        async with await McbpClient.connect("127.0.0.1", port) as client:
+        async with await PacketConnection.connect("127.0.0.1", port) as client:
             seqnos = await client.stats("vbucket-seqno")
         if sum(k.endswith(":high_seqno") for k in seqnos) >= VBUCKETS:
             return

@@ -94,10 +94,10 @@ def _settle_options(args: argparse.Namespace) -> None:
 
 
 async def _login(args: argparse.Namespace) -> Any:
-    from gateway.client import McbpClient
+    from gateway.io.connection import PacketConnection
 
     host, port = args.target
-    client = await McbpClient.connect(
+    client = await PacketConnection.connect(
         host, port, name=f"{host}:{port}", ssl_context=args.ssl_context
     )
     if args.user:
@@ -125,7 +125,7 @@ async def _set_state(args: argparse.Namespace) -> None:
 
 
 def _fail(command: str, args: argparse.Namespace, exc: BaseException) -> int:
-    from gateway.client import RequestFailed
+    from gateway.io.connection import RequestFailed
     from gateway.startup import describe
 
     host, port = args.target

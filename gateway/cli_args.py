@@ -16,7 +16,7 @@ MAX_VBUCKETS = 65536
 
 def address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` with a host and a port from 0 to 65535."""
-    from gateway.wire import parse_hostport
+    from gateway.io.listen import parse_hostport
 
     host, sep, _ = text.rpartition(":")
     if sep and not host.strip("[]").strip():

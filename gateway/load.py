@@ -19,7 +19,7 @@ import trio
 
 from adapters.mcbp import Magic, Opcode, Status, encode_frame
 from adapters.mcbp.vbucket import vbucket_of
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 
 _SET_EXTRAS = struct.Struct(">II")
 BATCH = 256
@@ -47,7 +47,7 @@ class LoadReport:
         )
 
 
-async def vbucket_count(client: McbpClient) -> int:
+async def vbucket_count(client: PacketConnection) -> int:
     stats = await client.stats("vbucket-seqno")
     count = sum(1 for key in stats if key.endswith(":high_seqno"))
     if not count:
@@ -74,7 +74,9 @@ async def run_load(
     """Write ``items`` keys (then delete a fraction of them) and report."""
     rng = random.Random(seed)
     report = LoadReport()
-    async with await McbpClient.connect(host, port, name="load", ssl_context=ssl_context) as client:
+    async with await PacketConnection.connect(
+        host, port, name="load", ssl_context=ssl_context
+    ) as client:
         if user is not None:
             await client.sasl_plain(user, password or "")
         vbuckets = await vbucket_count(client)
@@ -115,7 +117,7 @@ async def run_load(
                     )
             await client.send(b"".join(packets))
             for _ in batch:
-                frame = await client.receive_frame()
+                frame = await client.next_frame()
                 opcode, _, ttl = batch[frame.opaque]
                 if frame.vbucket_or_status != Status.SUCCESS:
                     name = _status(frame.vbucket_or_status)

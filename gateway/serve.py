@@ -280,8 +280,8 @@ async def _start(serve: object, task_status: trio.TaskStatus[int]) -> None:
 
 
 async def _run_embedded_node(options: ServeOptions, *, task_status: trio.TaskStatus[int]) -> None:
+    from gateway.io.listen import bound_port
     from gateway.node.main import NodeOptions, build_node
-    from gateway.wire import bound_port
 
     node = build_node(
         NodeOptions(

@@ -43,8 +43,8 @@ from adapters.errors import ProtocolError
 from adapters.upr import producer_machine as pm
 from adapters.upr.flow_control import ProducerWindow
 from adapters.upr.producer_machine import ProducerMachine, S
+from gateway.io.connection import PacketConnection
 from gateway.io.door import Answer, refuse_command
-from gateway.wire import PacketConnection
 
 log = logging.getLogger(__name__)
 

@@ -29,13 +29,12 @@ from __future__ import annotations
 import struct
 from collections import deque
 from enum import Enum, auto
-from itertools import islice
 from typing import TypeVar
 
 from adapters.errors import LocalProtocolError, ProtocolError
-from adapters.mcbp.constants import HEADER_SIZE, Status
+from adapters.mcbp.constants import HEADER_SIZE, Magic, Status
 from adapters.tap.codec import encode
-from adapters.tap.constants import TapFlags
+from adapters.tap.constants import TapFlags, TapOpcode
 from adapters.tap.events import (
     EncodedTapFrame,
     Stamped,
@@ -171,7 +170,7 @@ class TapProducer:
         """``keep`` of ``frames[start:]``, each stamped in turn by ``next_stamp``."""
         if start < len(frames):
             if self.support_ack:
-                self._outstanding.extend(islice(frames, start, None))
+                self._outstanding.extend(frames[start:] if start else frames)
             self._last = frames[-1]
 
     def request_ack_on_last(self) -> Stamped:
@@ -341,6 +340,35 @@ _ACK = TapFlags.ACK.value
 _NOT_ACK = ~_ACK
 _FLAGS: dict[int, TapFlags] = {}
 _M = TypeVar("_M", bound=Stamped)
+
+
+_HEADER = struct.Struct(">BBHBBHII")
+"""A response header up to its opaque: magic, opcode, key and extras lengths,
+datatype, status, body length, opaque."""
+_RESPONSE = Magic.RESPONSE.value
+_TAP_OPCODES = frozenset(opcode.value for opcode in TapOpcode)
+
+
+def successful_acks(buf: bytes | bytearray, offset: int, opaques: list[int], max_body: int) -> int:
+    """The opaques of the run of successful TAP acks in ``buf`` from ``offset``,
+    framed by body length alone as 2.x read them (the body of an ack says
+    nothing), appended to ``opaques``; the offset after the last one. Stops
+    before anything else (a nack, a request, a frame not whole, a body over
+    ``max_body``), which the frame reader then takes: what ``release_acks``
+    needs of a peer's read without a ``Frame`` per ack."""
+    end = len(buf)
+    unpack_from = _HEADER.unpack_from
+    append = opaques.append
+    while end - offset >= HEADER_SIZE:
+        magic, opcode, _, _, _, status, bodylen, opaque = unpack_from(buf, offset)
+        if magic != _RESPONSE or status or opcode not in _TAP_OPCODES or bodylen > max_body:
+            break
+        frame_end = offset + HEADER_SIZE + bodylen
+        if frame_end > end:
+            break
+        append(opaque)
+        offset = frame_end
+    return offset
 
 
 def _tap_flags(value: int) -> TapFlags:

@@ -13,12 +13,14 @@ other message keeps the event path.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from adapters.mcbp.constants import HEADER_SIZE, Magic
 from adapters.mcbp.frames import HEADER, Frame
 from adapters.tap.constants import CHECKPOINT_KEYS, DEFAULT_TTL, OpaqueCode, TapOpcode, swap32
 from adapters.tap.producer import TapProducer
 from adapters.translate.upr_to_tap import UprToTap
+from adapters.upr.constants import SnapshotFlags
 from adapters.upr.events import Deletion, Expiration, Mutation
 
 # header, TAP extras (engine-specific length, TAP flags, ttl, 3 reserved,
@@ -147,6 +149,9 @@ _DCP_REMOVAL_EXTRAS = 18
 _DCP_SNAPSHOT_MARKER = 0x56
 _REMOVALS = (DCP_DELETION, DCP_EXPIRATION)
 _DCP_MARKER = struct.Struct(">QQI")
+# Markers ``translate_items`` leaves to the session: one awaiting a reply, and
+# a disk snapshot (the vbucket's backfill progress follows it there).
+_INLINE_MARKER_NOT = SnapshotFlags.ACK.value | SnapshotFlags.DISK.value
 
 
 def translate_items(
@@ -156,7 +161,8 @@ def translate_items(
     producer: TapProducer,
     out: list[bytes],
     touched: dict[int, UprToTap],
-) -> tuple[int, int, int, int, UprToTap | None]:
+    closed: list[int] | None = None,
+) -> tuple[int, int, int, int, int, UprToTap | None]:
     """``item_from_frame`` over the run of item frames of ``buf`` from ``offset``,
     with no object per item but the TAP frame (appended to ``out``, and kept by
     the producer for acks and resends).
@@ -164,11 +170,18 @@ def translate_items(
     ``streams`` maps a stream's opaque to its translator (only streams whose
     items may go this way). Stops before a frame the event path must take
     (another message, an incomplete frame, a stream not in ``streams``, a
-    seqno that does not grow), when the producer has no room, and after an item
-    that ends its snapshot (which ``close_frame`` then closes). Returns (offset
-    reached, flow-control bytes of the items taken, mutations, deletions, the
+    seqno that does not grow) and when the producer has no room. Without
+    ``closed`` it also stops before any snapshot marker and after an item that
+    ends its snapshot (which ``close_frame`` then closes). With ``closed`` the
+    run goes on through what a live stream sends between items: a marker that
+    ``marker_frame`` would take (neither ACK nor DISK flagged) becomes its
+    CHECKPOINT_START, and the snapshot an item ends is closed as ``close_frame``
+    closes it, each checkpoint closed adding (vbucket, checkpoint id, last
+    seqno) to ``closed``; it returns a closing translator only when no room was
+    left for the close. Returns (offset reached, flow-control bytes of the
+    frames taken, mutations, deletions, checkpoint messages made, the
     translator whose snapshot the last item ended or None); every translator
-    that took an item is in ``touched`` by vbucket.
+    that took a frame is in ``touched`` by vbucket.
     """
     end = len(buf)
     room = producer.room
@@ -176,11 +189,12 @@ def translate_items(
     append = out.append
     first_out = len(out)
     swapped = _SWAPPED
+    markers_too = closed is not None
     # Key and value go from a view into the new frame: one copy, not two. (Each
     # slice of it dies with its statement, so the view releases before ``buf``
     # may grow again.)
     with memoryview(buf) as view:
-        credit = mutations = deletions = 0
+        credit = mutations = deletions = markers = 0
         closing = None
         while room > 0 and end - offset >= HEADER_SIZE:
             if end - offset >= _DCP_MUTATION_END:
@@ -193,13 +207,13 @@ def translate_items(
                     HEADER.unpack_from(buf, offset)
                 )
             frame_end = offset + HEADER_SIZE + bodylen
-            if magic != _REQUEST or frame_end > end or not keylen:
+            if magic != _REQUEST or frame_end > end:
                 break
             translator = streams.get(opaque)
             if translator is None:
                 break
             if opcode == DCP_MUTATION:
-                if extlen != 31:
+                if extlen != 31 or not keylen:
                     break
                 key_at = offset + _DCP_MUTATION_END
                 value_end = frame_end - nmeta
@@ -220,7 +234,7 @@ def translate_items(
                 )  # fmt: skip
                 mutations += 1
             elif opcode in _REMOVALS:
-                if extlen != _DCP_REMOVAL_EXTRAS:
+                if extlen != _DCP_REMOVAL_EXTRAS or not keylen:
                     break
                 by_seqno, rev_seqno, nmeta = _DCP_REMOVAL.unpack_from(buf, offset + HEADER_SIZE)
                 key_at = offset + HEADER_SIZE + _DCP_REMOVAL_EXTRAS
@@ -234,6 +248,26 @@ def translate_items(
                     8, tap_flags, DEFAULT_TTL, rev_seqno,
                 )  # fmt: skip
                 deletions += 1
+            elif opcode == _DCP_SNAPSHOT_MARKER and markers_too:
+                if extlen != 20 or bodylen != 20 or keylen:
+                    break
+                start, snap_end, flags = _DCP_MARKER.unpack_from(buf, offset + HEADER_SIZE)
+                if flags & _INLINE_MARKER_NOT:
+                    break
+                checkpoint_id = translator.open_checkpoint(start, snap_end, flags)
+                if checkpoint_id is None:
+                    break
+                append(
+                    _checkpoint_frame(
+                        next_stamp, _OP_CHECKPOINT_START, translator.vbucket, checkpoint_id
+                    )
+                )
+                markers += 1
+                room -= 1
+                credit += frame_end - offset
+                offset = frame_end
+                touched[translator.vbucket] = translator
+                continue
             else:
                 break
             append(head + view[key_at:value_end])
@@ -245,12 +279,34 @@ def translate_items(
             if snapshot is not None and not translator.first_in_open:
                 translator.first_in_open = by_seqno
             translator.last_seqno = by_seqno
+            translator.items_in_snap += 1
             touched[translator.vbucket] = translator
             if snapshot is not None and by_seqno >= snapshot.end:
-                closing = translator
-                break
+                if closed is None or room <= 0:
+                    closing = translator
+                    break
+                # ``close_frame``, inline
+                translator.close_open()
+                checkpoint_id = snapshot.checkpoint_id
+                if checkpoint_id is None:
+                    seqno, tap_flags = next_stamp(0, force_ack=True)
+                    append(
+                        _OPAQUE.pack(
+                            _REQUEST, _OP_OPAQUE, 0, 8, 0, translator.vbucket, 12, seqno, 0,
+                            4, tap_flags, DEFAULT_TTL, _CLOSE_BACKFILL,
+                        )
+                    )  # fmt: skip
+                else:
+                    append(
+                        _checkpoint_frame(
+                            next_stamp, _OP_CHECKPOINT_END, translator.vbucket, checkpoint_id
+                        )
+                    )
+                    closed += (translator.vbucket, checkpoint_id, by_seqno)
+                    markers += 1
+                room -= 1
     producer.keep_frames(out, first_out)
-    return offset, credit, mutations, deletions, closing
+    return offset, credit, mutations, deletions, markers, closing
 
 
 _SWAPPED: dict[int, int] = {}
@@ -293,14 +349,21 @@ _CLOSE_BACKFILL = OpaqueCode.CLOSE_BACKFILL.value
 def checkpoint_frame(producer: TapProducer, opcode: int, vbucket: int, checkpoint_id: int) -> bytes:
     """A stamped CHECKPOINT_START or CHECKPOINT_END (server layout, as ``UprToTap``
     makes them and the codec encodes them), kept by the producer."""
+    data = _checkpoint_frame(producer.next_stamp, opcode, vbucket, checkpoint_id)
+    producer.keep(data)
+    return data
+
+
+def _checkpoint_frame(
+    next_stamp: Callable[..., tuple[int, int]], opcode: int, vbucket: int, checkpoint_id: int
+) -> bytes:
+    """The frame of ``checkpoint_frame``, stamped by ``next_stamp`` and not kept yet."""
     key = _CHECKPOINT_KEYS[opcode]
-    seqno, tap_flags = producer.next_stamp(0, force_ack=True)
-    data = _CHECKPOINT[opcode].pack(
+    seqno, tap_flags = next_stamp(0, force_ack=True)
+    return _CHECKPOINT[opcode].pack(
         _REQUEST, opcode, len(key), 16, 0, vbucket, 16 + len(key) + 8, seqno, 0,
         0, tap_flags, DEFAULT_TTL, 0, 0, key, checkpoint_id,
     )  # fmt: skip
-    producer.keep(data)
-    return data
 
 
 def close_frame(translator: UprToTap, producer: TapProducer) -> tuple[bytes, int | None] | None:

@@ -28,7 +28,7 @@ DIALECTS = ("dcp", "upr-draft")
 
 
 def _address(text: str) -> tuple[str, int]:
-    from gateway.wire import parse_hostport
+    from gateway.io.listen import parse_hostport
 
     try:
         return parse_hostport(text)

@@ -20,7 +20,7 @@ from adapters.errors import GatewayError
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.records import Kind
 from gateway.capture.segments import DEFAULT_MAX_SEGMENT_BYTES
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection, RequestFailed
 
 DEFAULT_BUFFER_SIZE = 10 * 1024 * 1024
 """UPR connection_buffer_size the capture announces."""
@@ -96,7 +96,9 @@ class CaptureResult:
         )
 
 
-async def prepare(client: McbpClient, options: CaptureOptions) -> tuple[list[int], dict[int, int]]:
+async def prepare(
+    client: PacketConnection, options: CaptureOptions
+) -> tuple[list[int], dict[int, int]]:
     """Authenticate, then the vbuckets to capture and their high seqnos now."""
     if options.user is not None:
         try:

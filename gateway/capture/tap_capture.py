@@ -46,8 +46,7 @@ from gateway.capture.session import (
     new_recorder,
     prepare,
 )
-from gateway.client import McbpClient
-from gateway.wire import PacketConnection
+from gateway.io.connection import PacketConnection
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +69,21 @@ async def capture_tap(
     Cancelled, it returns nothing but still closes the segment cleanly; the
     ``CaptureResult`` handed to ``task_status.started`` is complete by then.
     """
-    client = await McbpClient.connect(
-        options.host, options.port, name="capture", ssl_context=options.ssl_context
+    client = await PacketConnection.connect(
+        options.host,
+        options.port,
+        name=f"tap {options.host}:{options.port}",
+        ssl_context=options.ssl_context,
     )
     try:
         vbuckets, high = await prepare(client, options)
         name = options.connection_name("tap")
         result = CaptureResult("tap", name, vbuckets, high)
         recorder = new_recorder(options, "tap", name)
-        conn = PacketConnection(client.stream, name=f"tap {options.host}:{options.port}")
-        conn.reader = client.reader  # keeps anything already read past the STAT replies
+        conn = client  # the command connection becomes the stream, keeping what it read
         async with trio.open_nursery() as nursery:
             await nursery.start(recorder.run)
-            nursery.start_soon(conn.run_writer)
+            conn.start_writer(nursery)
             try:
                 connect = TapConnect(
                     name.encode(), CONNECT_FLAGS, backfill_date=0, vbuckets=tuple(vbuckets)

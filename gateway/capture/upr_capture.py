@@ -42,8 +42,7 @@ from gateway.capture.session import (
     new_recorder,
     prepare,
 )
-from gateway.client import McbpClient
-from gateway.wire import PacketConnection
+from gateway.io.connection import PacketConnection
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def _refused(what: str, response: upr.UprResponse) -> CaptureFailed:
 
 
 async def _set_up(
-    client: McbpClient, options: CaptureOptions, dialect: upr.Dialect, name: str
+    client: PacketConnection, options: CaptureOptions, dialect: upr.Dialect, name: str
 ) -> bool:
     """OPEN and CONTROLs (``ConsumerHandshake``); whether expirations will come as
     EXPIRATION."""
@@ -79,7 +78,7 @@ async def _set_up(
     try:
         while (request := handshake.next_request()) is not None:
             await client.send(request)
-            while not handshake.receive(upr.decode_frame(await client.receive_frame(), dialect)):
+            while not handshake.receive(upr.decode_frame(await client.next_frame(), dialect)):
                 pass  # nothing else flows before the answer
     except HandshakeRefused as exc:
         raise CaptureFailed(str(exc)) from None
@@ -97,8 +96,11 @@ async def capture_upr(
     """Capture until caught up (with ``until_caught_up``), the server closes, or cancelled."""
     dialect = upr.get_dialect(options.dialect)
     draft = upr.Command.SNAPSHOT_MARKER not in dialect.opcodes
-    client = await McbpClient.connect(
-        options.host, options.port, name="capture", ssl_context=options.ssl_context
+    client = await PacketConnection.connect(
+        options.host,
+        options.port,
+        name=f"upr {options.host}:{options.port}",
+        ssl_context=options.ssl_context,
     )
     try:
         vbuckets, high = await prepare(client, options)
@@ -109,12 +111,11 @@ async def capture_upr(
             raise CaptureFailed(f"the server sent a malformed UPR response: {exc}") from None
         result = CaptureResult("upr", name, vbuckets, high)
         recorder = new_recorder(options, "upr", name)
-        conn = PacketConnection(client.stream, name=f"upr {options.host}:{options.port}")
-        conn.reader = client.reader
+        conn = client  # the command connection becomes the stream, keeping what it read
         stream = _Streams(conn, recorder, result, dialect, options, expiry_opcode)
         async with trio.open_nursery() as nursery:
             await nursery.start(recorder.run)
-            nursery.start_soon(conn.run_writer)
+            conn.start_writer(nursery)
             try:
                 stream.request_all()
                 task_status.started(result)

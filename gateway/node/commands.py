@@ -19,10 +19,10 @@ from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Opcode, Status
 from adapters.mcbp.constants import VBucketState
 from gateway.auth import Authenticator
+from gateway.io.connection import PacketConnection
 from gateway.io.door import unknown_command
 from gateway.io.replies import error_reply, reply
 from gateway.node.server import Node, QuitRequested
-from gateway.wire import PacketConnection
 
 NODE_FAILOVER = 0xF1
 """Reference-node admin command: new failover-log entry for the header's vbucket."""

@@ -31,13 +31,13 @@ from adapters.mcbp import Frame, Status
 from adapters.upr.opening import Role, open_connection
 from gateway import logs
 from gateway.auth import Authenticator, Users
+from gateway.io.connection import ConnectionClosed, PacketConnection
 from gateway.io.door import Door
 from gateway.io.replies import error_reply
 from gateway.limits import ConnectionLimits, ListenerCounters
 from gateway.memory import TrimAfterCloses
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
-from gateway.wire import ConnectionClosed, PacketConnection
 
 log = logging.getLogger(__name__)
 

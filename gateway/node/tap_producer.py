@@ -78,12 +78,12 @@ from adapters.tap.codec import is_tap_opcode
 from adapters.tap.connect import connect_refusal
 from adapters.tap.item_messages import ItemMessages
 from adapters.tap.producer import ProducerState, TapProducer
+from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import Item, VBucketState
 from gateway.node.tap_plan import Phase, StreamPlan, VbCursor, plan_stream
 from gateway.node.tap_registry import Registration, TapHub, VbPosition
 from gateway.node.tap_stats import connection_stats, takeover_stats
-from gateway.wire import PacketConnection
 
 __all__ = ["TapHub", "TapStream", "serve_tap_stream"]  # the node builds TapHub from here
 

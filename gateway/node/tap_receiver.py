@@ -56,9 +56,9 @@ from adapters.tap import (
 )
 from adapters.tap.constants import swap32
 from adapters.tap_acks import ack_of
+from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import StoreError, VBucketState
-from gateway.wire import PacketConnection
 
 log = logging.getLogger(__name__)
 

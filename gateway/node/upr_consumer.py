@@ -42,9 +42,9 @@ from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Status
 from adapters.upr.flow_control import ConsumerAcker, counts
 from adapters.upr.opening import Opening
+from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal
 from gateway.node.items import ItemKind, StoreError, VBucketState
-from gateway.wire import PacketConnection
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ is full. So a stream stops at the consumer's announced buffer and, with no
 flow control, at the outbox limit; memory stays bounded either way.
 
 A malformed packet gets an error response naming what was wrong, then the
-connection closes (``ProtocolError`` propagates to ``gateway.wire``).
+connection closes (``ProtocolError`` propagates to ``gateway.io.connection``).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from adapters import upr
 from adapters.mcbp import Status
 from adapters.upr.flow_control import counts
 from adapters.upr.opening import Opening
+from gateway.io.connection import PacketConnection
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
 from gateway.upr_producer_base import UprProducerBase
-from gateway.wire import PacketConnection
 
 __all__ = ["ProducerConnection", "UprHub", "serve_upr_producer"]
 

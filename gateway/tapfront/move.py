@@ -20,13 +20,14 @@ import trio
 
 from adapters.errors import GatewayError
 from adapters.tap import ConnectFlags, OpaqueCode, TapOpaque
-from gateway.client import DestinationRefused, McbpClient, prepare_move_destination
+from gateway.io.connection import PacketConnection as McbpClient
+from gateway.io.connection import run_connection
+from gateway.moves import DestinationRefused, prepare_move_destination
 from gateway.stats import GatewayStats
 from gateway.tapfront.plan import ConnectionPlan, VbStart
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.server import read_upstream_vbuckets
 from gateway.tapfront.session import SessionConfig, TapSession
-from gateway.wire import run_connection
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import trio
 
 from adapters import upr
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status
+from adapters.mcbp import HEADER_SIZE, Frame, FrameReader, Magic, Status
 from adapters.tap import (
     TapCheckpointEnd,
     TapCheckpointStart,
@@ -40,8 +40,9 @@ from adapters.tap import (
     encode,
 )
 from adapters.tap.codec import is_tap_opcode
-from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer
+from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer, successful_acks
 from gateway.capture.mapping import TapRecording
+from gateway.io.connection import PacketConnection
 from gateway.io.door import Answer
 from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.plan import ConnectionPlan
@@ -49,7 +50,6 @@ from gateway.tapfront.registry import Registry
 from gateway.tapfront.settlement import Settlement
 from gateway.tapfront.upstream import UprUpstream, UprUpstreamError
 from gateway.tapfront.vbstream import VbStream
-from gateway.wire import PacketConnection
 
 __all__ = ["TapPeer"]
 
@@ -64,6 +64,19 @@ _KINDS: dict[type, str] = {
 }
 _RESPONSE = Magic.RESPONSE.value
 _TAP_OPCODES = frozenset(opcode.value for opcode in TapOpcode)
+_SOME_ACKS = 2 * HEADER_SIZE
+"""Buffered bytes worth scanning for acks in place (fewer: the reader frames them)."""
+
+
+def _take_acks(reader: FrameReader, acks: list[int]) -> None:
+    """The successful acks buffered in ``reader`` next, without a ``Frame`` each: at
+    live rates a peer acks two checkpoint messages per item (2.x asked for an
+    ack on each), and framing every ack cost more than the rest of its read."""
+    data = reader.take_buffered()
+    taken = successful_acks(data, 0, acks, reader.max_frame_size)
+    reader.consumed += taken
+    if taken < len(data):
+        reader.receive_data(memoryview(data)[taken:])
 
 
 class TapPeer:
@@ -221,6 +234,7 @@ class TapPeer:
     async def read(self, scope: trio.CancelScope) -> None:
         """Read the peer until it closes (then cancel ``scope``)."""
         conn = self.conn
+        reader = conn.reader
         while (frame := await conn.receive_frame()) is not None:
             try:
                 # The acks of one read are applied together and what they release is
@@ -235,6 +249,8 @@ class TapPeer:
                         await self._settle_acked(self._on_ack(frame))
                     else:
                         acks.append(frame.opaque)
+                        if reader.buffered >= _SOME_ACKS:
+                            _take_acks(reader, acks)
                     frame = conn.next_buffered_frame()
                 await self._on_acks(acks)
             except ProtocolError as exc:

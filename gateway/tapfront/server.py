@@ -39,8 +39,10 @@ from adapters.mcbp.constants import status_name
 from adapters.tap.connect import connect_refusal
 from gateway import logs
 from gateway.auth import Authenticator, Users
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection, RequestFailed
+from gateway.io.connection import PacketConnection as McbpClient
 from gateway.io.door import Door, unknown_command
+from gateway.io.listen import bound_port
 from gateway.io.named import NamedConnections
 from gateway.io.replies import error_reply, refusal, reply, send_refusal
 from gateway.limits import ConnectionLimits
@@ -58,7 +60,6 @@ from gateway.tapfront.plan import UpstreamVbucket, plan_connection
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.session import SessionConfig, TapSession
 from gateway.version import version
-from gateway.wire import PacketConnection, bound_port
 
 log = logging.getLogger(__name__)
 

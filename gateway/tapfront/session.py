@@ -51,6 +51,7 @@ from adapters.tap.producer import TapProducer
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import open_recorder
 from gateway.capture.records import Kind
+from gateway.io.connection import PacketConnection
 from gateway.io.door import Answer, refuse_command
 from gateway.stats import GatewayStats, StreamStats
 from gateway.tapfront.peer import TapPeer
@@ -59,7 +60,6 @@ from gateway.tapfront.registry import Registry
 from gateway.tapfront.settlement import SessionConfig
 from gateway.tapfront.upstream import UprUpstream, UprUpstreamError
 from gateway.tapfront.upstream_streams import UpstreamStreams
-from gateway.wire import PacketConnection
 
 __all__ = ["SessionConfig", "SessionFailed", "TapSession"]
 

@@ -28,7 +28,8 @@ from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, Frame, Magic
 from adapters.mcbp.frames import HEADER
 from adapters.upr.consumer_handshake import ConsumerHandshake, HandshakeRefused
 from adapters.upr.flow_control import ConsumerWindow
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection as McbpClient
+from gateway.io.connection import RequestFailed
 from gateway.tls import open_stream
 
 log = logging.getLogger(__name__)

@@ -172,18 +172,21 @@ class UpstreamStreams:
             await self._on_frame(frame)
 
     def _fast_items(self, upstream: UprUpstream) -> VbStream | None:
-        """``translate_items`` from where the upstream's buffer stands, with the
-        bookkeeping of ``_on_frame`` and ``TapPeer.emit`` done once per run:
-        returns the stream whose snapshot the run's last item ended (or None)."""
+        """``translate_items`` from where the upstream's buffer stands (items, plain
+        markers and the closes items make), with the bookkeeping of ``_on_frame``
+        and ``TapPeer.emit`` done once per run: returns the stream whose snapshot
+        the run's last item ended when no room was left to close it (or None)."""
         touched: dict[int, UprToTap] = {}
+        closed: list[int] = []
         peer = self.peer
-        offset, credit, mutations, deletions, closing = translate_items(
+        offset, credit, mutations, deletions, markers, closing = translate_items(
             upstream.buffer,
             upstream.offset,
             self._fast_streams,
             peer.producer,
             peer.batch,
             touched,
+            closed,
         )
         upstream.offset = offset
         if not credit:
@@ -191,21 +194,27 @@ class UpstreamStreams:
         upstream.window.unacked_bytes += credit
         settling = peer.settling
         settling.credit += credit
-        if not settling.arrival:
+        if not settling.arrival and (mutations or deletions):
             settling.arrival = time.time()
         items_sent = self.stats.items_sent
         if mutations:
             items_sent["mutation"] += mutations
         if deletions:
             items_sent["deletion"] += deletions
+        if markers:
+            items_sent["marker"] += markers
         vbuckets = self.vbuckets
         settled = settling.touched
-        for vbucket, translator in touched.items():
+        for vbucket in touched:
             vb = vbuckets[vbucket]
-            vb.took_item(translator.last_seqno)
+            vb.took_run()
             settled[vbucket] = vb
-            if translator is not closing:
-                vb.item_done()
+        if closed:
+            checkpoint_closed = self.registry.checkpoint_closed
+            for at in range(0, len(closed), 3):
+                vbucket, checkpoint_id, seqno = closed[at : at + 3]
+                position = vbuckets[vbucket].closed_position(seqno, checkpoint_id)
+                checkpoint_closed(vbucket, checkpoint_id, position)
         return None if closing is None else vbuckets[closing.vbucket]
 
     async def _close_fast(self, vb: VbStream) -> None:

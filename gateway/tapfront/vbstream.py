@@ -43,8 +43,6 @@ class VbStream:
         self._network_order = network_byte_order
         self.translator = self._translator(start)
         self.uuid = start.uuid
-        self.snap = (start.snap_start, start.snap_end)
-        self.items_in_snap = 0
         self._marker_ack: tuple[int, int] | None = None
         """(end seqno, opaque) of an ACK-flagged marker not yet answered."""
         self.progress = progress
@@ -62,7 +60,17 @@ class VbStream:
             checkpoint_ids=self._ids,
         )
         translator.last_seqno = start.start_seqno
+        translator.snap_start, translator.snap_end = start.snap_start, start.snap_end
         return translator
+
+    @property
+    def snap(self) -> tuple[int, int]:
+        """The range of the latest snapshot marker (the translator keeps it)."""
+        return self.translator.snap_start, self.translator.snap_end
+
+    @property
+    def items_in_snap(self) -> int:
+        return self.translator.items_in_snap
 
     # -- requests --------------------------------------------------------------
 
@@ -104,8 +112,6 @@ class VbStream:
         self.start = VbStart.full(self.vbucket, end=self.start.end_seqno)
         self.translator = self._translator(self.start)
         self.uuid = 0
-        self.snap = (0, 0)
-        self.items_in_snap = 0
         self._marker_ack = None
         self.progress.sent_seqno = self.progress.acked_seqno = 0
         return closing
@@ -127,15 +133,12 @@ class VbStream:
             return self.translator.finish()
         progress = self.progress
         if isinstance(event, upr.SnapshotMarker):
-            self.snap = (event.start_seqno, event.end_seqno)
-            self.items_in_snap = 0
             if event.end_seqno != MAX_SEQNO:
                 progress.upstream_high_seqno = max(progress.upstream_high_seqno, event.end_seqno)
             if event.flags & upr.SnapshotFlags.DISK:
                 progress.backfilling = True
                 progress.backfill_end_seqno = event.end_seqno
         elif isinstance(event, _ITEMS):
-            self.items_in_snap += 1
             progress.sent_seqno = event.by_seqno
             progress.upstream_high_seqno = max(progress.upstream_high_seqno, event.by_seqno)
         out = self.translator.feed(event)
@@ -150,7 +153,6 @@ class VbStream:
 
     def took_item(self, by_seqno: int) -> None:
         """Progress after an item (the translator has taken its seqno or is about to)."""
-        self.items_in_snap += 1
         progress = self.progress
         progress.sent_seqno = by_seqno
         if by_seqno > progress.upstream_high_seqno:
@@ -158,8 +160,6 @@ class VbStream:
 
     def took_marker(self, start: int, end: int, flags: int) -> None:
         """Progress after a snapshot marker of the fast path (as ``translate`` keeps it)."""
-        self.snap = (start, end)
-        self.items_in_snap = 0
         progress = self.progress
         if end != MAX_SEQNO and end > progress.upstream_high_seqno:
             progress.upstream_high_seqno = end
@@ -190,6 +190,34 @@ class VbStream:
         if isinstance(event, upr.SnapshotMarker) and event.flags & upr.SnapshotFlags.ACK:
             self._marker_ack = (event.end_seqno, event.opaque)
         return reply
+
+    def took_run(self) -> None:
+        """Progress after a run of the fast path's frames (``translate_items``): as
+        ``took_marker``, ``took_item`` and ``item_done`` after each would leave it
+        (its markers are neither disk snapshots nor open-ended)."""
+        translator = self.translator
+        progress = self.progress
+        last = translator.last_seqno
+        progress.sent_seqno = last
+        high = translator.snap_end if translator.snap_end != MAX_SEQNO else 0
+        if last > high:
+            high = last
+        if high > progress.upstream_high_seqno:
+            progress.upstream_high_seqno = high
+        if progress.backfilling and not translator.in_backfill:
+            progress.backfilling = False
+
+    def closed_position(self, seqno: int, checkpoint_id: int) -> VbResume:
+        """``position`` just after the item at ``seqno`` closed checkpoint ``checkpoint_id``
+        (the item ends its snapshot, so no snapshot is open at it)."""
+        return VbResume(
+            uuid=self.uuid,
+            seqno=seqno,
+            snap_start=seqno,
+            snap_end=seqno,
+            checkpoint_id=checkpoint_id,
+            backfill_done=not self.translator.backfill_pending,
+        )
 
     def position(self) -> VbResume:
         """Where the TAP peer stands once it has everything sent so far."""

@@ -1,16 +1,27 @@
-"""Making the UPR front's log durable: write, fsync off the trio loop, publish, then ack.
+"""Making the UPR front's log durable: write, publish, fsync off the trio loop, then ack.
 
 Theory of operation. ``commit`` takes a set of vbucket logs: it writes each
 one's buffered records to its segment file, fsyncs them (``sync_logs``: one
 hand-off to a worker thread, which fsyncs several files at once so the file
-system groups them into one journal commit), and only then publishes them
-to readers. Nothing is served to consumers before its fsync returned.
+system groups them into one journal commit), and publishes them to readers.
+With fsync "batch" it publishes right after the write, before the fsync
+returns, as ep-engine 3.0 streams items from its checkpoints before the
+flusher persists them (``src/upr-stream.cc``, ``ActiveStream::inMemoryPhase``):
+live consumers do not wait for the disk. The TAP acks still leave only after
+the fsync, so nothing the TAP node considers delivered is ever lost; what a
+crash takes back was served but never acked, and a log not closed cleanly
+opens with a new failover entry at its proven end (see ``vblog``), so a
+consumer that saw more rolls back. Fsync "always" and a takeover connection
+publish only what is synced.
 
 ``GroupCommit`` pipelines commits with the ingest's reading: the ingest
 applies each socket read's frames to the logs' buffers and ``submit``s the
 logs it touched with the acks and replies owed for them; one task commits
 everything submitted before it started, sends those acks upstream in one
-write, and starts again with whatever arrived meanwhile. So while one
+write, and starts again with whatever arrived meanwhile. With fsync "batch"
+each submission's records are written and published at once
+(``VbLog.write_early``), not when their commit starts: a live item reaches
+consumers without waiting for the fsync of the commit before. So while one
 commit's fsyncs run the next batch accumulates, a commit covers all that
 arrived before it, each file is fsynced once per commit however many items
 it got, and acks leave in order, each only after the fsync of every record
@@ -50,18 +61,26 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-async def commit(logs: dict[int, VbLog], *, sync: bool) -> int:
+async def commit(logs: dict[int, VbLog], *, sync: bool, early: bool = False) -> int:
     """Write, fsync (``sync``, off the trio loop) and publish ``logs``; bytes written.
 
-    Each log's lock is held from its write to its publish, taken in vbucket
-    order (two committers never wait on each other crosswise): a takeover
-    connection writing the same vbucket as the ingest cannot publish records
-    the other wrote but has not yet synced. A log whose write or fsync fails
-    is left as it was (see ``VbLog.write``); the others are published, then
-    the first failure is raised, so the caller acks nothing of the batch.
+    ``early`` (fsync batch): publish right after the write, before the fsync
+    returns (readers get the page cache's copy), and hold no lock during the
+    fsync, so the ingest keeps publishing (``VbLog.write_early``); the caller
+    still acks only after this returns, so nothing acknowledged is lost.
+    Otherwise publish only what is synced, each log's lock held from its write
+    to its publish, taken in vbucket order (two committers never wait on each
+    other crosswise): a takeover connection writing the same vbucket as the
+    ingest cannot publish records the other wrote but has not yet synced. A
+    log whose write or fsync fails keeps what it published (written again
+    with the same seqnos by the next commit) and takes back what it did not
+    (see ``VbLog.unwrite``); the others are published, then the first failure
+    is raised, so the caller acks nothing of the batch.
     """
     ordered = [logs[vb] for vb in sorted(logs)]
     failure: LogWriteError | None = None
+    written = 0
+    good: list[VbLog] = []
     with ExitStack() as held:
         for vblog in ordered:
             # Uncontended (the usual case) without a trip through the scheduler each.
@@ -70,29 +89,50 @@ async def commit(logs: dict[int, VbLog], *, sync: bool) -> int:
             except trio.WouldBlock:
                 await vblog.lock.acquire()
             held.callback(vblog.lock.release)
-        written = 0
-        good = []
         for vblog in ordered:
             try:
                 written += vblog.write()
+                if early or not sync:
+                    vblog.publish(settle=not sync)
             except LogWriteError as exc:
                 failure = failure or exc
                 continue
             good.append(vblog)
-        if sync:
-            failed = await sync_logs(good)
-            for vblog, fsync_error in failed:
-                error = vblog.unwrite(fsync_error)
-                failure = failure or error
-            good = [v for v in good if all(v is not f for f, _ in failed)]
-        for vblog in good:
-            try:
-                vblog.publish()
-            except LogWriteError as exc:
-                failure = failure or exc
+        if not sync:
+            good = []
+        if early:
+            held.close()
+        if good:
+            failure = await _sync_and_settle(good, early) or failure
     if failure is not None:
         raise failure
     return written
+
+
+async def _sync_and_settle(logs: list[VbLog], early: bool) -> LogWriteError | None:
+    """fsync ``logs`` up to what each has written now, then publish (unless published
+    already) and settle them; the first failure."""
+    failure: LogWriteError | None = None
+    due = [(v, v.written_size) for v in logs]
+    for vblog in logs:
+        vblog.syncing += 1
+    try:
+        failed = await sync_logs(logs)
+    finally:
+        for vblog in logs:
+            vblog.syncing -= 1
+    for vblog, fsync_error in failed:
+        failure = failure or vblog.unwrite(fsync_error)
+    for vblog, upto in due:
+        if any(vblog is f for f, _ in failed):
+            continue
+        try:
+            if not early:
+                vblog.publish(settle=False)
+            vblog.settle(upto)
+        except LogWriteError as exc:
+            failure = failure or exc
+    return failure
 
 
 async def sync_logs(logs: list[VbLog]) -> list[tuple[VbLog, OSError]]:
@@ -137,8 +177,19 @@ class GroupCommit:
     """Commits what the ingest submits, one commit at a time, each covering everything
     submitted before it started; sends each commit's acks after it (see the module)."""
 
-    def __init__(self, commit_logs: CommitLogs, send: Send) -> None:
+    def __init__(
+        self,
+        commit_logs: CommitLogs,
+        send: Send,
+        *,
+        early: bool = False,
+        wrote: Callable[[int], None] | None = None,
+    ) -> None:
         self._commit_logs = commit_logs
+        self.early = early
+        """Publish each submission's records at once, before their commit (fsync batch)."""
+        self._wrote = wrote
+        """Told the bytes written early (the log's size on disk)."""
         self._send = send
         self._touched: dict[int, VbLog] = {}
         self._out: list[bytes] = []
@@ -155,6 +206,12 @@ class GroupCommit:
     def submit(self, touched: dict[int, VbLog], out: list[bytes]) -> None:
         """Logs the ingest buffered records into, and the acks and replies to send once
         they are durable."""
+        if self.early:
+            written = 0
+            for vblog in touched.values():
+                written += vblog.write_early()
+            if written and self._wrote is not None:
+                self._wrote(written)
         self._touched.update(touched)
         self._out += out
         self._submitted += 1

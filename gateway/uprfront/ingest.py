@@ -12,10 +12,11 @@ node for the whole gateway, whatever the number of consumers:
    resumes a registered client where its acks left off, else by checkpoint,
    else it backfills from scratch (the log then reconciles);
 3. stream in batches: every frame one read brought is applied to the logs'
-   buffers; the touched logs are written, fsynced per the policy (off the
-   trio loop, several files at once), published to the consumers, and only
-   then are the TAP messages that asked for an ack acknowledged, in one
-   write. A crash therefore never loses what the node considers delivered.
+   buffers; the touched logs are written, published to the consumers
+   (with fsync "batch" before the fsync, see ``commit``), fsynced per the
+   policy (off the trio loop, several files at once), and only then are the
+   TAP messages that asked for an ack acknowledged, in one write. A crash
+   therefore never loses what the node considers delivered.
    With fsync "batch" or "never" the commits are pipelined with the reading
    (``commit.GroupCommit``): while one commit's fsyncs run, the next reads
    are applied, and the next commit covers them all. Fsync "always" and a
@@ -72,7 +73,7 @@ from adapters.tap import (
 from adapters.tap_acks import ack_of
 from adapters.translate.tap_to_log_fast import frame_end, log_buffer
 from gateway.capture.mapping import TapRecording
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection as McbpClient
 from gateway.stats import GatewayStats
 from gateway.uprfront.commit import GroupCommit, commit
 from gateway.uprfront.config import UprFrontConfig
@@ -269,7 +270,12 @@ class Ingest:
             return
         try:
             async with trio.open_nursery() as nursery:
-                group = GroupCommit(self._commit_now, client.stream.send_all)
+                group = GroupCommit(
+                    self._commit_now,
+                    client.stream.send_all,
+                    early=self.config.fsync == "batch",
+                    wrote=self._wrote,
+                )
                 nursery.start_soon(group.run)
                 self._group = group
                 try:
@@ -466,10 +472,18 @@ class Ingest:
         else:
             await self._commit_now(touched)
 
+    def _wrote(self, written: int) -> None:
+        self.stats.upr_log.bytes_on_disk += written
+
     async def _commit_now(self, touched: dict[int, VbLog]) -> None:
         if touched:
             try:
-                written = await commit(touched, sync=self.config.fsync != "never")
+                written = await commit(
+                    touched,
+                    sync=self.config.fsync != "never",
+                    # A takeover publishes only what is synced: it hands the vbucket over.
+                    early=self.config.fsync == "batch" and not self.takeover,
+                )
             except LogWriteError:
                 self.logs.refresh_stats()
                 raise

@@ -33,9 +33,10 @@ import trio
 
 from adapters import upr
 from adapters.errors import GatewayError
-from adapters.mcbp import Frame, FrameReader, Status
+from adapters.mcbp import Frame, Status
 from adapters.mcbp.frames import HEADER
-from gateway.client import DestinationRefused, McbpClient, prepare_move_destination
+from gateway.io.connection import PacketConnection
+from gateway.moves import DestinationRefused, prepare_move_destination
 from gateway.stats import GatewayStats
 from gateway.uprfront.config import UprFrontConfig, UprFrontError
 from gateway.uprfront.server import UprFront
@@ -61,30 +62,12 @@ def raw(frame: Frame) -> bytes:
     return header + frame.body
 
 
-class _Peer:
-    def __init__(self, stream: trio.SocketStream, name: str) -> None:
-        self.stream = stream
-        self.name = name
-        self.reader = FrameReader()
-        self.lock = trio.Lock()
-
-    async def send(self, data: bytes) -> None:
-        async with self.lock:
-            await self.stream.send_all(data)
-
-    async def frame(self) -> Frame:
-        while (frame := self.reader.next_frame()) is None:
-            data = await self.stream.receive_some(256 * 1024)
-            if not data:
-                raise UprFrontError(f"{self.name} closed the connection")
-            self.reader.receive_data(data)
-        return frame
-
-
 class _Relay:
     """Forwards everything between the gateway and the destination, but its own answers."""
 
-    def __init__(self, gateway: _Peer, destination: _Peer, dialect: upr.Dialect) -> None:
+    def __init__(
+        self, gateway: PacketConnection, destination: PacketConnection, dialect: upr.Dialect
+    ) -> None:
         self.gateway = gateway
         self.destination = destination
         self.dialect = dialect
@@ -93,9 +76,9 @@ class _Relay:
         self.states: dict[int, list[upr.VBucketState]] = {}
         self.opaques = itertools.count(0xA000)
 
-    async def pump(self, src: _Peer, dst: _Peer) -> None:
+    async def pump(self, src: PacketConnection, dst: PacketConnection) -> None:
         while True:
-            frame = await src.frame()
+            frame = await src.next_frame()
             event = upr.decode_frame(frame, self.dialect)
             waiter = self.waiting.pop(event.opaque, None) if event.IS_RESPONSE else None
             if waiter is not None:
@@ -107,18 +90,18 @@ class _Relay:
                 self.states.setdefault(event.vbucket, []).append(event.state)
             await dst.send(raw(frame))
 
-    async def request(self, peer: _Peer, event: upr.UprRequest) -> upr.UprResponse:
+    async def request(self, peer: PacketConnection, event: upr.UprRequest) -> upr.UprResponse:
         send, receive = trio.open_memory_channel[upr.UprResponse](1)
         self.waiting[event.opaque] = send
         await peer.send(upr.encode(event, self.dialect))
         return await receive.receive()
 
 
-async def _vbucket_state(client: McbpClient, vb: int) -> str:
+async def _vbucket_state(client: PacketConnection, vb: int) -> str:
     return (await client.stats("vbucket")).get(f"vb_{vb}", "missing")
 
 
-async def _high_seqno(client: McbpClient, vb: int) -> int:
+async def _high_seqno(client: PacketConnection, vb: int) -> int:
     return int((await client.stats(f"vbucket-seqno {vb}")).get(f"vb_{vb}:high_seqno", "0"))
 
 
@@ -140,7 +123,9 @@ async def move_tap_to_upr(
     if not vbuckets:
         raise UprFrontError("no vbuckets to move")
     try:
-        async with await McbpClient.connect(*to_upr, name="move destination") as client:
+        async with await PacketConnection.connect(
+            *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}"
+        ) as client:
             await prepare_move_destination(client, vbuckets)
     except DestinationRefused as exc:
         raise UprFrontError(str(exc)) from None
@@ -191,8 +176,10 @@ async def _orchestrate(
     tap_name: str,
 ) -> None:
     dialect = front.dialect
-    gateway = _Peer(await trio.open_tcp_stream("127.0.0.1", port), "the gateway")
-    destination = _Peer(await trio.open_tcp_stream(*to_upr), f"destination {to_upr[0]}:{to_upr[1]}")
+    gateway = await PacketConnection.connect("127.0.0.1", port, name="the gateway")
+    destination = await PacketConnection.connect(
+        *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}"
+    )
     relay = _Relay(gateway, destination, dialect)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(relay.pump, gateway, destination)
@@ -217,14 +204,16 @@ async def _orchestrate(
                 raise UprFrontError(
                     f"vbucket {vb}: destination refused ADD_STREAM: 0x{added.status:02x} {text}"
                 )
-        async with await McbpClient.connect(*to_upr, name="move destination") as check:
+        async with await PacketConnection.connect(
+            *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}"
+        ) as check:
             if takeover:
                 await _finish_takeover(relay, check, vbuckets)
             else:
                 await _finish_replication(front, relay, check, vbuckets, tap_name)
         nursery.cancel_scope.cancel()
     for peer in (gateway, destination):
-        await peer.stream.aclose()
+        await peer.aclose()
 
 
 async def _wait_logged(front: UprFront, vbuckets: list[int]) -> None:
@@ -233,7 +222,7 @@ async def _wait_logged(front: UprFront, vbuckets: list[int]) -> None:
         await trio.sleep(POLL)
 
 
-async def _finish_takeover(relay: _Relay, check: McbpClient, vbuckets: list[int]) -> None:
+async def _finish_takeover(relay: _Relay, check: PacketConnection, vbuckets: list[int]) -> None:
     for vb in vbuckets:
         while vb not in relay.ended:
             await trio.sleep(POLL)
@@ -247,10 +236,12 @@ async def _finish_takeover(relay: _Relay, check: McbpClient, vbuckets: list[int]
 
 
 async def _finish_replication(
-    front: UprFront, relay: _Relay, check: McbpClient, vbuckets: list[int], tap_name: str
+    front: UprFront, relay: _Relay, check: PacketConnection, vbuckets: list[int], tap_name: str
 ) -> None:
     host, port = front.config.tap_upstream
-    async with await McbpClient.connect(host, port, name="move source") as source:
+    async with await PacketConnection.connect(
+        host, port, name=f"the source {host}:{port}"
+    ) as source:
         if front.config.upstream_user is not None:
             await source.sasl_plain(
                 front.config.upstream_user, front.config.upstream_password or ""

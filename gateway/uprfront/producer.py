@@ -48,10 +48,10 @@ from adapters.translate.log_to_upr_fast import EncodedBatch
 from adapters.upr.rollback import answer_stream_request
 from gateway.capture.mapping import UprRecording
 from gateway.capture.records import Kind
+from gateway.io.connection import ConnectionClosed, PacketConnection
 from gateway.stats import LATENCY_BUCKETS, LatencyHistogram, StreamStats
 from gateway.upr_producer_base import UprProducerBase
 from gateway.uprfront.streams import LogStream
-from gateway.wire import ConnectionClosed, PacketConnection
 
 if TYPE_CHECKING:
     from gateway.uprfront.server import UprFront

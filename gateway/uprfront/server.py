@@ -42,7 +42,9 @@ from gateway import logs
 from gateway.auth import Authenticator, Users
 from gateway.capture.mapping import TapRecording, UprRecording
 from gateway.capture.recorder import CaptureRecorder, Direction, Side
+from gateway.io.connection import PacketConnection
 from gateway.io.door import OPEN_OPCODES, Door
+from gateway.io.listen import bound_port
 from gateway.io.named import NamedConnections
 from gateway.memory import TrimAfterCloses
 from gateway.stats import UPR_FRONT, GatewayStats, StreamStats
@@ -54,7 +56,6 @@ from gateway.uprfront.producer import UprConnection, delete_kind
 from gateway.uprfront.stat_groups import collect
 from gateway.uprfront.streams import LogStream
 from gateway.version import version
-from gateway.wire import PacketConnection, bound_port
 
 log = logging.getLogger(__name__)
 

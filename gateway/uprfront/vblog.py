@@ -2,11 +2,17 @@
 
 Theory of operation. Ingest feeds TAP messages to ``ingest``; the vbucket's
 ``TapToUpr`` assigns seqnos and the records are framed into a write buffer.
-``write`` hands the buffer to the active segment file, ``sync`` fsyncs it
-(the ingest calls it per the fsync policy, in a worker thread), and only
-then ``publish`` makes the records visible to readers and wakes the
-streams waiting for them: consumers are never offered what a crash could
-take back, and the ingest acks TAP messages only after ``publish``.
+``write`` hands the buffer to the active segment file, ``publish`` makes
+the records visible to readers and wakes the streams waiting for them,
+``sync`` fsyncs the file (in a worker thread) and ``settle`` forgets the
+bytes it covered. With fsync "batch" the ingest publishes right after the
+write (``write_early``), before the fsync, as ep-engine 3.0 serves DCP
+streams from memory before its flusher persists them; with "always" (and
+for a takeover connection) it publishes only after the fsync. Either way
+the ingest acks TAP messages only after their fsync returned, so nothing
+the TAP node considers delivered is lost; a crash may take back records a
+consumer was served, and the log then opens with a new failover entry at
+its proven end (below), so that consumer rolls back.
 
 Files (``state_dir/vb-NNNN/``): segments named by the first seqno they may
 hold (``00000000000000000001.seg``), rolled at ``segment_bytes``, and
@@ -18,19 +24,23 @@ any.
 Failed writes. ``write`` appends the whole buffer or, when the file system
 refuses part-way (a file-size limit, a full disk), cuts the file back to
 its last whole record, keeps the buffer and raises ``LogWriteError``; a
-failed ``sync`` cuts back to the last published byte and puts the unsynced
-records back in the buffer (after a failed fsync the kernel may have
-dropped those pages). Either way the log is as it was, nothing of the
-batch is acked, and the next commit writes the same records again.
+failed ``sync`` (after it the kernel may have dropped those pages) cuts
+back to the last published byte and puts the unpublished records back in
+the buffer, and the published ones are written again, the same bytes at
+the same offsets, by the next ``write``: what consumers saw stays true,
+seqnos included. Either way nothing of the batch is acked, and the next
+commit writes and fsyncs the same records again.
 
 Opening (``proof.prove_vbucket``) proves the log or refutes it.
 
 - Proven: records are replayed into a fresh ``TapToUpr`` (index and phase)
-  and a torn tail is cut. The history continues after a clean close, or
-  after a crash with an intact log and fsync on. A torn tail, or a crash
-  with fsync "never", cannot prove that what consumers saw is all still
-  there: the next seqno then jumps past the reserved seqno and a new
-  failover entry starts there (consumers that saw less than it resume).
+  and a torn tail is cut. The history continues after a clean close. After
+  any other end (a crash, a kill) what consumers saw may not all be there
+  (records are served before their fsync): as ep-engine 3.0's warmup after
+  an unclean shutdown (``src/warmup.cc``), a new failover entry starts at
+  the proven end, so a consumer that saw more rolls back to it by 3.0's
+  rule (its snapshot ends above its entry's upper bound), and the next
+  seqno jumps past the reserved seqno, so no seqno is used twice.
 - Refuted (a segment or the directory missing, a damaged record before
   the tail, a damaged or missing meta): the vbucket directory is renamed
   into ``state_dir/set-aside/`` untouched (with ``why.txt``), and the
@@ -54,9 +64,11 @@ uuid these sources name, so no (uuid, seqno) pair can name two versions,
 and every consumer of an old history rolls back to 0.
 
 Writers: the ingest and a takeover connection may both write one vbucket;
-``lock`` is held from ``write`` to ``publish`` (see ``commit.commit``), and
-``publish`` exposes only what was handed to the file, never items fed
-since, so nothing is readable before it is synced.
+a committer that publishes only synced records holds ``lock`` from
+``write`` to ``publish`` (see ``commit.commit``; ``write_early`` skips a
+locked log), and ``publish`` exposes only what was handed to the file,
+never items fed since. A segment rolls only when all of it is settled and
+no fsync of it is in flight (``syncing``).
 
 Memory: the index (key -> latest version), the sparse offsets, one write
 buffer, the last written and not yet published batch, and a tail of the
@@ -214,7 +226,12 @@ class VbLog:
         self._buffer_high = 0
         """Seqno of the last item in the buffer (0: none)."""
         self._written = bytearray()
-        """Bytes handed to the file since the last publish (written again if the fsync fails)."""
+        """Bytes handed to the file since the last ``settle`` (from ``_settled_size`` on):
+        written again if their fsync fails."""
+        self._settled_size = 0
+        """Where ``_written`` starts in the active segment (synced up to here)."""
+        self._rewrite = False
+        """A failed fsync left published bytes of ``_written`` to be written again."""
         self._written_size = 0
         self._written_high = 0
         """Seqno of the last item handed to the file: what ``publish`` may expose."""
@@ -231,6 +248,8 @@ class VbLog:
         """Every published item above this seqno is in the tail."""
         self._unwritten: list[LogItem] = []
         self._unpublished: list[LogItem] = []
+        self.syncing = 0
+        """fsyncs of the active segment in flight (no roll until they return)."""
         self.lock = trio.Lock()
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
@@ -294,12 +313,17 @@ class VbLog:
         self.reserved = meta.reserved
         self.purge_seqno = meta.purge_seqno
         self.refetch = meta.refetch
-        if not proof.torn and (meta.clean or self.fsync != "never"):
+        if not proof.torn and meta.clean:
             return
-        # What consumers saw may be gone: never reuse a seqno they may hold.
+        # Not closed cleanly: consumers may have been served records that never
+        # reached the disk (fsync batch and never publish before their fsync). As
+        # ep-engine 3.0's warmup after an unclean shutdown (src/warmup.cc), a new
+        # failover entry starts at the proven end, so a consumer that saw more rolls
+        # back to it; new seqnos start past every one reserved, so none is reused.
         t = self.translator
+        proven = max(t.high_seqno, self.failover.entries[0][1] if len(self.failover) else 0)
         t.high_seqno = max(t.high_seqno, self.reserved)
-        uuid = self.failover.add(t.high_seqno)
+        uuid = self.failover.add(proven)
         self.continued = False
         if proof.torn:
             path, good, size = proof.torn[0]
@@ -308,9 +332,14 @@ class VbLog:
                 "(an append a crash interrupted before its fsync)"
             )
         else:
-            why = "crash with fsync never: the last writes may be lost"
+            why = "not closed cleanly: records served before their fsync may be lost"
         log.warning(
-            "vbucket %d: %s: new history %d from seqno %d", self.vbucket, why, uuid, t.high_seqno
+            "vbucket %d: %s: new history %d at seqno %d, new items from seqno %d",
+            self.vbucket,
+            why,
+            uuid,
+            proven,
+            t.high_seqno + 1,
         )
 
     def _start_over(self, proof: VbProof, known_bound: int, known_uuids: set[int]) -> None:
@@ -366,7 +395,7 @@ class VbLog:
         if self._fd is not None:
             os.close(self._fd)
         self._fd = fd
-        self._written_size = active.size
+        self._written_size = self._settled_size = active.size
         self._mark = (len(active.sparse), active.count, active.last)
 
     def meta(self, *, clean: bool = False) -> Meta:
@@ -439,12 +468,17 @@ class VbLog:
 
     @property
     def unsynced(self) -> bool:
-        """Written to the file since the last publish (an fsync is due)."""
+        """Written to the file since the last ``settle`` (an fsync is due)."""
         return self._unsynced
 
     @property
+    def written_size(self) -> int:
+        """Bytes of the active segment handed to the file (what an fsync now covers)."""
+        return self._written_size
+
+    @property
     def dirty(self) -> bool:
-        return bool(self._buffer) or self._unsynced
+        return bool(self._buffer) or self._unsynced or self._rewrite
 
     def write(self) -> int:
         """Hand buffered records to the file (the OS); how many bytes.
@@ -452,13 +486,15 @@ class VbLog:
         All or nothing: on a failure the file is cut back, the buffer kept,
         and ``LogWriteError`` raised. Call with ``lock`` held until ``publish``.
         """
+        if self._rewrite:
+            self._write_again()
         if not self._buffer:
             return 0
         self._close_block()
         if self._broken is not None:
             raise LogWriteError(self._broken)
-        if not self._written:
-            self._roll_if_full()  # a roll that failed at the last publish is retried first
+        if not self._written and not self.syncing:
+            self._roll_if_full()  # a roll that failed at the last settle is retried first
         assert self._fd is not None
         segment = self.segments[-1]
         base = self._written_size
@@ -483,6 +519,32 @@ class VbLog:
         self._unwritten.clear()
         self._unsynced = True
         return size
+
+    def _write_again(self) -> None:
+        """After a failed fsync of published records: the same bytes at the same
+        offsets (the kernel may have dropped those pages), so what consumers saw,
+        seqnos included, is what becomes durable. ``LogWriteError`` if it fails."""
+        if self._broken is not None:
+            raise LogWriteError(self._broken)
+        path = self.segments[-1].path
+        try:
+            fd = os.open(path, os.O_WRONLY)  # not O_APPEND: pwrite must honour the offset
+            try:
+                view = memoryview(self._written)
+                offset = self._settled_size
+                while view:
+                    n = os.pwrite(fd, view, offset)
+                    view, offset = view[n:], offset + n
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise LogWriteError(
+                f"vbucket {self.vbucket}: cannot write {len(self._written)} published bytes "
+                f"again to {path.parent.name}/{path.name}: {exc.strerror or exc}; "
+                "nothing acknowledged, the next commit tries again"
+            ) from exc
+        self._rewrite = False
+        self._unsynced = True
 
     def _cut_back(self, size: int, what: str, exc: OSError) -> LogWriteError:
         """Truncate the active segment to ``size`` after a failed write or fsync."""
@@ -512,14 +574,27 @@ class VbLog:
 
     def unwrite(self, exc: OSError) -> LogWriteError:
         """After a failed fsync: cut the file back to what was published and put
-        the records written since back in the buffer, to be written again."""
+        the records written since back in the buffer, to be written again; what
+        was published stays so and is written again as it is (``_write_again``)."""
         self._close_block()  # its offset is about to move
         segment = self.segments[-1]
         published = segment.size
+        keep = published - self._settled_size
+        unpublished = self._written[keep:]
+        del self._written[keep:]
+        self._rewrite = keep > 0
+        if not unpublished:
+            self._unsynced = False
+            path = segment.path
+            return LogWriteError(
+                f"vbucket {self.vbucket}: fsync failed on {path.parent.name}/{path.name}: "
+                f"{exc.strerror or exc}; its {keep} bytes served already are written again "
+                "with the same seqnos, nothing acknowledged"
+            )
         n_sparse, count, last = self._mark
         moved = segment.sparse[n_sparse:]
         del segment.sparse[n_sparse:]
-        shift = len(self._written)
+        shift = len(unpublished)
         self._pending = [(s, offset - published) for s, offset in moved] + [
             (s, offset + shift) for s, offset in self._pending
         ]
@@ -527,21 +602,22 @@ class VbLog:
             self._buffer_high = self._written_high
         self._pending_items += segment.count - count
         segment.count, segment.last = count, last
-        self._buffer[0:0] = self._written
+        self._buffer[0:0] = unpublished
         self._unwritten[0:0] = self._unpublished
         self._unpublished = []
         self.disk_bytes -= shift
         self._written_size = published
         self._written_high = self.high_seqno
-        self._written = bytearray()
         self._unsynced = False
         return self._cut_back(published, "fsync failed", exc)
 
-    def publish(self) -> None:
-        """Make what was written (and synced) readable, and wake waiting streams.
+    def publish(self, *, settle: bool = True) -> None:
+        """Make what was written readable, and wake waiting streams.
 
         Only what ``write`` handed to the file: items still in the buffer
-        (fed since) have seqnos but are not on disk yet.
+        (fed since) have seqnos but are not in the file yet. ``settle``: what
+        was written is synced (or the policy is never to sync), see ``settle``;
+        the batch policy publishes before its fsync and settles after it.
         """
         high = self._written_high
         if high > self.reserved:
@@ -552,10 +628,8 @@ class VbLog:
                     f"vbucket {self.vbucket}: cannot reserve seqnos in {self.dir.name}/"
                     f"{META_NAME}: {exc.strerror or exc}; nothing of the batch published"
                 ) from exc
-        self._unsynced = False
         segment = self.segments[-1]
         segment.size = self._written_size
-        self._written = bytearray()
         self._mark = (len(segment.sparse), segment.count, segment.last)
         if self._unpublished:
             self._to_tail(self._unpublished)
@@ -563,7 +637,40 @@ class VbLog:
         if high != self.high_seqno:
             self.high_seqno = high
             self._wake()
-        self._roll_if_full()
+        if settle:
+            self.settle()
+
+    def settle(self, upto: int | None = None) -> None:
+        """The active segment is synced up to ``upto`` (default: all written), or
+        never will be: forget those bytes, and start a new segment when the active
+        one is full and no fsync of it is outstanding (so an fsync in flight is
+        always of the file it was meant for)."""
+        if self._rewrite:
+            return  # a failed fsync: written again and synced by a later commit
+        if upto is None:
+            upto = self._written_size
+        drop = upto - self._settled_size
+        if drop > 0:
+            del self._written[:drop]
+            self._settled_size = upto
+        self._unsynced = self._written_size > self._settled_size
+        if not self._unsynced and not self.syncing:
+            self._roll_if_full()
+
+    def write_early(self) -> int:
+        """Write and publish now, before any fsync (fsync batch: the ingest calls it
+        for each batch of frames). Skipped while a committer that publishes
+        only synced records holds ``lock``, or when the active segment is full (its
+        roll waits for the commit's fsync); a failure is left for the commit, which
+        writes the buffer again and raises. Bytes written."""
+        if not self._buffer or self.lock.locked() or self._written_size >= self.segment_bytes:
+            return 0
+        try:
+            written = self.write()
+            self.publish(settle=False)
+        except LogWriteError:
+            return 0
+        return written
 
     def _roll_if_full(self) -> None:
         if self.segments[-1].size < self.segment_bytes:

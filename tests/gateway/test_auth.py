@@ -31,7 +31,7 @@ from gateway.auth import (
     hash_password,
     read_users,
 )
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection, RequestFailed
 from gateway.limits import ConnectionLimits, ListenerCounters
 from tests.gateway.listeners import KINDS, read_until_closed, sasl, start_listener
 from tests.support.tap_client import connect_event
@@ -135,7 +135,7 @@ async def test_failed_logins_are_logged_counted_and_end_the_connection(
         replies = _frames(received)
         assert [f.vbucket_or_status for f in replies] == [Status.AUTH_ERROR] * 3
         assert replies[-1].value == b"authentication failed; too many failures, closing"
-        async with await McbpClient.connect("127.0.0.1", listener.port) as good:
+        async with await PacketConnection.connect("127.0.0.1", listener.port) as good:
             await good.sasl_plain("alice", "wonder")
     assert listener.counters.auth_failures_total[kind] == 3
     assert "SASL authentication failed for user 'alice' from 127.0.0.1:" in caplog.text
@@ -166,16 +166,16 @@ async def test_tap_front_keeps_deregister_and_takeover_for_admins(
         )
     )
     with trio.fail_after(20):
-        async with await McbpClient.connect("127.0.0.1", listener.port) as app:
+        async with await PacketConnection.connect("127.0.0.1", listener.port) as app:
             await app.sasl_plain("app", "pw")
             with pytest.raises(RequestFailed) as refused:
                 await app.request(Opcode.DEREGISTER_TAP_CLIENT, key=b"someone")
             assert refused.value.status == Status.AUTH_ERROR
             assert b"needs a user marked admin" in refused.value.text
             await app.send(takeover)
-            reply = await app.receive_frame()
+            reply = await app.next_frame()
             assert reply.vbucket_or_status == Status.AUTH_ERROR
-        async with await McbpClient.connect("127.0.0.1", listener.port) as ops:
+        async with await PacketConnection.connect("127.0.0.1", listener.port) as ops:
             await ops.sasl_plain("ops", "root")
             await ops.request(Opcode.DEREGISTER_TAP_CLIENT, key=b"someone")
     assert listener.counters.admin_refusals_total["tap-front"] == 2
@@ -187,7 +187,7 @@ async def test_node_keeps_set_vbucket_deregister_and_takeover_for_admins(
     listener = await start_listener(nursery, "node", tmp_path, users=admin_users())
     replica = struct.pack(">I", 2)
     with trio.fail_after(20):
-        async with await McbpClient.connect("127.0.0.1", listener.port) as app:
+        async with await PacketConnection.connect("127.0.0.1", listener.port) as app:
             await app.sasl_plain("app", "pw")
             for opcode, extras in (
                 (Opcode.SET_VBUCKET, replica),
@@ -197,7 +197,7 @@ async def test_node_keeps_set_vbucket_deregister_and_takeover_for_admins(
                     await app.request(opcode, key=b"" if extras else b"x", extras=extras, vbucket=1)
                 assert refused.value.status == Status.NO_ACCESS
             await app.request(Opcode.SET, key=b"k", value=b"v", extras=bytes(8))  # not destructive
-        async with await McbpClient.connect("127.0.0.1", listener.port) as ops:
+        async with await PacketConnection.connect("127.0.0.1", listener.port) as ops:
             await ops.sasl_plain("ops", "root")
             await ops.request(Opcode.SET_VBUCKET, extras=replica, vbucket=1)
     assert listener.counters.admin_refusals_total["node"] == 2
@@ -211,7 +211,7 @@ async def test_upr_takeover_streams_are_kept_for_admins(
 
     listener = await start_listener(nursery, kind, tmp_path, users=admin_users())
     with trio.fail_after(20):
-        login = await McbpClient.connect("127.0.0.1", listener.port)
+        login = await PacketConnection.connect("127.0.0.1", listener.port)
         await login.sasl_plain("app", "pw")
         client = UprClient(login.stream, upr.DCP)
         try:

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from adapters.errors import ProtocolError
 from adapters.mcbp import HEADER_SIZE, Magic, Opcode, encode_frame
 from adapters.tap import ConnectFlags, TapOpcode, encode
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
+from gateway.io.listen import bound_port, serve_packets
 from gateway.limits import ConnectionLimits, Stage
-from gateway.wire import PacketConnection, bound_port, serve_packets
 from tests.gateway.listeners import (
     KINDS,
     read_until_closed,
@@ -67,7 +67,7 @@ async def test_after_authentication_larger_frames_pass(
 ) -> None:
     listener = await start_listener(nursery, kind, tmp_path, users=USERS)
     with trio.fail_after(20):
-        async with await McbpClient.connect("127.0.0.1", listener.port) as client:
+        async with await PacketConnection.connect("127.0.0.1", listener.port) as client:
             await client.sasl_plain("alice", "wonder")
             # 8 KiB: over the pre-auth limit, under the pre-stream one
             reply = await client.request(Opcode.NOOP, key=b"k" * 8192, check=False)
@@ -148,7 +148,7 @@ async def test_the_node_lets_an_authenticated_command_connection_idle(
     limits = ConnectionLimits(handshake_timeout=0.2, command_idle_timeout=None)
     listener = await start_listener(nursery, "node", tmp_path, users=USERS, limits=limits)
     with trio.fail_after(20):
-        async with await McbpClient.connect("127.0.0.1", listener.port) as client:
+        async with await PacketConnection.connect("127.0.0.1", listener.port) as client:
             await client.sasl_plain("alice", "wonder")
             # Past the handshake timeout, authenticated: still served.
             await trio.sleep(0.5)
@@ -194,8 +194,8 @@ async def test_connections_past_the_limit_are_refused_logged_and_counted(
     limits = ConnectionLimits(max_connections=2)
     listener = await start_listener(nursery, kind, tmp_path, limits=limits)
     with trio.fail_after(20):
-        first = await McbpClient.connect("127.0.0.1", listener.port)
-        second = await McbpClient.connect("127.0.0.1", listener.port)
+        first = await PacketConnection.connect("127.0.0.1", listener.port)
+        second = await PacketConnection.connect("127.0.0.1", listener.port)
         for client in (first, second):  # both accepted and served
             await client.request(Opcode.NOOP)
         third = await trio.open_tcp_stream("127.0.0.1", listener.port)
@@ -208,7 +208,7 @@ async def test_connections_past_the_limit_are_refused_logged_and_counted(
         await first.aclose()
         # Room again once the server has seen one go.
         await until(lambda: listener.counters.open_connections[kind] == 1)
-        fourth = await McbpClient.connect("127.0.0.1", listener.port)
+        fourth = await PacketConnection.connect("127.0.0.1", listener.port)
         await fourth.request(Opcode.NOOP)
         await fourth.aclose()
         await second.aclose()
@@ -239,7 +239,7 @@ async def test_stages_set_the_frame_limit_of_a_connection() -> None:
         )
         port = bound_port(listeners)
         with trio.fail_after(20):
-            async with await McbpClient.connect("127.0.0.1", port) as client:
+            async with await PacketConnection.connect("127.0.0.1", port) as client:
                 await client.request(Opcode.NOOP, key=b"k" * 90)
                 await client.request(Opcode.SASL_AUTH)
                 await client.request(Opcode.NOOP, key=b"k" * 900)

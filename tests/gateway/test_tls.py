@@ -16,7 +16,7 @@ import trio
 
 from adapters.mcbp import Opcode
 from adapters.tap import ConnectFlags, TapMutation, encode
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 from gateway.startup import StartupError
 from gateway.tls import client_context, server_context
 from tests.gateway.listeners import KINDS, read_until_closed, start_listener
@@ -57,7 +57,7 @@ async def test_each_listener_serves_tls_and_cuts_off_plain_peers(
         nursery, kind, tmp_path, users={"a": "b"}, ssl_context=server_context(cert, key)
     )
     with trio.fail_after(20):
-        async with await McbpClient.connect(
+        async with await PacketConnection.connect(
             "127.0.0.1", listener.port, ssl_context=client_context(cert)
         ) as client:
             await client.sasl_plain("a", "b")
@@ -95,7 +95,9 @@ async def test_an_upstream_with_a_certificate_we_do_not_trust_is_refused(
         trio.fail_after(20),
         pytest.raises(OSError, match=r"TLS handshake with 127\.0\.0\.1:\d+ failed"),
     ):
-        await McbpClient.connect("127.0.0.1", node_port, ssl_context=client_context(other_cert))
+        await PacketConnection.connect(
+            "127.0.0.1", node_port, ssl_context=client_context(other_cert)
+        )
     _, port = await start_front(
         nursery, node_port, upstream_ssl=client_context(other_cert), reconnect_attempts=0
     )

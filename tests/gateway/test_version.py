@@ -17,7 +17,7 @@ import trio
 
 from adapters.mcbp import Opcode
 from gateway import version as version_module
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 from gateway.metrics.families import gateway_families
 from gateway.metrics.render import render
 from gateway.metrics.view import capture
@@ -85,7 +85,7 @@ async def test_start_up_log_line_names_the_version(
 async def test_tap_front_version_reply(nursery: trio.Nursery) -> None:
     _, node_port = await start_node(nursery, filled_store())
     _, port = await start_front(nursery, node_port)
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         answer = await client.request(Opcode.VERSION)
     assert answer.value.decode() == f"tap-upr-gateway {PROJECT_VERSION} (TAP front)"
 
@@ -94,6 +94,6 @@ async def test_upr_front_version_reply(nursery: trio.Nursery, tmp_path: Path) ->
     _, node_port = await start_node(nursery, filled_store())
     config = UprFrontConfig(("127.0.0.1", 0), ("127.0.0.1", node_port), tmp_path)
     port = await nursery.start(serve_upr_front, config)
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         answer = await client.request(Opcode.VERSION)
     assert answer.value.decode() == f"tap-upr-gateway {PROJECT_VERSION} (UPR front)"

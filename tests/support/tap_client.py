@@ -153,9 +153,9 @@ async def start_node(nursery: trio.Nursery, store: Any = None, **config: Any) ->
     ``store`` defaults to an empty 4-vbucket store; ``config`` are
     ``NodeConfig`` fields (fast NOOPs and backoff unless given).
     """
+    from gateway.io.listen import bound_port
     from gateway.node.server import Node, NodeConfig
     from gateway.node.store import Store
-    from gateway.wire import bound_port
 
     config.setdefault("vbuckets", 4)
     config.setdefault("tap_noop_interval", 0.5)

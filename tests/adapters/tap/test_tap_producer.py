@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from adapters.errors import LocalProtocolError, ProtocolError
-from adapters.mcbp import Status
+from adapters.mcbp import FrameReader, Magic, Status, encode_frame
 from adapters.tap import (
     OpaqueCode,
     TapCheckpointStart,
@@ -21,7 +21,7 @@ from adapters.tap import (
     TapResponse,
     encode,
 )
-from adapters.tap.producer import ProducerState, TapProducer
+from adapters.tap.producer import ProducerState, TapProducer, successful_acks
 
 
 def mutation(i: int) -> TapMutation:
@@ -215,3 +215,53 @@ def test_kept_frames_are_resent_and_asked_for_an_ack_as_bytes() -> None:
     assert producer.last_opaque == 3
     producer.receive(ack(1, Status.BUSY), now=0)
     assert producer.retransmit_frames(1) == [frame, encode(message), asked]
+
+
+_ACK_FRAMES = st.one_of(
+    st.builds(
+        lambda op, opaque, body: encode_frame(
+            Magic.RESPONSE, op, opaque=opaque, value=body, extras_length=0
+        ),
+        st.sampled_from([op.value for op in TapOpcode]),
+        st.integers(0, 2**32 - 1),
+        st.binary(max_size=6),
+    ),
+    st.builds(
+        lambda opaque, status: encode_frame(
+            Magic.RESPONSE, TapOpcode.MUTATION.value, opaque=opaque, vbucket_or_status=status
+        ),
+        st.integers(0, 2**32 - 1),
+        st.integers(1, 0xFFFF),
+    ),
+    st.just(encode_frame(Magic.REQUEST, 0x0A)),  # a NOOP request
+    st.just(encode_frame(Magic.RESPONSE, 0x0A, opaque=3)),  # not a TAP opcode
+)
+
+
+@given(st.lists(_ACK_FRAMES, max_size=12), st.integers(0, 400), st.integers(0, 64))
+def test_successful_acks_read_what_the_frame_reader_reads(
+    frames: list[bytes], cut: int, max_body: int
+) -> None:
+    """The peer's successful acks scanned in place are the opaques, in order, of the
+    frames a lenient reader hands out up to the first that is not one (nack,
+    request, another opcode, a frame not whole or over the size limit)."""
+    data = b"".join(frames)[:cut]
+    opaques: list[int] = []
+    end = successful_acks(data, 0, opaques, max_body)
+    reader = FrameReader(max_body, lenient_responses=True)
+    reader.receive_data(data)
+    expected: list[int] = []
+    offset = 0
+    while True:
+        try:
+            frame = reader.next_frame()
+        except ProtocolError:
+            break
+        taps = {op.value for op in TapOpcode}
+        if frame is None or frame.magic != Magic.RESPONSE or frame.opcode not in taps:
+            break
+        if frame.vbucket_or_status:
+            break
+        expected.append(frame.opaque)
+        offset += frame.size
+    assert (opaques, end) == (expected, offset)

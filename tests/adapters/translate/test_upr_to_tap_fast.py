@@ -6,7 +6,8 @@ socket reads at any byte (mid-frame included), the fast path
 (``item_from_frame``, else ``UprToTap.advance`` and ``stamped_item``) and
 the buffer path the TAP front runs over whole socket reads
 (``translate_items``, ``marker_frame``, ``close_frame``, the event path for
-the rest) must produce the same TAP bytes per read, ask for acks on the same
+the rest), and the same with ``translate_items`` taking markers and closes
+inline, must produce the same TAP bytes per read, ask for acks on the same
 messages, and keep a retransmit window that encodes to the same bytes.
 """
 
@@ -92,9 +93,10 @@ class Path:
             batch[-1] = encode(self.producer.request_ack_on_last())
         return b"".join(batch)
 
-    def read_buffer(self, data: bytes) -> bytes:
+    def read_buffer(self, data: bytes, *, live: bool = False) -> bytes:
         """``read`` as the TAP front runs it: from the read buffer, runs of items and
-        plain markers as bytes, anything else as events."""
+        plain markers as bytes, anything else as events; ``live``: runs that take
+        markers and closes too, as the session's ``_fast_items`` asks for them."""
         if self.offset:
             del self.buffer[: self.offset]
             self.offset = 0
@@ -103,10 +105,14 @@ class Path:
         batch: list[bytes] = []
         while True:
             touched: dict[int, UprToTap] = {}
+            closed: list[int] | None = [] if live else None
             self.offset, credit, *_, closing = translate_items(
-                self.buffer, self.offset, streams, self.producer, batch, touched
+                self.buffer, self.offset, streams, self.producer, batch, touched, closed
             )
             assert bool(credit) == bool(touched)
+            for at in range(0, len(closed or ()), 3):
+                vbucket, checkpoint_id, seqno = closed[at : at + 3]  # type: ignore[index]
+                assert self.translators[vbucket].checkpoints[checkpoint_id][1] == seqno
             if closing is not None:
                 closed = close_frame(closing, self.producer)
                 if closed is not None:
@@ -240,18 +246,26 @@ def test_fast_path_sends_what_the_event_path_sends(
         upr.encode(replace(event, opaque=opaque_of(event.vbucket)))  # type: ignore[union-attr]
         for event in events
     )
-    slow, fast, whole = Path.make(opts), Path.make(opts), Path.make(opts)
+    slow, fast, whole, live = (Path.make(opts) for _ in range(4))
     slow_reader, fast_reader = FrameReader(), FrameReader()
     for chunk in cut(wire, points):
         expected = slow.read(chunk, slow_reader, False)
         assert fast.read(chunk, fast_reader, True) == expected
         assert whole.read_buffer(chunk) == expected
+        assert live.read_buffer(chunk, live=True) == expected
     # The retransmit window re-encodes to the same bytes, and the positions agree.
     assert resent(fast.producer) == resent(slow.producer) == resent(whole.producer)
+    assert resent(live.producer) == resent(slow.producer)
     for vb in VBUCKETS:
-        a, b, c = fast.translators[vb], slow.translators[vb], whole.translators[vb]
-        assert (a.last_seqno, a.open, a.checkpoints) == (b.last_seqno, b.open, b.checkpoints)
-        assert (c.last_seqno, c.open, c.checkpoints) == (b.last_seqno, b.open, b.checkpoints)
+        b = slow.translators[vb]
+        for other in (fast, whole, live):
+            a = other.translators[vb]
+            assert (a.last_seqno, a.open, a.checkpoints) == (b.last_seqno, b.open, b.checkpoints)
+            assert (a.snap_start, a.snap_end, a.items_in_snap) == (
+                b.snap_start,
+                b.snap_end,
+                b.items_in_snap,
+            )
 
 
 def test_a_kept_frame_is_restamped_for_an_ack_request() -> None:

@@ -43,12 +43,12 @@ from adapters.tap import (
     TapStreamMessage,
     encode,
 )
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
+from gateway.io.listen import bound_port
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
 from gateway.serve import Running, ServeOptions, run_serve
 from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
-from gateway.wire import bound_port
 from tests.gateway.serve.test_serve import http_get
 from tests.gateway.tapfront.test_tap_front_stream import catch_up
 from tests.support.prometheus import (
@@ -242,7 +242,7 @@ async def upr_front_events(port: int, running: Running) -> None:
 
 
 async def stat_group(port: int, group: str) -> dict[str, str]:
-    async with await McbpClient.connect("127.0.0.1", port) as admin:
+    async with await PacketConnection.connect("127.0.0.1", port) as admin:
         return await admin.stats(group)
 
 

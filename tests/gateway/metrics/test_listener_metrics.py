@@ -9,7 +9,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from adapters.mcbp import Opcode
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 from gateway.limits import ConnectionLimits
 from gateway.metrics import register_gateway_metrics
 from gateway.stats import GatewayStats
@@ -40,7 +40,7 @@ async def test_refusals_and_failed_logins_of_a_real_front_are_scraped(
     registry = CollectorRegistry(auto_describe=True)
     register_gateway_metrics(registry, front.stats, clock=Clock())
     with trio.fail_after(20):
-        held = await McbpClient.connect("127.0.0.1", port)
+        held = await PacketConnection.connect("127.0.0.1", port)
         await held.request(Opcode.NOOP)
         refused = await trio.open_tcp_stream("127.0.0.1", port)
         assert await read_until_closed(refused) == b""

@@ -12,12 +12,12 @@ import trio
 from adapters.mcbp import Magic, Opcode, Status, encode_frame
 from adapters.mcbp.constants import VBucketState
 from adapters.mcbp.vbucket import vbucket_of
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection, RequestFailed
+from gateway.io.listen import bound_port
 from gateway.load import run_load
 from gateway.node.commands import NODE_FAILOVER
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from gateway.wire import bound_port
 from tests.support.waiting import until
 
 VBUCKETS = 8
@@ -42,7 +42,7 @@ async def test_set_get_delete_with_cas(node_port: tuple[Node, int]) -> None:
     node, port = node_port
     key = b"alpha"
     vb = vbucket_of(key, VBUCKETS)
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         stored = await client.request(
             Opcode.SET, key=key, value=b"one", vbucket=vb, extras=store_extras(flags=0xCAFE)
         )
@@ -70,7 +70,7 @@ async def test_set_get_delete_with_cas(node_port: tuple[Node, int]) -> None:
 
 async def test_wrong_vbucket_state_and_set_vbucket(node_port: tuple[Node, int]) -> None:
     node, port = node_port
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         await client.request(
             Opcode.SET_VBUCKET, vbucket=3, extras=struct.pack(">I", VBucketState.REPLICA)
         )
@@ -88,7 +88,7 @@ async def test_unknown_and_malformed_commands_keep_the_connection(
     node_port: tuple[Node, int],
 ) -> None:
     _, port = node_port
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         unknown = await client.request(0xE7, check=False)
         assert unknown.vbucket_or_status == Status.UNKNOWN_COMMAND
         assert b"0xe7" in unknown.value
@@ -103,7 +103,7 @@ async def test_unknown_and_malformed_commands_keep_the_connection(
 async def test_stat_groups(node_port: tuple[Node, int]) -> None:
     node, port = node_port
     node.store.populate_sample(50)
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         general = await client.stats()
         assert general["curr_items"] == "50" and general["ep_num_vbuckets"] == str(VBUCKETS)
         seqnos = await client.stats("vbucket-seqno")
@@ -122,7 +122,7 @@ async def test_stat_groups(node_port: tuple[Node, int]) -> None:
 async def test_failover_command_adds_an_entry(node_port: tuple[Node, int]) -> None:
     node, port = node_port
     before = node.store.failover_log(1)
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         await client.request(NODE_FAILOVER, vbucket=1)
     after = node.store.failover_log(1)
     assert len(after) == len(before) + 1 and after[1:] == before
@@ -130,7 +130,7 @@ async def test_failover_command_adds_an_entry(node_port: tuple[Node, int]) -> No
 
 async def test_sasl_plain_is_required_when_users_are_configured(nursery: trio.Nursery) -> None:
     _, port = await start_node(nursery, users={"admin": "secret"})
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         refused = await client.request(Opcode.STAT, check=False)
         assert refused.vbucket_or_status == Status.AUTH_ERROR
         mechs = await client.request(Opcode.SASL_LIST_MECHS)
@@ -149,7 +149,7 @@ async def test_responses_on_a_command_connection_close_it_alone(
     rogue = await trio.open_tcp_stream("127.0.0.1", port)
     await rogue.send_all(encode_frame(Magic.RESPONSE, Opcode.GET))
     assert await rogue.receive_some(100) == b""
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         assert (await client.request(Opcode.NOOP)).vbucket_or_status == Status.SUCCESS
     await rogue.aclose()
 
@@ -178,7 +178,7 @@ async def test_quit_closes_the_connection_and_curr_connections_counts_open_ones(
     """memcached daemon/memcached.c: QUIT closes the connection without a reply."""
     node, port = node_port
     with trio.fail_after(10):
-        async with await McbpClient.connect("127.0.0.1", port) as watcher:
+        async with await PacketConnection.connect("127.0.0.1", port) as watcher:
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             async with stream:
                 await stream.send_all(encode_frame(Magic.REQUEST, Opcode.NOOP))

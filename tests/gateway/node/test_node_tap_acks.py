@@ -17,7 +17,7 @@ from adapters.tap import (
     TapNoop,
     TapStreamMessage,
 )
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection, RequestFailed
 from gateway.node.store import Store
 from gateway.node.tap_plan import Phase
 from tests.support.tap_client import (
@@ -159,7 +159,7 @@ async def test_registered_client_resumes_by_name(nursery: trio.Nursery) -> None:
         offline = dict(node.tap.stats())
         assert offline["eq_tapq:reg:reconnects"] == "1"
         # Deregistered (memcached 0x9e): its connection closes, its position is gone.
-        async with await McbpClient.connect("127.0.0.1", port) as admin:
+        async with await PacketConnection.connect("127.0.0.1", port) as admin:
             await admin.request(Opcode.DEREGISTER_TAP_CLIENT, key=b"reg")
             try:
                 await admin.request(Opcode.DEREGISTER_TAP_CLIENT, key=b"reg")
@@ -210,7 +210,7 @@ async def test_idle_stream_gets_noops_and_stats(nursery: trio.Nursery) -> None:
             assert node.tap.takeover_stats(2, "quiet") is None
             assert node.tap.takeover_stats(0, "nobody") is None
             # The same over memcached STAT.
-            async with await McbpClient.connect("127.0.0.1", port) as admin:
+            async with await PacketConnection.connect("127.0.0.1", port) as admin:
                 over_wire = await admin.stats("tap")
                 takeover = await admin.stats("vbucket-takeover 1 quiet")
             assert over_wire["eq_tapq:quiet:vb_filters"] == "2"

@@ -10,7 +10,7 @@ import trio
 from adapters import upr
 from adapters.mcbp import Status
 from adapters.mcbp.frames import encode_frame
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 from gateway.node.items import Item, ItemKind, VBucketState
 from gateway.node.store import Store
 from tests.support.upr_client import (
@@ -310,7 +310,7 @@ async def test_stats_name_streams_the_3_0_way(nursery: trio.Nursery) -> None:
     takeover = node.upr.takeover_stats(2, "stats")
     assert takeover is not None and takeover["estimate"] == "0"
     # The same over the wire, as STAT dcp / upr / vbucket-takeover.
-    async with await McbpClient.connect("127.0.0.1", port) as admin:
+    async with await PacketConnection.connect("127.0.0.1", port) as admin:
         wire = await admin.stats("dcp")
         assert wire["eq_dcpq:stats:stream_2_state"] == "in-memory"
         assert (await admin.stats("upr"))["ep_upr_count"] == "1"
@@ -336,7 +336,7 @@ async def test_a_start_below_the_purge_seqno_starts_over(nursery: trio.Nursery) 
     assert store.purge_tombstones(time.time() + 1, vb=1) > 0
     assert store.purge_seqno(1) == tombstone.by_seqno
     client = await producer(port)
-    async with await McbpClient.connect("127.0.0.1", port) as admin:
+    async with await PacketConnection.connect("127.0.0.1", port) as admin:
         seqnos = await admin.stats("vbucket-seqno 1")
     assert seqnos["vb_1:purge_seqno"] == str(tombstone.by_seqno)
 

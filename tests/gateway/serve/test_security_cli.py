@@ -22,7 +22,7 @@ import trio
 from adapters.mcbp import Opcode
 from adapters.tap import ConnectFlags, TapMutation, encode
 from gateway.auth import read_users
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 from gateway.tls import client_context
 from tests.gateway.test_tls import make_certificate
 from tests.support.tap_client import TapClient, connect_event
@@ -148,7 +148,7 @@ async def test_a_locked_down_deployment_end_to_end(tmp_path: Path) -> None:
                 log: list[str] = []
                 tap_port, _ = wait_for(serve, r"(?:TAP|UPR) front listening on \S+?:(\d+)", 2, log)
                 with trio.fail_after(30):
-                    client = await McbpClient.connect(
+                    client = await PacketConnection.connect(
                         "127.0.0.1", tap_port, ssl_context=tls_client(cert)
                     )
                     await client.sasl_plain("replica", "old-pass")
@@ -160,7 +160,7 @@ async def test_a_locked_down_deployment_end_to_end(tmp_path: Path) -> None:
                     keys = {e.key for e in events if isinstance(e, TapMutation)}
                     assert {b"sample::%06d" % i for i in range(200)} <= keys
                     await client.aclose()
-                    admin = await McbpClient.connect(
+                    admin = await PacketConnection.connect(
                         "127.0.0.1", tap_port, ssl_context=tls_client(cert)
                     )
                     await admin.sasl_plain("ops", "plain-admin")

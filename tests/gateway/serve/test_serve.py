@@ -7,7 +7,7 @@ from pathlib import Path
 import trio
 
 from adapters.tap import ConnectFlags, TapMutation
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 from gateway.serve import ServeOptions, run_serve
 from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.gateway.tapfront.test_tap_front_stream import catch_up
@@ -44,7 +44,7 @@ async def test_tap_front_and_metrics_over_a_given_upr_upstream(nursery: trio.Nur
             running.tap_port, connect_event(b"ops", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
         )
         await catch_up(client, replica, store)
-        async with await McbpClient.connect("127.0.0.1", running.tap_port) as admin:
+        async with await PacketConnection.connect("127.0.0.1", running.tap_port) as admin:
             stats = await admin.stats("tap")
         assert int(stats["ep_tap_count"]) == 1
         status, body = await http_get(running.metrics_port, "/metrics")
@@ -79,7 +79,7 @@ async def test_with_no_upstream_both_fronts_serve_the_embedded_node(
         assert (await consumer.open(b"new")).status == 0
         seqnos: dict[str, str] = {}
         while not seqnos or int(seqnos.get("vb_0:high_seqno", "0")) == 0:
-            async with await McbpClient.connect("127.0.0.1", running.upr_port) as admin:
+            async with await PacketConnection.connect("127.0.0.1", running.upr_port) as admin:
                 seqnos = await admin.stats("vbucket-seqno")
             await trio.sleep(0.05)
         high = int(seqnos["vb_0:high_seqno"])

@@ -6,7 +6,7 @@ import trio
 
 from adapters.mcbp import Opcode, Status
 from adapters.tap import ConnectFlags, TapMutation, encode
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection, RequestFailed
 from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.tap_client import TapClient, connect_event, start_node
 from tests.support.tapfront import start_front
@@ -27,7 +27,7 @@ async def test_clients_must_authenticate_and_the_upstream_login_is_used(
         upstream_password="s3cret",
     )
     with trio.fail_after(20):
-        async with await McbpClient.connect("127.0.0.1", port) as anonymous:
+        async with await PacketConnection.connect("127.0.0.1", port) as anonymous:
             assert (await anonymous.request(Opcode.SASL_LIST_MECHS)).value == b"PLAIN"
             refused = await anonymous.request(Opcode.STAT, check=False)
             assert refused.vbucket_or_status == Status.AUTH_ERROR
@@ -37,7 +37,7 @@ async def test_clients_must_authenticate_and_the_upstream_login_is_used(
                 assert exc.status == Status.AUTH_ERROR
             else:
                 raise AssertionError("a wrong password was accepted")
-        client = await McbpClient.connect("127.0.0.1", port)
+        client = await PacketConnection.connect("127.0.0.1", port)
         await client.sasl_plain("old-client", "pw")
         tap_client = TapClient(client.stream)
         await tap_client.send(

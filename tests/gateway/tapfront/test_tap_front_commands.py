@@ -11,7 +11,7 @@ import socket
 import trio
 
 from adapters.mcbp import Opcode, Status
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection, RequestFailed
 from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.tap_client import start_node
 from tests.support.tapfront import start_front
@@ -26,7 +26,7 @@ def closed_port() -> int:
 
 
 async def stat_failure(port: int, group: str) -> RequestFailed:
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         try:
             await client.stats(group)
         except RequestFailed as failed:
@@ -49,7 +49,7 @@ async def test_stat_with_the_upstream_unreachable_names_it(nursery: trio.Nursery
         )
         assert "unknown stat group" not in text
     # The front's own group does not need the upstream.
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         assert (await client.stats("tap"))["ep_tap_count"] == "0"
 
 
@@ -82,7 +82,7 @@ async def test_unknown_group_says_which_groups_are_served(nursery: trio.Nursery)
 async def test_upstream_refusal_is_passed_on(nursery: trio.Nursery) -> None:
     _, node_port = await start_node(nursery, filled_store())
     _, port = await start_front(nursery, node_port)
-    async with await McbpClient.connect("127.0.0.1", node_port) as direct:
+    async with await PacketConnection.connect("127.0.0.1", node_port) as direct:
         try:
             await direct.stats("vbucket-seqno 60000")
             raise AssertionError("the node answered a vbucket it does not have")
@@ -91,6 +91,6 @@ async def test_upstream_refusal_is_passed_on(nursery: trio.Nursery) -> None:
     failed = await stat_failure(port, "vbucket-seqno 60000")
     assert failed.status == expected.status
     assert failed.text.decode().startswith(f"UPR upstream 127.0.0.1:{node_port}: ")
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         seqnos = await client.stats("vbucket-seqno")
     assert "vb_0:high_seqno" in seqnos

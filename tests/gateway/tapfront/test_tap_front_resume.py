@@ -9,9 +9,9 @@ import trio
 
 from adapters.mcbp import Status
 from adapters.tap import ConnectFlags, OpaqueCode, TapEvent, TapMutation, TapNoop
+from gateway.io.listen import bound_port
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from gateway.wire import bound_port
 from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.gateway.tapfront.test_tap_front_stream import catch_up, check_brackets, closes
 from tests.support.tap_client import (

@@ -9,7 +9,7 @@ import trio
 
 from adapters import upr
 from adapters.mcbp import Magic, Opcode, Status, encode_frame
-from gateway.client import McbpClient, RequestFailed
+from gateway.io.connection import PacketConnection, RequestFailed
 from tests.gateway.uprfront.support import (
     MAX_SEQNO,
     VBUCKETS,
@@ -177,7 +177,7 @@ async def test_stat_groups_on_the_upr_port(nursery: trio.Nursery, tmp_path: Path
         await until(lambda: caught_up(front, store))
     consumer = await open_producer(port, b"replica")
     await consumer.stream_request(3, 0, MAX_SEQNO, opaque=1)
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         seqnos = await client.stats("vbucket-seqno")
         assert seqnos["vb_3:high_seqno"] == str(front.logs.logs[3].high_seqno)
         assert seqnos["vb_3:uuid"] == str(front.logs.logs[3].failover.uuid)

@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from adapters import upr
-from gateway.client import McbpClient
+from gateway.io.connection import PacketConnection
 
 VBUCKETS = 16
 ITEMS = 64_000
@@ -70,7 +70,7 @@ def process(command: list[str], pattern: str) -> Iterator[tuple[subprocess.Popen
 
 async def logged_everything(port: int) -> None:
     while True:
-        async with await McbpClient.connect("127.0.0.1", port) as client:
+        async with await PacketConnection.connect("127.0.0.1", port) as client:
             seqnos = await client.stats("vbucket-seqno")
         if sum(int(v) for k, v in seqnos.items() if k.endswith(":high_seqno")) >= ITEMS:
             return
@@ -78,7 +78,7 @@ async def logged_everything(port: int) -> None:
 
 
 async def upr_stats(port: int) -> dict[str, str]:
-    async with await McbpClient.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
         return await client.stats("upr")
 
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
 import trio
+import trio.testing
 
 from adapters import upr
 from gateway.node.store import Store
 from gateway.stats import GatewayStats
 from gateway.uprfront.logset import LogOptions, LogSet
+from gateway.uprfront.vblog import RESERVE_STEP, VbLog
 from tests.gateway.uprfront.support import (
     MAX_SEQNO,
     VBUCKETS,
@@ -79,7 +83,8 @@ async def test_killed_gateway_resumes_without_loss_or_reused_seqnos(
         await until(lambda: caught_up(front2, store))
     after = await read_all(port2, positions, b"keeper")
     for vb in range(VBUCKETS):
-        assert front2.logs.logs[vb].continued  # fsync batch, no torn tail: same history
+        # Killed: a new failover entry at the proven end, past which the consumer saw nothing.
+        assert not front2.logs.logs[vb].continued
         old_seqnos = {e.by_seqno for e in before[vb].items}
         assert all(e.by_seqno > positions[vb][1] for e in after[vb].items)
         merged = StreamLog(before[vb].events + after[vb].events)
@@ -109,15 +114,16 @@ async def test_torn_tail_starts_a_new_history_past_every_used_seqno(
     vblog = front2.logs.logs[0]
     uuid, high, reserved = old[0]
     assert not vblog.continued and vblog.torn_bytes == 11
-    assert vblog.failover.entries[1][0] == uuid and vblog.failover.entries[0][1] == reserved
+    # The new entry starts at the proven end, new seqnos past every one reserved.
+    assert vblog.failover.entries[1][0] == uuid and vblog.failover.entries[0][1] == high
     assert vblog.translator.index[b"after-crash"].seqno > reserved
     # A consumer of the old history resumes without rollback (nothing it saw is gone).
     client = await open_producer(port2)
     reply = await client.stream_request(0, high, MAX_SEQNO, uuid=uuid, opaque=1)
     assert isinstance(reply, upr.StreamRequestOk), reply
     await client.aclose()
-    # The other vbuckets continue their history.
-    assert front2.logs.logs[1].continued and front2.logs.logs[1].failover.uuid == old[1][0]
+    # The other vbuckets (proven whole, not closed cleanly) too: their consumers resume.
+    assert front2.logs.logs[1].failover.entries[1] == (old[1][0], 0)
     scope2.cancel()
 
 
@@ -138,7 +144,7 @@ async def test_node_restarted_without_data_is_reconciled(
         await client.stream_request(vb, 0, v.high_seqno, opaque=vb + 1)
         logs[vb] = await client.read_stream(vb + 1)
     await client.aclose()
-    scope.cancel()
+    await scope.stop()  # its logs closed cleanly before the next gateway opens them
     # A new node: some keys as they were (same versions), some changed, most gone.
     fresh = Store(VBUCKETS)
     now = time.time()
@@ -268,3 +274,81 @@ async def test_sigkilled_gateway_process_loses_nothing_acked(
     for vb in range(VBUCKETS):
         assert final_state(log[vb]) == store_state(store, vb)
     scope.cancel()
+
+
+async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_the_proven_end(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fsync batch serves items before their fsync returns. The gateway dies with an
+    fsync held, and the disk keeps only what was synced (the file cut back to it, as
+    a power loss leaves it). On restart the log opens with a new failover entry at its
+    proven end, as ep-engine 3.0's warmup after an unclean shutdown (src/warmup.cc,
+    ``Warmup::createVBuckets``); the consumer that saw the lost items gets ROLLBACK to
+    that end by 3.0's rule (src/failover-table.cc, ``FailoverTable::needsRollback``),
+    and after it converges with the node, which sends again what was never acked."""
+    store = filled_store(10)
+    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
+    front, port, scope = await start_front(
+        nursery, tmp_path, node_port, fsync="batch", close_logs=False
+    )
+    with trio.fail_after(20):
+        await until(lambda: caught_up(front, store))
+    vblog = front.logs.logs[0]
+    with trio.fail_after(20):  # every commit so far has returned: all synced
+        await until(lambda: vblog.syncing == 0 and not vblog.unsynced)
+    synced = vblog.segments[-1].size
+    old_uuid, proven = vblog.failover.uuid, vblog.high_seqno
+    release, waiting = threading.Event(), threading.Event()
+
+    def held_sync(log: VbLog) -> None:  # in a worker thread: the fsync never completes
+        waiting.set()
+        release.wait(20)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(VbLog, "sync", held_sync)
+    for n in range(5):
+        store.set(0, b"lost-%d" % n, b"v", now=time.time())
+    client = await open_producer(port, b"early")
+    with trio.fail_after(20):
+        await until(lambda: vblog.high_seqno >= proven + 5)
+    seen = vblog.high_seqno
+    await client.stream_request(0, 0, seen, opaque=1)
+    before = await client.read_stream(1)
+    assert {b"lost-%d" % n for n in range(5)} <= {e.key for e in before.items}
+    await client.aclose()
+    with trio.fail_after(20):  # their commit waits for its fsync
+        await trio.to_thread.run_sync(waiting.wait, abandon_on_cancel=True)
+    # Power loss: the page cache's unsynced bytes never reach the disk.
+    os.truncate(vblog.segments[-1].path, synced)
+    stopping = trio.Event()
+
+    async def stop() -> None:
+        await scope.stop()
+        stopping.set()
+
+    nursery.start_soon(stop)
+    await trio.testing.wait_all_tasks_blocked()
+    release.set()  # the held thread returns into a cancelled commit: nothing acked
+    with trio.fail_after(20):
+        await stopping.wait()
+    monkeypatch.undo()
+
+    front2, port2, scope2 = await start_front(nursery, tmp_path, node_port)
+    again = front2.logs.logs[0]
+    assert not again.continued
+    assert again.failover.entries[0][1] == proven and again.failover.entries[1][0] == old_uuid
+    client = await open_producer(port2, b"early")
+    reply = await client.stream_request(
+        0, seen, MAX_SEQNO, uuid=old_uuid, snap=(seen, seen), opaque=1
+    )
+    assert isinstance(reply, upr.StreamRequestRollback) and reply.rollback_seqno == proven
+    with trio.fail_after(20):
+        await until(lambda: caught_up(front2, store))
+    kept = [e for e in before.events if not hasattr(e, "by_seqno") or e.by_seqno <= proven]
+    reply = await client.stream_request(0, proven, again.high_seqno, uuid=old_uuid, opaque=2)
+    assert isinstance(reply, upr.StreamRequestOk), reply
+    after = await client.read_stream(2)
+    await client.aclose()
+    assert all(e.by_seqno > again.reserved - RESERVE_STEP for e in after.items)
+    assert final_state(StreamLog(kept + after.events)) == store_state(store, 0)
+    scope2.cancel()

@@ -144,8 +144,8 @@ class SlowDisk(VbLog):
         super().sync()
         self.synced_size = max(self.synced_size, covered)
 
-    def publish(self) -> None:
-        super().publish()
+    def publish(self, *, settle: bool = True) -> None:
+        super().publish(settle=settle)
         if self.segments[-1].size > self.synced_size:
             self.unsynced_publishes.append((self.segments[-1].size, self.synced_size))
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import trio
 import trio.testing
 
 from adapters.mcbp import Magic, Opcode, encode_frame
-from gateway.client import McbpClient
-from gateway.wire import PacketConnection, bound_port, parse_hostport, serve_packets
+from gateway.io.connection import ConnectionLost, PacketConnection
+from gateway.io.listen import bound_port, parse_hostport, serve_packets
 
 
 async def noop_echo(conn: PacketConnection) -> None:
@@ -20,7 +21,7 @@ async def noop_echo(conn: PacketConnection) -> None:
 async def test_faulty_peer_is_closed_alone(nursery: trio.Nursery) -> None:
     listeners = await nursery.start(partial(serve_packets, noop_echo, "127.0.0.1", 0, label="t"))
     port = bound_port(listeners)
-    good = await McbpClient.connect("127.0.0.1", port)
+    good = await PacketConnection.connect("127.0.0.1", port)
     bad = await trio.open_tcp_stream("127.0.0.1", port)
     assert (await good.request(Opcode.NOOP)).opcode == Opcode.NOOP
     await bad.send_all(b"\x42" * 24)  # bad magic
@@ -35,7 +36,7 @@ async def test_writer_batches_and_preserves_order() -> None:
     conn = PacketConnection(left, max_outbox_bytes=1 << 20)
     packets = [encode_frame(Magic.REQUEST, Opcode.NOOP, opaque=i) for i in range(500)]
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(conn.run_writer)
+        conn.start_writer(nursery)
         for packet in packets:
             conn.send_nowait(packet)
         conn.finish()
@@ -50,7 +51,7 @@ async def test_send_waits_while_outbox_is_full() -> None:
     left, right = trio.testing.lockstep_stream_pair()
     conn = PacketConnection(left, max_outbox_bytes=1000)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(conn.run_writer)
+        conn.start_writer(nursery)
         conn.send_nowait(b"x" * 1000)
         blocked = trio.Event()
 
@@ -88,7 +89,7 @@ async def test_every_sender_blocked_on_a_full_outbox_wakes_when_it_drains() -> N
     delivered = bytearray()
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(conn.run_writer)
+            conn.start_writer(nursery)
             conn.send_nowait(chunk)  # fills the outbox: every send below must wait
             async with trio.open_nursery() as senders:
                 for _ in range(5):
@@ -98,3 +99,37 @@ async def test_every_sender_blocked_on_a_full_outbox_wakes_when_it_drains() -> N
                     delivered += await right.receive_some(1000)
             conn.finish()
     assert bytes(delivered) == chunk * 6
+
+
+async def _answer_one_then_close(conn: PacketConnection) -> None:
+    frame = await conn.receive_frame()
+    assert frame is not None
+    await conn.send(encode_frame(Magic.RESPONSE, frame.opcode, opaque=frame.opaque))
+
+
+async def test_a_dialed_peer_that_closes_is_named(nursery: trio.Nursery) -> None:
+    listeners = await nursery.start(
+        partial(serve_packets, _answer_one_then_close, "127.0.0.1", 0, label="t")
+    )
+    port = bound_port(listeners)
+    async with await PacketConnection.connect("127.0.0.1", port) as client:
+        assert (await client.request(Opcode.NOOP)).opcode == Opcode.NOOP
+        with pytest.raises(ConnectionLost, match=rf"^127\.0\.0\.1:{port} closed the connection"):
+            await client.next_frame()
+
+
+async def test_a_dialed_command_connection_becomes_a_stream(nursery: trio.Nursery) -> None:
+    """Requests first, written at once; then a writer batches what the stream queues,
+    in order after them, on the same socket and reader."""
+    listeners = await nursery.start(partial(serve_packets, noop_echo, "127.0.0.1", 0, label="t"))
+    client = await PacketConnection.connect("127.0.0.1", bound_port(listeners), name="dialed")
+    assert (await client.request(Opcode.NOOP)).opaque == 1
+    async with trio.open_nursery() as inner:
+        client.start_writer(inner)
+        for opaque in range(100, 200):
+            client.send_nowait(encode_frame(Magic.REQUEST, Opcode.NOOP, opaque=opaque))
+        await client.send(encode_frame(Magic.REQUEST, Opcode.NOOP, opaque=200))
+        got = [(await client.next_frame()).opaque for _ in range(101)]
+        client.finish()
+    assert got == list(range(100, 201))
+    await client.aclose()

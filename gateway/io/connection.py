@@ -1,38 +1,58 @@
-"""Memcached-binary connections over trio: a frame reader and a batching writer.
+"""One memcached-binary connection type over trio, for accepted and dialed sockets.
 
-One ``PacketConnection`` per socket. The owner reads with ``receive_frame``
-(``None`` at a clean end of stream) and queues bytes with ``send``. A writer
-task joins everything queued since its last write into one ``send_all``
-(per-packet writes cost many times more in Python). The outbox is bounded in
-bytes: ``send`` waits while more than ``max_outbox_bytes`` are queued, so a
-slow peer pushes back on whoever produces for it.
+``PacketConnection`` wraps one socket (TCP or TLS): a frame reader with the
+stage's size and time limits (``gateway.limits``) and two ways to write.
+
+- Served (``run_connection``, and any stream that calls ``start_writer``):
+  ``send`` queues bytes and a writer task joins everything queued since its
+  last write into one ``send_all`` (per-packet writes cost many times more in
+  Python). The outbox is bounded in bytes: ``send`` waits while more than
+  ``max_outbox_bytes`` are queued, so a slow peer pushes back on whoever
+  produces for it.
+- Dialed command use (``connect``: STAT, SASL, requests; a relay): until a
+  writer starts, ``send`` writes at once, one sender at a time.
+
+The owner reads with ``receive_frame`` (``None`` at a clean end of stream) or
+``next_frame`` (the end of stream is an error naming the peer); ``request``,
+``stats`` and ``sasl_plain`` are the client side of a command connection.
+Failures to reach a peer are ``OSError`` whose one line names it.
 
 ``run_connection`` runs a handler with its writer in one nursery, flushes
 what the handler queued when it returns, and closes the socket with a
 shielded, time-limited cleanup. A ``ProtocolError`` from the handler is
-logged with the peer's name and closes only that connection.
+logged with the peer's name and closes only that connection. Listening
+(``serve_packets``) lives in ``gateway.io.listen``.
 
-A listener's connections carry ``ConnectionLimits`` (``gateway.limits``): the
-handler moves a connection from stage to stage (``authenticated``,
-``streaming``) and the reader enforces each stage's frame size and time
-limits before buffering a body; ``serve_packets`` refuses connections past
-``max_connections``.
+A listener's connections carry ``ConnectionLimits``: the handler moves a
+connection from stage to stage (``authenticated``, ``streaming``) and the
+reader enforces each stage's frame size and time limits before buffering a
+body.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import math
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import trio
 
-from adapters.errors import ProtocolError
-from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, Frame, FrameReader
-from gateway import logs
+from adapters.errors import GatewayError, ProtocolError
+from adapters.mcbp import (
+    DEFAULT_MAX_FRAME_SIZE,
+    HEADER_SIZE,
+    Frame,
+    FrameReader,
+    Magic,
+    Opcode,
+    Status,
+    encode_frame,
+)
+from adapters.mcbp.constants import status_name
 from gateway.limits import NO_LIMITS, ConnectionLimits, ListenerCounters, Stage
 
 if TYPE_CHECKING:
@@ -57,6 +77,24 @@ class ConnectionTimeout(ProtocolError):
     def __init__(self, reason: str, kind: str) -> None:
         super().__init__(reason)
         self.kind = kind
+
+
+class ConnectionLost(ProtocolError):
+    """The peer closed a connection we were reading a frame or an answer from."""
+
+
+class RequestFailed(GatewayError):
+    """The server answered a request with an error status."""
+
+    def __init__(self, opcode: int, status: int, text: bytes) -> None:
+        self.opcode = opcode
+        self.status = status
+        self.text = text
+        detail = text.decode("utf-8", "replace")
+        super().__init__(
+            f"opcode 0x{opcode:02x} failed: {status_name(status)} (0x{status:02x})"
+            + (f": {detail}" if detail else "")
+        )
 
 
 class PacketConnection:
@@ -96,6 +134,46 @@ class PacketConnection:
         self.bytes_sent = 0
         self.peak_outbox_bytes = 0
         """The most bytes ever queued at once (what the outbox cost at its fullest)."""
+        self._writing = False
+        """A writer task serves the outbox; until one does, ``send`` writes at once."""
+        self._send_lock = trio.Lock()
+        self._opaques = itertools.count(1)
+
+    # -- dialing -----------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        name: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> PacketConnection:
+        """Dial ``host:port`` over TCP, or TLS when ``ssl_context`` is given. ``name``
+        (default ``host:port``) is how errors and logs call the peer."""
+        from gateway.tls import open_stream
+
+        stream = await open_stream(host, port, ssl_context)
+        return cls(stream, name=name or f"{host}:{port}", max_frame_size=max_frame_size)
+
+    async def __aenter__(self) -> PacketConnection:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the socket (shielded: a cancelled caller still releases it)."""
+        with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+            scope.shield = True
+            await self.stream.aclose()
 
     # -- stages ------------------------------------------------------------
 
@@ -194,6 +272,22 @@ class PacketConnection:
             return RECEIVE_SIZE
         return min(RECEIVE_SIZE, HEADER_SIZE + self.reader.max_frame_size)
 
+    async def next_frame(self) -> Frame:
+        """The next frame; the peer closing or resetting first is a ``ConnectionLost``
+        naming it."""
+        try:
+            frame = await self.receive_frame()
+        except trio.BrokenResourceError as exc:
+            raise self._lost(exc) from None
+        if frame is None:
+            raise ConnectionLost(f"{self.name} closed the connection")
+        return frame
+
+    def _lost(self, exc: trio.BrokenResourceError) -> ConnectionLost:
+        cause = exc.__cause__
+        why = getattr(cause, "strerror", None) or getattr(cause, "reason", None) or cause
+        return ConnectionLost(f"{self.name} closed the connection ({why or 'broken'})")
+
     def next_buffered_frame(self) -> Frame | None:
         """A frame already received, without waiting for the network."""
         return self.reader.next_frame()
@@ -215,7 +309,16 @@ class PacketConnection:
             await self._room_event().wait()
 
     async def send(self, data: bytes) -> None:
-        """Queue ``data``; waits while the outbox is over its limit."""
+        """Queue ``data`` for the writer, waiting while the outbox is over its limit;
+        before a writer runs, write it now (one sender at a time)."""
+        if not self._writing:
+            async with self._send_lock:
+                try:
+                    await self.stream.send_all(data)
+                except trio.BrokenResourceError as exc:
+                    raise self._lost(exc) from None
+            self.bytes_sent += len(data)
+            return
         await self.wait_for_room()
         self.send_nowait(data)
 
@@ -245,7 +348,12 @@ class PacketConnection:
     def writer_done(self) -> trio.Event:
         return self._writer_done
 
-    async def run_writer(self) -> None:
+    def start_writer(self, nursery: trio.Nursery) -> None:
+        """From now on ``send`` queues and a writer task in ``nursery`` writes."""
+        self._writing = True
+        nursery.start_soon(self._run_writer)
+
+    async def _run_writer(self) -> None:
         try:
             while True:
                 if not self._outbox:
@@ -269,6 +377,65 @@ class PacketConnection:
         self._closing = True
         self._has_data.set()
         self._has_room.set()
+
+    # -- the client side of a command connection ---------------------------
+
+    def next_opaque(self) -> int:
+        return next(self._opaques) & 0xFFFFFFFF
+
+    async def request(
+        self,
+        opcode: int,
+        *,
+        key: bytes = b"",
+        value: bytes = b"",
+        extras: bytes = b"",
+        vbucket: int = 0,
+        cas: int = 0,
+        check: bool = True,
+    ) -> Frame:
+        """Send one request and return its response (raise on error status if ``check``).
+        Requests are answered in order; frames with other opaques are passed over."""
+        opaque = self.next_opaque()
+        await self.send(
+            encode_frame(
+                Magic.REQUEST,
+                opcode,
+                vbucket_or_status=vbucket,
+                opaque=opaque,
+                cas=cas,
+                extras=extras,
+                key=key,
+                value=value,
+            )
+        )
+        while True:
+            frame = await self.next_frame()
+            if frame.magic == Magic.RESPONSE and frame.opaque == opaque:
+                break
+        if check and frame.vbucket_or_status != Status.SUCCESS:
+            raise RequestFailed(opcode, frame.vbucket_or_status, frame.value)
+        return frame
+
+    async def stats(self, group: str = "") -> dict[str, str]:
+        """``STAT group``: the key/value responses up to the empty one."""
+        opaque = self.next_opaque()
+        await self.send(encode_frame(Magic.REQUEST, Opcode.STAT, opaque=opaque, key=group.encode()))
+        out: dict[str, str] = {}
+        while True:
+            frame = await self.next_frame()
+            if frame.opaque != opaque or frame.magic != Magic.RESPONSE:
+                continue
+            if frame.vbucket_or_status != Status.SUCCESS:
+                raise RequestFailed(Opcode.STAT, frame.vbucket_or_status, frame.value)
+            if not frame.key:
+                return out
+            out[frame.key.decode("utf-8", "replace")] = frame.value.decode("utf-8", "replace")
+
+    async def sasl_plain(self, user: str, password: str) -> None:
+        """Authenticate with SASL PLAIN (authzid empty)."""
+        token = b"\x00" + user.encode() + b"\x00" + password.encode()
+        await self.request(Opcode.SASL_AUTH, key=b"PLAIN", value=token)
 
 
 Handler = Callable[[PacketConnection], Awaitable[None]]
@@ -300,7 +467,7 @@ async def run_connection(
     refused: ProtocolError | None = None
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(conn.run_writer)
+            conn.start_writer(nursery)
             try:
                 await handler(conn)
             except ProtocolError as exc:
@@ -333,148 +500,3 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
-
-
-def peer_name(stream: trio.SocketStream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]
-    except OSError:
-        return "peer"
-    return f"{host}:{port}"
-
-
-async def serve_packets(
-    handler: Handler,
-    host: str,
-    port: int,
-    *,
-    label: str,
-    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-    limits: ConnectionLimits | None = None,
-    auth_required: bool = False,
-    counters: ListenerCounters | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-    max_outbox_bytes: int = DEFAULT_MAX_OUTBOX_BYTES,
-) -> None:
-    """Listen on ``host:port`` (0: any free port) and serve each connection.
-
-    ``task_status.started`` receives the listeners, so callers learn the port.
-    Connections start in the ``AUTH`` stage when ``auth_required``, else in
-    ``COMMAND``; past ``limits.max_connections`` open ones, a new connection is
-    closed at once, logged and counted. With ``ssl_context`` every connection
-    is TLS (the handshake within the handshake timeout).
-    """
-    limits = (limits or ConnectionLimits()).with_frame_size(max_frame_size)
-    counters = counters if counters is not None else ListenerCounters()
-    stage = Stage.AUTH if auth_required else Stage.COMMAND
-    refusals = _RefusalLog(label, limits.max_connections)
-
-    async def on_connection(stream: trio.SocketStream) -> None:
-        peer = peer_name(stream)
-        if counters.open_connections[label] >= limits.max_connections:
-            counters.refusals_total[label] += 1
-            refusals.refused(peer)
-            with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-                scope.shield = True
-                await stream.aclose()
-            return
-        counters.open_connections[label] += 1
-        try:
-            with logs.bind(listener=label, peer=peer):
-                served: trio.abc.Stream = stream
-                if ssl_context is not None:
-                    secured = await _tls_handshake(stream, ssl_context, limits, peer, label)
-                    if secured is None:
-                        counters.timeouts_total[label, "tls"] += 1
-                        return
-                    served = secured
-                await run_connection(
-                    served,
-                    handler,
-                    name=f"{label} {peer}",
-                    max_frame_size=max_frame_size,
-                    max_outbox_bytes=max_outbox_bytes,
-                    limits=limits,
-                    stage=stage,
-                    label=label,
-                    counters=counters,
-                )
-        finally:
-            counters.open_connections[label] -= 1
-
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    async with trio.open_nursery() as nursery:
-        started = await nursery.start(trio.serve_listeners, on_connection, listeners)
-        task_status.started(started)
-
-
-class _RefusalLog:
-    """One line per refused connection, at most one every ``interval`` seconds (a flood
-    of connections must not flood the log); the lines say how many were refused since."""
-
-    def __init__(self, label: str, limit: int, interval: float = 10.0) -> None:
-        self.label, self.limit, self.interval = label, limit, interval
-        self._last = -math.inf
-        self._unlogged = 0
-
-    def refused(self, peer: str) -> None:
-        self._unlogged += 1
-        now = trio.current_time()
-        if now - self._last < self.interval:
-            return
-        log.warning(
-            "%s: refused connection from %s: %d connections open (--max-connections); "
-            "%d refused since the last such line",
-            self.label,
-            peer,
-            self.limit,
-            self._unlogged,
-        )
-        self._last, self._unlogged = now, 0
-
-
-async def _tls_handshake(
-    stream: trio.SocketStream,
-    context: ssl.SSLContext,
-    limits: ConnectionLimits,
-    peer: str,
-    label: str,
-) -> trio.SSLStream[trio.SocketStream] | None:
-    """The TLS side of ``stream``, or None (logged, closed) when the handshake fails."""
-    secured = trio.SSLStream(stream, context, server_side=True)
-    reason = ""
-    with trio.move_on_after(min(limits.handshake_timeout, limits.frame_timeout * 3)) as scope:
-        try:
-            await secured.do_handshake()
-            return secured
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            cause = exc.__cause__
-            reason = str(getattr(cause, "reason", None) or cause or "connection lost")
-    if scope.cancelled_caught:
-        reason = "timed out"
-    log.warning("%s %s: TLS handshake failed: %s", label, peer, reason)
-    with trio.move_on_after(CLOSE_TIMEOUT) as closing:
-        closing.shield = True
-        await stream.aclose()
-    return None
-
-
-def bound_port(listeners: list[trio.SocketListener]) -> int:
-    port: int = listeners[0].socket.getsockname()[1]
-    return port
-
-
-def parse_hostport(text: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    """``HOST:PORT`` (or ``:PORT``/``PORT``) to a pair, with a clear error."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "", text
-    host = host.strip("[]") or default_host
-    try:
-        number = int(port)
-    except ValueError:
-        raise ValueError(f"bad address {text!r}: port {port!r} is not a number") from None
-    if not 0 <= number <= 65535:
-        raise ValueError(f"bad address {text!r}: port {number} out of range")
-    return host, number
