@@ -63,6 +63,9 @@ BATCH = 1024
 BATCH_BYTES = 1024 * 1024
 """A stream reads at most this many items, and about this many bytes of keys
 and values, per batch (what one stream holds in memory)."""
+DISK_BATCH = 512
+"""Items of a disk read before it stops at the end of the block at hand: what
+the loop frames between two waits stays under about a millisecond."""
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 SF = upr.SnapshotFlags
 _KIND_NAMES = {ItemKind.MUTATION: "mutation", ItemKind.DELETION: "deletion",
@@ -224,7 +227,7 @@ class LogStream:
         try:
             if fast:
                 cut = BatchCut(self._fast_encoder(), self.position, min(upto, vblog.high_seqno),
-                               BATCH, asked)  # fmt: skip
+                               DISK_BATCH, asked)  # fmt: skip
                 resume = self._resume
                 start = resume[1:] if resume is not None and resume[0] == self.position else None
                 stop = await vblog.read_disk(self.position, upto, cut, resume=start)
@@ -233,7 +236,7 @@ class LogStream:
                 whole = stop is not None and cut.whole and encoded.items
                 self._resume = (encoded.last, *stop) if whole and stop is not None else None
             else:
-                batch = await vblog.read_async(self.position, upto, BATCH, asked)
+                batch = await vblog.read_async(self.position, upto, DISK_BATCH, asked)
         finally:
             reads.taken -= asked
             reads.wake()
