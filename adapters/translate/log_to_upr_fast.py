@@ -229,9 +229,10 @@ class BatchEncoder:
 
 class BatchCut:
     """One batch of a disk read, framed as ``BatchEncoder.encode`` frames the items it
-    is fed: those with ``after < by_seqno <= upto``, until it holds ``limit`` items
-    or their keys and values reach ``left`` bytes (-1: no byte limit); ``finish``
-    gives the bytes.
+    is fed: those with ``after < by_seqno <= upto``, until their keys and values
+    reach ``left`` bytes (-1: no byte limit) or it holds ``limit`` items, then the
+    rest of the block at hand (so the next read starts at a record, not
+    inside a block walked again); ``finish`` gives the bytes.
 
     ``block`` and ``item`` take the records in log order and say when the batch is
     complete, as ``gateway.uprfront.segments.read_items`` reads them.
@@ -239,7 +240,7 @@ class BatchCut:
 
     __slots__ = ("after", "arrival", "at", "backfill", "checkpoint", "deletions", "encoder",
                  "expirations", "items", "keys", "last", "left", "limit", "markers", "parts",
-                 "snap_flags", "start", "upto")  # fmt: skip
+                 "snap_flags", "start", "upto", "whole")  # fmt: skip
 
     def __init__(self, encoder: BatchEncoder, after: int, upto: int, limit: int, left: int) -> None:
         self.encoder = encoder
@@ -261,6 +262,9 @@ class BatchCut:
         self.expirations = 0
         self.items = 0
         self.arrival = 0.0
+        self.whole = True
+        """Whether the last record fed was taken to its end (a later read may start
+        after it)."""
 
     def block(self, payload: bytes) -> int:
         """The items of one block's payload (tag first): -1 if it does not parse, 1 once
@@ -295,6 +299,7 @@ class BatchCut:
                 continue
             if seqno > upto or pos > size:
                 state = 1 if pos <= size else -1
+                pos = -1  # not taken: the block is not read to its end
                 break
             key = payload[k:v]
             bf = bits & 1
@@ -343,29 +348,29 @@ class BatchCut:
                 append(enc._fallback.encode(LogItem(seqno, _KINDS[kind], key, payload[v:pos], rev,
                                                     cas, flags, exp, lock, dtype, cp, bf == 1,
                                                     bits & 2 == 2, arr, dt)))  # fmt: skip
-            if count >= limit:
-                state = 1
-                break
             if left >= 0:
                 left -= klen + vlen
                 if left <= 0:
                     state = 1
                     break
+            if count >= limit and pos == size:
+                state = 1
+                break
+        self.whole = pos == size
         self.after, self.left = after, left
         self.at, self.start, self.last, self.snap_flags = at, start, last, snap_flags
         self.backfill, self.checkpoint, self.keys = run_backfill, run_checkpoint, keys
         self.items, self.deletions, self.expirations, self.markers = (count, deletions, expirations,
                                                                       markers)  # fmt: skip
-        if state == 0 and pos != size:
-            return -1
-        return state
+        return state if state or pos == size else -1
 
     def item(self, item: LogItem) -> bool:
         """One item of a row; True once the batch is complete (the item may not be in it)."""
         seqno = item.by_seqno
+        self.whole = seqno <= self.upto
         if seqno <= self.after:
             return False
-        if seqno > self.upto:
+        if not self.whole:
             return True
         key = item.key
         bf = 1 if item.backfill else 0

@@ -442,11 +442,14 @@ class DiskPlan:
 
     def __init__(self) -> None:
         self.parts: list[tuple[int, int, int]] = []
+        self.segments: list[Segment] = []
+        """The segment of each part."""
 
     def close(self) -> None:
         for fd, _offset, _size in self.parts:
             os.close(fd)
         self.parts = []
+        self.segments = []
 
     def __enter__(self) -> DiskPlan:
         return self

@@ -53,6 +53,7 @@ from adapters.translate.log_records import ItemKind, LogItem
 from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder, EncodedBatch
 from adapters.translate.upr_snapshots import ItemEncoder, cut_snapshots
 from adapters.upr.constants import StreamState
+from gateway.uprfront.segments import Segment
 from gateway.uprfront.vblog import VbLog
 
 if TYPE_CHECKING:
@@ -62,6 +63,9 @@ BATCH = 1024
 BATCH_BYTES = 1024 * 1024
 """A stream reads at most this many items, and about this many bytes of keys
 and values, per batch (what one stream holds in memory)."""
+DISK_BATCH = 512
+"""Items of a disk read before it stops at the end of the block at hand: what
+the loop frames between two waits stays under about a millisecond."""
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 SF = upr.SnapshotFlags
 _KIND_NAMES = {ItemKind.MUTATION: "mutation", ItemKind.DELETION: "deletion",
@@ -120,6 +124,8 @@ class LogStream:
         self._encoder_key: tuple[bool, bool] | None = None
         self._item_encoder: ItemEncoder | None = None
         self._batch_encoder: BatchEncoder | None = None
+        self._resume: tuple[int, Segment, int] | None = None
+        """(seqno, segment, offset): where the disk read after that seqno may start."""
         self.progress = conn.stream_stats.vbucket(self.vbucket)
         self.progress.upstream_high_seqno = vblog.high_seqno
         self.progress.sent_seqno = self.progress.acked_seqno = req.start_seqno
@@ -221,11 +227,16 @@ class LogStream:
         try:
             if fast:
                 cut = BatchCut(self._fast_encoder(), self.position, min(upto, vblog.high_seqno),
-                               BATCH, asked)  # fmt: skip
-                await vblog.read_disk(self.position, upto, cut)
+                               DISK_BATCH, asked)  # fmt: skip
+                resume = self._resume
+                start = resume[1:] if resume is not None and resume[0] == self.position else None
+                stop = await vblog.read_disk(self.position, upto, cut, resume=start)
                 encoded = cut.finish()
+                # Where the next read may start, once this batch went out.
+                whole = stop is not None and cut.whole and encoded.items
+                self._resume = (encoded.last, *stop) if whole and stop is not None else None
             else:
-                batch = await vblog.read_async(self.position, upto, BATCH, asked)
+                batch = await vblog.read_async(self.position, upto, DISK_BATCH, asked)
         finally:
             reads.taken -= asked
             reads.wake()

@@ -804,8 +804,14 @@ class VbLog:
         return out
 
     async def read_disk(
-        self, after: int, upto: int, sink: RecordSink, chunk: int = READ_CHUNK
-    ) -> None:
+        self,
+        after: int,
+        upto: int,
+        sink: RecordSink,
+        *,
+        chunk: int = READ_CHUNK,
+        resume: tuple[Segment, int] | None = None,
+    ) -> tuple[Segment, int] | None:
         """Feed ``sink`` the records on disk from ``after`` (up to ``upto``: what is
         published now) until it says the read is done or the log ends there.
 
@@ -815,22 +821,29 @@ class VbLog:
         changes nothing it reads; ``sink`` decodes each chunk here, a bounded
         slice of work between two waits. Call it right after
         ``segments_settled``, with no checkpoint between.
+
+        Returns where the read stopped (None: nothing read): the segment and the
+        offset after the last record walked. A later read from the seqno of the
+        last item fed, which the sink took to that record's end, may ``resume``
+        there instead of at the sparse index's record before it.
         """
         upto = min(upto, self.high_seqno)
         if after >= upto:
-            return
+            return None
         limiter = _disk_readers()
         to_thread = trio.to_thread.run_sync
-        with self._disk_plan(after, upto) as plan:
+        stop: tuple[Segment, int] | None = None
+        with self._disk_plan(after, upto, resume) as plan:
             # Not abandoned on cancel: the files stay open until the thread is done.
-            for fd, offset, size in plan.parts:
+            for (fd, offset, size), segment in zip(plan.parts, plan.segments, strict=True):
                 want = chunk
                 while offset < size:
                     data = await to_thread(pread, fd, offset, min(want, size - offset),
                                            limiter=limiter)  # fmt: skip
                     end, done = walk_records(data, offset, sink)
+                    stop = (segment, end)
                     if done:
-                        return
+                        return stop
                     if end == offset:
                         if want >= size - offset:
                             break  # nothing whole left (cannot happen once published)
@@ -838,10 +851,13 @@ class VbLog:
                         continue
                     want = chunk
                     offset = end
+        return stop
 
-    def _disk_plan(self, after: int, upto: int) -> DiskPlan:
+    def _disk_plan(
+        self, after: int, upto: int, resume: tuple[Segment, int] | None = None
+    ) -> DiskPlan:
         """The segments that may hold ``after < seqno <= upto``, opened, each with the
-        offset to start at (the sparse index) and its published size."""
+        offset to start at (the sparse index, or ``resume``) and its published size."""
         plan = DiskPlan()
         try:
             for segment in self.segments:
@@ -851,7 +867,10 @@ class VbLog:
                     break
                 index = bisect.bisect_right(segment.sparse, after, key=_first) - 1
                 offset = segment.sparse[index][1] if index >= 0 else 0
+                if resume is not None and resume[0] is segment:  # not a compacted stand-in
+                    offset = max(offset, resume[1])
                 plan.parts.append((os.open(segment.path, os.O_RDONLY), offset, segment.size))
+                plan.segments.append(segment)
         except BaseException:
             plan.close()
             raise

@@ -4,7 +4,8 @@ For any log (items in blocks, items as rows as logs were written before
 blocks, both in one log, marks between), any read (from any seqno, up to any
 seqno, count or size, as ``LogStream`` asks) and any chunking of the file
 (records cut at any chunk end), the bytes ``BatchCut`` frames are exactly
-what the event path sends for the items ``read_items`` reads: a
+what the event path sends for the items a read takes (those ``read_items``
+reads, the item limit extended to the end of the block at hand): a
 SNAPSHOT_MARKER per snapshot (``cut_snapshots``) and ``ItemEncoder``'s
 message per item, with the expiry opcode and delete times on or off
 (ep-engine v3.0.0 src/upr-producer.cc, src/upr-stream.cc).
@@ -23,7 +24,14 @@ from adapters.errors import LocalProtocolError
 from adapters.translate.log_records import ItemKind, LogItem, LogMark, MarkKind, to_row
 from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder
 from adapters.translate.upr_snapshots import ItemEncoder, cut_snapshots
-from gateway.uprfront.segments import buffer_items, close_block, feed_part, frame, frame_mark
+from gateway.uprfront.segments import (
+    buffer_items,
+    close_block,
+    feed_part,
+    frame,
+    frame_mark,
+    scan_bytes,
+)
 
 U64 = st.integers(0, 2**64 - 1)
 U32 = st.integers(0, 2**32 - 1)
@@ -75,18 +83,21 @@ def _log_bytes(records: list[LogItem | LogMark], rows_upto: int) -> bytes:
     return bytes(buffer)
 
 
-def _expected_read(items: list[LogItem], after: int, upto: int, limit: int, left: int) -> list:
-    """What ``VbLog.read`` reads of ``items``, one by one."""
-    out = []
+def _expected_read(
+    items: list[LogItem], after: int, upto: int, limit: int, left: int, record: dict[int, int]
+) -> list:
+    """What a disk read takes of ``items`` (``record``: the offset of each one's
+    record), one by one: up to ``limit`` items, then the rest of that record."""
+    out: list[LogItem] = []
     for item in items:
         if item.by_seqno <= after:
             continue
         if item.by_seqno > upto:
             break
+        if len(out) >= limit and record[item.by_seqno] != record[out[-1].by_seqno]:
+            break
         out.append(item)
         after = item.by_seqno
-        if len(out) >= limit:
-            break
         if left >= 0:
             left -= len(item.key) + len(item.value)
             if left <= 0:
@@ -134,7 +145,8 @@ def test_a_disk_read_frames_what_the_event_path_sends(
     left = data.draw(st.integers(-1, 2000), "left")
     chunk = data.draw(st.integers(1, max(1, len(log))), "chunk")
     opaque, vbucket = data.draw(U32, "opaque"), data.draw(st.integers(0, 0xFFFF), "vbucket")
-    expected = _expected_read(items, after, upto, limit, left)
+    record = {row[1]: offset for offset, _end, row in scan_bytes(log) if row[0] == 0}
+    expected = _expected_read(items, after, upto, limit, left, record)
     cut = BatchCut(BatchEncoder(upr.DCP, opaque, vbucket, expiry_opcode=expiry,
                                 delete_times=times), after, upto, limit, left)  # fmt: skip
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from adapters import upr
 from adapters.tap import (
     OpaqueCode,
     TapCheckpointEnd,
@@ -19,6 +20,7 @@ from adapters.tap import (
     TapOpaque,
 )
 from adapters.translate.log_records import LogItem
+from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder
 from gateway.uprfront import compaction
 from gateway.uprfront import vblog as vblog_module
 from gateway.uprfront.compaction import compact_log
@@ -328,3 +330,36 @@ async def test_a_failed_fsync_of_served_records_writes_the_same_bytes_again(
     again.open()
     assert again.continued and again.read(0, 10**9, 10**6) == served
     again.close()
+
+
+async def test_a_disk_read_resumed_where_the_last_one_stopped_frames_the_same(
+    tmp_path: Path,
+) -> None:
+    """A stream's next disk read may start after the last record its batch took
+    (``read_disk``'s ``resume``) instead of at the sparse index's record: the same
+    batches either way, for any item and byte limit."""
+    vblog = VbLog(tmp_path, 0, segment_bytes=20_000, tail_bytes=1)  # reads go to disk
+    vblog.open()
+    fill(vblog, 60)
+    high = vblog.high_seqno
+    assert len(vblog.segments) > 2
+
+    async def batches(limit: int, budget: int, resuming: bool) -> list[bytes]:
+        encoder = BatchEncoder(upr.DCP, 1, 0)
+        out: list[bytes] = []
+        after, resume = 0, None
+        while after < high:
+            cut = BatchCut(encoder, after, high, limit, budget)
+            start = resume[1:] if resume is not None and resume[0] == after else None
+            stop = await vblog.read_disk(after, high, cut, resume=start)
+            encoded = cut.finish()
+            assert encoded.items
+            out.append(encoded.data)
+            after = encoded.last
+            resume = (after, *stop) if resuming and stop is not None and cut.whole else None
+        return out
+
+    for limit in (1, 7, 64, 1000):
+        for budget in (-1, 50, 3000):
+            assert await batches(limit, budget, True) == await batches(limit, budget, False)
+    vblog.close()
