@@ -81,9 +81,9 @@ from adapters.tap.producer import ProducerState, TapProducer
 from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import Item, VBucketState
+from gateway.node.tap_figures import connection_figures, takeover_stats
 from gateway.node.tap_plan import Phase, StreamPlan, VbCursor, plan_stream
 from gateway.node.tap_registry import Registration, TapHub, VbPosition
-from gateway.node.tap_stats import connection_figures, takeover_stats
 
 __all__ = ["TapHub", "TapStream", "serve_tap_stream"]  # the node builds TapHub from here
 
