@@ -3,9 +3,11 @@
 Listener guards (``--max-connections``, ``--handshake-timeout``,
 ``--frame-timeout``), TLS (``--tls-cert``/``--tls-key`` for listeners,
 ``--upstream-tls``/``--upstream-ca`` for the gateway's upstream
-connections) and the upstream password, which never needs the command line:
-``--upstream-password-file FILE`` or the ``TAP_UPR_GATEWAY_UPSTREAM_PASSWORD``
-environment variable (``gateway.settings`` maps every option to one).
+connections, ``--tls``/``--ca`` for the client commands and, per node,
+``--source-tls``/``--destination-tls`` for ``move``) and the upstream
+password, which never needs the command line: ``--upstream-password-file
+FILE`` or the ``TAP_UPR_GATEWAY_UPSTREAM_PASSWORD`` environment variable
+(``gateway.settings`` maps every option to one).
 """
 
 from __future__ import annotations
@@ -116,6 +118,56 @@ def client_tls_from(args: argparse.Namespace) -> ssl.SSLContext | None:
             raise StartupError(f"--ca {args.ca}: needs --tls")
         return None
     return client_context(args.ca, option="--ca")
+
+
+def add_move_tls_options(parser: argparse.ArgumentParser) -> None:
+    """TLS for ``move``, which dials two nodes that may differ (a 2.x node served no TLS):
+    ``--tls``/``--ca`` for both, ``--source-*``/``--destination-*`` for one."""
+    group = parser.add_argument_group(
+        "TLS (as Couchbase's TLS port 11207; each certificate checked against the CA "
+        "option, else the system's CAs, and against the node's address)"
+    )
+    group.add_argument("--tls", action="store_true", help="reach both nodes over TLS")
+    group.add_argument(
+        "--ca",
+        type=Path,
+        metavar="FILE",
+        help="CA certificates (PEM) for both nodes (needs a TLS option)",
+    )
+    for end, flags in (("source", "--from-*"), ("destination", "--to-*")):
+        group.add_argument(
+            f"--{end}-tls", action="store_true", help=f"reach the {end} ({flags}) over TLS"
+        )
+        group.add_argument(
+            f"--{end}-ca",
+            type=Path,
+            metavar="FILE",
+            help=f"CA certificates (PEM) for the {end}, instead of --ca "
+            f"(needs --{end}-tls or --tls)",
+        )
+
+
+def move_tls_from(
+    args: argparse.Namespace,
+) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """The source's and the destination's contexts ``add_move_tls_options`` asked for
+    (None: plain TCP)."""
+    from gateway.tls import client_context
+
+    contexts: list[ssl.SSLContext | None] = []
+    for end in ("source", "destination"):
+        own_ca = getattr(args, f"{end}_ca")
+        if not (args.tls or getattr(args, f"{end}_tls")):
+            if own_ca is not None:
+                raise StartupError(f"--{end}-ca {own_ca}: needs --{end}-tls or --tls")
+            contexts.append(None)
+        elif own_ca is not None:
+            contexts.append(client_context(own_ca, option=f"--{end}-ca"))
+        else:
+            contexts.append(client_context(args.ca, option="--ca"))
+    if args.ca is not None and contexts == [None, None]:
+        raise StartupError(f"--ca {args.ca}: needs --tls, --source-tls or --destination-tls")
+    return contexts[0], contexts[1]
 
 
 def limits_from(args: argparse.Namespace, *, node: bool = False) -> ConnectionLimits:

@@ -13,8 +13,10 @@ from gateway import logs
 from gateway.cli_args import address, count, float_at_least, vbucket_count, vbucket_list
 from gateway.security_cli import (
     add_listener_options,
+    add_move_tls_options,
     add_upstream_options,
     limits_from,
+    move_tls_from,
     server_tls_from,
     upstream_password_from,
     upstream_tls_from,
@@ -209,7 +211,9 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
             "    ending with an acknowledged CLOSE_TAP_STREAM (as the 2.x mover did);\n"
             "  --from-tap A --to-upr B: stream from a 2.x node into a 3.0 node, which opens a\n"
             "    consumer connection and requests the streams itself (ADD_STREAM).\n"
-            "With --takeover the source ends dead and the destination active."
+            "With --takeover the source ends dead and the destination active.\n"
+            "TLS (--from-tap --to-upr so far): --tls [--ca FILE] for both nodes, or\n"
+            "--source-tls/--destination-tls [--source-ca/--destination-ca FILE] for one."
         ),
         epilog=(
             "example (two fresh reference nodes):\n"
@@ -245,6 +249,7 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         default="",
         help="the source's password (visible in ps: prefer the file or the variable)",
     )
+    add_move_tls_options(parser)
     logs.add_logging_options(parser)
     parser.set_defaults(handler=run_move_command)
 
@@ -266,8 +271,12 @@ def run_move_command(args: argparse.Namespace) -> int:
     user = args.upstream_user
     try:
         password = upstream_password_from(args)
+        source_ssl, destination_ssl = move_tls_from(args)
     except StartupError as exc:
         print(f"move: {exc}", file=sys.stderr)
+        return 2
+    if args.from_upr and (source_ssl or destination_ssl):
+        print("move: TLS is for --from-tap --to-upr moves only, so far", file=sys.stderr)
         return 2
     try:
         if args.from_upr:
@@ -312,6 +321,8 @@ def run_move_command(args: argparse.Namespace) -> int:
                         state_dir=state_dir,
                         upstream_user=user,
                         upstream_password=password,
+                        source_ssl=source_ssl,
+                        destination_ssl=destination_ssl,
                     )
                 )
     except (GatewayError, OSError, StartupError) as exc:

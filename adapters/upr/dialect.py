@@ -176,7 +176,7 @@ UPR_DRAFT = Dialect(
     ),
     rollback_in_extras=True,
 )
-"""The transport draft (``spec/upr-transport-spec.md``), spoken by pre-May-2014 peers."""
+"""The pre-release "UPR Transport Specification" draft, spoken by pre-May-2014 peers."""
 
 DIALECTS: Mapping[str, Dialect] = MappingProxyType({d.name: d for d in (DCP, UPR_DRAFT)})
 

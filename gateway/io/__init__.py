@@ -1,5 +1,11 @@
 """I/O shared by every listener and dialer here: what moves bytes, not what they mean.
 
+- ``connection``: the one connection type, for accepted and dialed sockets
+  (framing, each stage's size and time limits, the batching writer, TLS
+  dialing, and the client side of a command connection: requests, STAT,
+  SASL PLAIN);
+- ``listen``: accepting (TLS handshake, the connection limit) and serving
+  each connection with ``connection.run_connection``;
 - ``replies``: the memcached responses every role builds alike (a reply to a
   request, an error reply whose value says why, a STAT answer, a refusal
   seen out before the connection closes);

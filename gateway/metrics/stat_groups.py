@@ -1,7 +1,7 @@
 """``STAT tap`` and ``STAT upr`` (alias ``dcp``) of the gateway's own ports.
 
 The names are those 2.x and 3.0 operators and tools already read, spelled as
-the reference node spells them (``gateway.node.tap_stats``,
+the reference node spells them (``adapters.tap_stats``,
 ``gateway.node.upr_hub``): process totals ``ep_tap_*`` and ``ep_dcp_*`` (with
 the pre-release ``ep_upr_*`` aliases), then per connection
 ``eq_tapq:<name>:<stat>`` and ``eq_dcpq:<name>:<stat>`` / ``eq_uprq:<name>:<stat>``.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+from adapters.tap_stats import tap_group
 from gateway.metrics.view import StreamFigures, stream_figures
 from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
 
@@ -55,42 +56,42 @@ def _by_name(
 
 
 def tap_stat_pairs(stats: GatewayStats, *, now: float | None = None) -> Pairs:
-    """The ``STAT tap`` group of the TAP front."""
+    """The ``STAT tap`` group of the TAP front (the names: ``adapters.tap_stats``)."""
     conns = _by_name(stats, TAP_FRONT, time.time() if now is None else now, per_vbucket=False)
     closed = stats.closed_items_sent
     closed_items = sum(closed[TAP_FRONT, kind] for kind in DATA_KINDS)
     closed_deletes = closed[TAP_FRONT, "deletion"] + closed[TAP_FRONT, "expiration"]
-    out: Pairs = [
-        ("ep_tap_count", str(len(conns))),
-        ("ep_tap_total_fetched", str(closed_items + sum(_items(f) for _, _, f in conns))),
-        ("ep_tap_total_backlog_size", str(sum(f.send_lag for _, _, f in conns))),
-        ("ep_tap_queue_backfillremaining", str(sum(f.backfill_remaining for _, _, f in conns))),
-        ("ep_tap_deletes", str(closed_deletes + sum(_deletes(f) for _, _, f in conns))),
-    ]
+    totals: dict[str, object] = {
+        "count": len(conns),
+        "total_fetched": closed_items + sum(_items(f) for _, _, f in conns),
+        "total_backlog_size": sum(f.send_lag for _, _, f in conns),
+        "queue_backfillremaining": sum(f.backfill_remaining for _, _, f in conns),
+        "deletes": closed_deletes + sum(_deletes(f) for _, _, f in conns),
+    }
+    figures: dict[str, dict[str, object]] = {}
     for name, upstream, fig in conns:
-        values: list[tuple[str, object]] = [
-            ("type", "producer"),
-            ("created", int(fig.created)),
-            ("connected", _bool(True)),
-            ("upstream", upstream),
-            ("supports_ack", _bool(fig.ack_window > 0)),
-            ("vb_filters", fig.vbuckets),
-            ("qlen", fig.send_lag),
-            ("total_backlog_size", fig.send_lag),
-            ("backfill_remaining", fig.backfill_remaining),
-            ("rec_fetched", _items(fig)),
-            ("num_deletes", _deletes(fig)),
-            ("idle", _bool(fig.send_lag == 0 and fig.acks_pending == 0)),
-            ("pending_backfill", _bool(fig.backfilling_vbuckets > 0)),
-            ("backfill_completed", _bool(fig.backfilling_vbuckets == 0)),
-            ("ack_log_size", fig.acks_pending),
-            ("num_unacked", fig.acks_pending),
-            ("ack_window_full", _bool(_window_full(fig))),
-            ("num_tap_nack", fig.nacks_total),
-            ("num_tap_tmpfail_survivors", fig.retransmits_total),
-        ]
-        out.extend((f"eq_tapq:{name}:{stat}", str(value)) for stat, value in values)
-    return out
+        figures[name] = {
+            "type": "producer",
+            "created": int(fig.created),
+            "connected": True,
+            "upstream": upstream,
+            "supports_ack": fig.ack_window > 0,
+            "vb_filters": fig.vbuckets,
+            "qlen": fig.send_lag,
+            "total_backlog_size": fig.send_lag,
+            "backfill_remaining": fig.backfill_remaining,
+            "rec_fetched": _items(fig),
+            "num_deletes": _deletes(fig),
+            "idle": fig.send_lag == 0 and fig.acks_pending == 0,
+            "pending_backfill": fig.backfilling_vbuckets > 0,
+            "backfill_completed": fig.backfilling_vbuckets == 0,
+            "ack_log_size": fig.acks_pending,
+            "num_unacked": fig.acks_pending,
+            "ack_window_full": _window_full(fig),
+            "num_tap_nack": fig.nacks_total,
+            "num_tap_tmpfail_survivors": fig.retransmits_total,
+        }
+    return tap_group(totals, figures)
 
 
 def _window_full(fig: StreamFigures) -> bool:

@@ -81,9 +81,9 @@ from adapters.tap.producer import ProducerState, TapProducer
 from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import Item, VBucketState
+from gateway.node.tap_figures import connection_figures, takeover_stats
 from gateway.node.tap_plan import Phase, StreamPlan, VbCursor, plan_stream
 from gateway.node.tap_registry import Registration, TapHub, VbPosition
-from gateway.node.tap_stats import connection_stats, takeover_stats
 
 __all__ = ["TapHub", "TapStream", "serve_tap_stream"]  # the node builds TapHub from here
 
@@ -434,8 +434,8 @@ class TapStream:
             if c.phase is not Phase.DONE
         )
 
-    def connection_stats(self) -> list[tuple[str, str]]:
-        return connection_stats(self)
+    def connection_figures(self) -> dict[str, object]:
+        return connection_figures(self)
 
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None:
         cursor = self.cursors.get(vbucket)

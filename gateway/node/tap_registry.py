@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import trio
 
+from adapters.tap_stats import seconds, tap_group
 from gateway.io.named import NamedConnections
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,8 @@ class TapConnection(Protocol):
     @property
     def deletes_sent(self) -> int: ...
 
-    def connection_stats(self) -> list[tuple[str, str]]:
-        """Per-connection stats, names without the ``eq_tapq:<name>:`` prefix."""
+    def connection_figures(self) -> dict[str, object]:
+        """Per-connection figures by ``adapters.tap_stats`` name."""
         ...
 
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None: ...
@@ -148,33 +149,21 @@ class TapHub:
     def stats(self) -> list[tuple[str, str]]:
         conns = sorted(self.connections(), key=lambda c: c.name)
         config = self.node.config
-        live_sent = sum(c.items_sent for c in conns)
-        out = [
-            ("ep_tap_count", str(len(conns))),
-            ("ep_tap_total_fetched", str(self.items_sent_closed + live_sent)),
-            ("ep_tap_total_backlog_size", str(sum(c.items_remaining for c in conns))),
-            ("ep_tap_deletes", str(sum(c.deletes_sent for c in conns))),
-            ("ep_tap_ack_interval", str(config.tap_ack_interval)),
-            ("ep_tap_ack_window_size", str(config.tap_max_unacked)),
-            ("ep_tap_backoff_period", _seconds(config.tap_backoff)),
-            ("ep_tap_noop_interval", _seconds(config.tap_noop_interval)),
-        ]
-        for conn in conns:
-            out.extend((f"eq_tapq:{conn.name}:{k}", v) for k, v in conn.connection_stats())
+        totals: dict[str, object] = {
+            "count": len(conns),
+            "total_fetched": self.items_sent_closed + sum(c.items_sent for c in conns),
+            "total_backlog_size": sum(c.items_remaining for c in conns),
+            "deletes": sum(c.deletes_sent for c in conns),
+            "ack_interval": config.tap_ack_interval,
+            "ack_window_size": config.tap_max_unacked,
+            "backoff_period": seconds(config.tap_backoff),
+            "noop_interval": seconds(config.tap_noop_interval),
+        }
+        figures = {conn.name: conn.connection_figures() for conn in conns}
         for name in sorted(self._registrations):
             if name not in self._named:
-                out.extend(self._offline_stats(self._registrations[name]))
-        return out
-
-    def _offline_stats(self, registration: Registration) -> list[tuple[str, str]]:
-        prefix = f"eq_tapq:{registration.name}:"
-        return [
-            (prefix + "type", "producer"),
-            (prefix + "connected", "false"),
-            (prefix + "registered", "true"),
-            (prefix + "reconnects", str(max(0, registration.connections - 1))),
-            (prefix + "vb_filters", str(len(registration.positions))),
-        ]
+                figures[name] = _offline_figures(self._registrations[name])
+        return tap_group(totals, figures)
 
     def takeover_stats(self, vbucket: int, name: str) -> dict[str, str] | None:
         conn = self.get(tap_name(name))
@@ -183,5 +172,12 @@ class TapHub:
         return conn.takeover_stats(vbucket)
 
 
-def _seconds(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+def _offline_figures(registration: Registration) -> dict[str, object]:
+    """A registered client with no connection open."""
+    return {
+        "type": "producer",
+        "connected": False,
+        "registered": True,
+        "reconnects": max(0, registration.connections - 1),
+        "vb_filters": len(registration.positions),
+    }

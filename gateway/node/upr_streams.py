@@ -353,7 +353,7 @@ class ProducerStream:
             ("items_sent", self.items_sent),
             ("items_remaining", self.items_remaining()),
             ("backfill_remaining", self.backfill_remaining()),
-            ("snapshots_sent", self.markers_sent),
+            ("markers_sent", self.markers_sent),
             ("unacked_markers", self._unacked_markers),
         ]
         if self.end_reason is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 from pathlib import Path
 
 import trio
@@ -118,13 +119,17 @@ async def move_tap_to_upr(
     upstream_password: str | None = None,
     timeout: float = 600.0,
     stats: GatewayStats | None = None,
+    source_ssl: ssl.SSLContext | None = None,
+    destination_ssl: ssl.SSLContext | None = None,
 ) -> None:
-    """Move ``vbuckets`` from the TAP node ``from_tap`` into the UPR node ``to_upr``."""
+    """Move ``vbuckets`` from the TAP node ``from_tap`` into the UPR node ``to_upr``, each
+    reached over TLS when given its context (the loopback to the move's own front stays
+    plain)."""
     if not vbuckets:
         raise UprFrontError("no vbuckets to move")
     try:
         async with await PacketConnection.connect(
-            *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}"
+            *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}", ssl_context=destination_ssl
         ) as client:
             await prepare_move_destination(client, vbuckets)
     except DestinationRefused as exc:
@@ -139,6 +144,7 @@ async def move_tap_to_upr(
         state_dir,
         upstream_user=upstream_user,
         upstream_password=upstream_password,
+        upstream_ssl=source_ssl,
         tap_name=tap_name,
         vbuckets=tuple(vbuckets),
         compact_interval=0,
@@ -148,7 +154,9 @@ async def move_tap_to_upr(
         with trio.fail_after(timeout):
             async with trio.open_nursery() as nursery:
                 port = await nursery.start(front.run)
-                await _orchestrate(front, port, to_upr, vbuckets, takeover, name, tap_name)
+                await _orchestrate(
+                    front, port, to_upr, destination_ssl, vbuckets, takeover, name, tap_name
+                )
                 nursery.cancel_scope.cancel()
     except trio.TooSlowError:
         raise UprFrontError(f"move of vbuckets {vbuckets} did not finish in {timeout:g}s") from None
@@ -170,6 +178,7 @@ async def _orchestrate(
     front: UprFront,
     port: int,
     to_upr: tuple[str, int],
+    destination_ssl: ssl.SSLContext | None,
     vbuckets: list[int],
     takeover: bool,
     name: str,
@@ -178,7 +187,7 @@ async def _orchestrate(
     dialect = front.dialect
     gateway = await PacketConnection.connect("127.0.0.1", port, name="the gateway")
     destination = await PacketConnection.connect(
-        *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}"
+        *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}", ssl_context=destination_ssl
     )
     relay = _Relay(gateway, destination, dialect)
     async with trio.open_nursery() as nursery:
@@ -205,7 +214,7 @@ async def _orchestrate(
                     f"vbucket {vb}: destination refused ADD_STREAM: 0x{added.status:02x} {text}"
                 )
         async with await PacketConnection.connect(
-            *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}"
+            *to_upr, name=f"the destination {to_upr[0]}:{to_upr[1]}", ssl_context=destination_ssl
         ) as check:
             if takeover:
                 await _finish_takeover(relay, check, vbuckets)
@@ -240,7 +249,7 @@ async def _finish_replication(
 ) -> None:
     host, port = front.config.tap_upstream
     async with await PacketConnection.connect(
-        host, port, name=f"the source {host}:{port}"
+        host, port, name=f"the source {host}:{port}", ssl_context=front.config.upstream_ssl
     ) as source:
         if front.config.upstream_user is not None:
             await source.sasl_plain(

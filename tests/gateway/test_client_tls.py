@@ -1,14 +1,16 @@
-"""``--tls``/``--ca`` on the commands that dial one server: stats, vbucket, load, capture.
+"""``--tls``/``--ca`` on the client commands: stats, vbucket, load, capture, and move.
 
 Couchbase 3.0 served the same memcached binary protocol inside TLS on its own
 port (11207); cbstats and cbepctl reached it with their ``-s`` option. Here
 the reference node serves TLS with ``--tls-cert`` and every client command
 reaches it with ``--tls --ca FILE``; a certificate the client does not trust,
-or a plain client on a TLS port, ends in one line naming the server.
+or a plain client on a TLS port, ends in one line naming the server. ``move``
+dials two nodes, so it also takes ``--source-tls``/``--destination-tls``.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -84,3 +86,65 @@ def test_tls_options_are_checked_before_dialling(tmp_path: Path) -> None:
     assert unreadable.stderr == (
         f"stats: --password-file {missing}: cannot read it: No such file or directory\n"
     )
+
+
+def _vbucket_state(target: str, vb: int, *trust: str) -> str:
+    shown = run("stats", target, "vbucket", "--json", *trust)
+    assert shown.returncode == 0, shown.stderr
+    return str(json.loads(shown.stdout)[f"vb_{vb}"])
+
+
+def test_move_reaches_tls_nodes(certificate: tuple[Path, Path]) -> None:
+    """A TAP to UPR move with takeover: both nodes behind TLS (``--tls --ca``), then a
+    plain source and a TLS destination (``--destination-tls --destination-ca``)."""
+    cert, key = certificate
+    served = ("--tls-cert", str(cert), "--tls-key", str(key))
+    trust = ("--tls", "--ca", str(cert))
+    with (
+        node("--vbuckets", "4", "--sample-items", "200", *served) as secured,
+        node("--vbuckets", "4", "--sample-items", "200") as plain,
+        node("--vbuckets", "4", "--replica-vbuckets", "0-3", *served) as destination,
+    ):
+        to = f"127.0.0.1:{destination}"
+        both = run(
+            "move", "--from-tap", f"127.0.0.1:{secured}", "--to-upr", to, "--vbuckets", "1",
+            "--takeover", *trust,
+        )  # fmt: skip
+        assert both.returncode == 0, both.stderr
+        assert _vbucket_state(f"127.0.0.1:{secured}", 1, *trust) == "dead"
+        assert _vbucket_state(to, 1, *trust) == "active"
+        one = run(
+            "move", "--from-tap", f"127.0.0.1:{plain}", "--to-upr", to, "--vbuckets", "2",
+            "--takeover", "--destination-tls", "--destination-ca", str(cert),
+        )  # fmt: skip
+        assert one.returncode == 0, one.stderr
+        assert _vbucket_state(f"127.0.0.1:{plain}", 2) == "dead"
+        assert _vbucket_state(to, 2, *trust) == "active"
+        unsecured = run(
+            "move", "--from-tap", f"127.0.0.1:{plain}", "--to-upr", to, "--vbuckets", "3"
+        )
+        assert unsecured.returncode == 1
+        assert unsecured.stderr.count("\n") == 1
+        assert unsecured.stderr.startswith(f"move: the destination {to} closed the connection")
+
+
+def test_move_tls_options_are_checked_before_dialling(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.pem"
+    move = ("move", "--from-tap", "127.0.0.1:1", "--to-upr", "127.0.0.1:2", "--vbuckets", "1")
+    for args, expected in (
+        (["--ca", str(missing)], f"--ca {missing}: needs --tls, --source-tls or --destination-tls"),
+        (["--source-ca", str(missing)], f"--source-ca {missing}: needs --source-tls or --tls"),
+        (["--tls", "--ca", str(missing)], f"--ca {missing}: no such file"),
+        (
+            ["--destination-tls", "--destination-ca", str(missing)],
+            f"--destination-ca {missing}: no such file",
+        ),
+    ):
+        refused = run(*move, *args)
+        assert refused.returncode == 2, args
+        assert refused.stderr == f"move: {expected}\n"
+    upr_to_tap = run(
+        "move", "--from-upr", "127.0.0.1:1", "--to-tap", "127.0.0.1:2", "--vbuckets", "1", "--tls"
+    )
+    assert upr_to_tap.returncode == 2
+    assert upr_to_tap.stderr == "move: TLS is for --from-tap --to-upr moves only, so far\n"

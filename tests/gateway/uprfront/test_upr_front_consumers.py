@@ -186,6 +186,7 @@ async def test_stat_groups_on_the_upr_port(nursery: trio.Nursery, tmp_path: Path
                 await trio.sleep(0.01)
         upr_stats = await client.stats("dcp")
         assert upr_stats["eq_dcpq:replica:stream_3_state"] == "in-memory"
+        assert "eq_dcpq:replica:stream_3_markers_sent" in upr_stats  # as the node names it
         try:
             await client.stats("vbucket-takeover 3 nobody")
             raise AssertionError("unknown stream must fail")
