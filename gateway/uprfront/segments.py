@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import msgpack
 
 from adapters.translate.log_records import BLOCK_ITEM, ItemKind, LogItem, LogMark, from_row, to_row
+from gateway.uprfront.config import UprFrontError
 
 FRAME = struct.Struct(">II")
 MAX_RECORD = 64 * 1024 * 1024
@@ -458,6 +459,19 @@ class DiskPlan:
         self.close()
 
 
+class LogReadError(UprFrontError):
+    """Published bytes of a segment no longer read back as whole records."""
+
+
+def unreadable(where: str, offset: int, size: int) -> str:
+    # Not skipped as gaps: the consumer would hold a history with holes and never
+    # be told to roll back.
+    return (
+        f"{where}: no whole record at offset {offset} of its {size} published bytes "
+        "(damaged on disk); not served past it"
+    )
+
+
 def read_planned(
     plan: DiskPlan, after: int, upto: int, limit: int, max_bytes: int | None
 ) -> list[LogItem]:
@@ -509,7 +523,7 @@ def feed_part(
             return True
         if end == offset:
             if want >= size - offset:
-                break  # nothing whole left (cannot happen once published)
+                raise LogReadError(unreadable(f"fd {fd}", offset, size))
             want *= 2  # a record bigger than the chunk
             continue
         want = chunk

@@ -107,6 +107,7 @@ from gateway.uprfront.segments import (
     SPARSE_EVERY,
     DiskPlan,
     ItemSink,
+    LogReadError,
     RecordSink,
     Segment,
     buffer_items,
@@ -117,6 +118,7 @@ from gateway.uprfront.segments import (
     pread_cached,
     read_planned,
     segment_name,
+    unreadable,
     walk_records,
     write_all,
     write_atomic,
@@ -852,7 +854,8 @@ class VbLog:
                         return stop
                     if end == offset:
                         if want >= size - offset:
-                            break  # nothing whole left (cannot happen once published)
+                            where = f"{segment.path.parent.name}/{segment.path.name}"
+                            raise LogReadError(unreadable(where, offset, size))
                         want *= 2  # a record bigger than the chunk
                         continue
                     want = chunk
