@@ -725,6 +725,9 @@ class VbLog:
         if self._fd is None:
             return
         try:
+            # A failed fsync left unhandled (a stop cancelled its commit) dropped pages a
+            # later fsync says nothing about: what is not settled is written again first.
+            self._rewrite = self._rewrite or bool(self._written)
             self.write()
             try:
                 self.sync()
