@@ -236,16 +236,22 @@ class TapProducer:
         outstanding = self._outstanding
         size = len(outstanding)
         first = _opaque_of(outstanding[0]) if size else 0
-        furthest = -1
+        furthest = furthest_opaque = -1
+        # The window holds consecutive sequence numbers, so an ack's position is
+        # arithmetic; only the furthest is checked against the window (a live
+        # peer acks two messages per item).
         for opaque in opaques:
             position = (opaque - first) % SEQNO_MODULUS
-            if not (position < size and _opaque_of(outstanding[position]) == opaque):
+            if position >= size:
                 found = self._position(opaque)  # raises for a number never sent
                 if found is None:
                     continue  # a late ack for a message already covered
                 position = found
             if position > furthest:
                 furthest = position
+                furthest_opaque = opaque
+        if furthest >= 0 and _opaque_of(outstanding[furthest]) != furthest_opaque:
+            furthest = self._furthest(opaques)
         count = furthest + 1
         self.acked_total += count
         if count == size:
@@ -255,6 +261,15 @@ class TapProducer:
         for _ in range(count):
             popleft()
         return count
+
+    def _furthest(self, opaques: list[int]) -> int:
+        """``release_acks``'s furthest position, every ack looked up in the window."""
+        furthest = -1
+        for opaque in opaques:
+            position = self._position(opaque)
+            if position is not None and position > furthest:
+                furthest = position
+        return furthest
 
     def _acked_count(self, opaque: int, status: int, now: float, text: bytes, opcode: int) -> int:
         if self.state in (ProducerState.FAILED, ProducerState.CLOSED):

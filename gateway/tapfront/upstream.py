@@ -38,6 +38,8 @@ RECEIVE_SIZE = 256 * 1024
 DEFAULT_BUFFER_SIZE = 8 * 1024 * 1024
 DEFAULT_NOOP_INTERVAL = 120
 HANDSHAKE_TIMEOUT = 10.0
+ACK_FRACTION = 5
+"""A BUFFER_ACKNOWLEDGEMENT returns at least 1/``ACK_FRACTION`` of the buffer."""
 
 
 class UprUpstreamError(GatewayError):
@@ -58,6 +60,8 @@ class UprUpstream:
         self._opaques = 0
         self.window = ConsumerWindow()
         """Counted bytes received and not yet acknowledged, and the buffer announced."""
+        self._freed = 0
+        """Bytes the TAP peer's acks freed that no BUFFER_ACKNOWLEDGEMENT returned yet."""
         self.bytes_received = 0
 
     @classmethod
@@ -189,8 +193,17 @@ class UprUpstream:
         return Frame(magic, opcode, keylen, extlen, datatype, vbs, opaque, cas, body)
 
     async def acknowledge(self, size: int) -> None:
-        """Return ``size`` freed bytes to the producer's flow-control window."""
-        size = self.window.release(size)
+        """Return ``size`` freed bytes to the producer's flow-control window, in one
+        BUFFER_ACKNOWLEDGEMENT once a fifth of the buffer is free, as a 3.0
+        consumer does (ep-engine dcp/flow-control.cc: "a buffer ack when at least
+        20% of the buffer is drained"), not one per TAP ack. The producer never
+        stalls on what is held back: it stops only with the whole buffer unacked,
+        and then every byte the TAP peer acks is freed here."""
+        self._freed += size
+        if self._freed < self.window.buffer_size // ACK_FRACTION:
+            return
+        size = self.window.release(self._freed)
+        self._freed = 0
         if size:
             await self.send_event(upr.BufferAcknowledgement(size, opaque=self.next_opaque()))
 

@@ -484,6 +484,22 @@ def read_planned(
     return out
 
 
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+
+
+def pread_cached(fd: int, offset: int, size: int) -> bytes | None:
+    """``pread``, if the page cache holds all those bytes now; else None, at once
+    (``RWF_NOWAIT``: never waits for the disk, so it may run on the loop)."""
+    if _NOWAIT is None:
+        return None
+    buffer = bytearray(size)
+    try:
+        got = os.preadv(fd, [buffer], offset, _NOWAIT)
+    except OSError:  # EAGAIN: not all cached; EOPNOTSUPP: a file system without it
+        return None
+    return bytes(buffer) if got == size else None
+
+
 def pread(fd: int, offset: int, size: int) -> bytes:
     """``size`` bytes of the file at ``offset`` (the one call a disk read makes in a
     worker thread)."""

@@ -115,6 +115,7 @@ from gateway.uprfront.segments import (
     frame_mark,
     fsync_dir,
     pread,
+    pread_cached,
     read_planned,
     segment_name,
     unreadable,
@@ -833,11 +834,12 @@ class VbLog:
         """Feed ``sink`` the records on disk from ``after`` (up to ``upto``: what is
         published now) until it says the read is done or the log ends there.
 
-        The files are opened and the offsets found here, on the loop; a worker
-        thread only reads ``chunk`` bytes at a time of those open files (I/O,
-        which releases the GIL), so a compaction replacing them meanwhile
-        changes nothing it reads; ``sink`` decodes each chunk here, a bounded
-        slice of work between two waits. Call it right after
+        The files are opened and the offsets found here, on the loop, and read
+        ``chunk`` bytes at a time: here if the page cache holds them
+        (``pread_cached``, which never waits for the disk), else in a worker
+        thread (I/O only, which releases the GIL). A compaction replacing the
+        files meanwhile changes nothing it reads. ``sink`` decodes each chunk
+        here, a bounded slice of work between two waits. Call it right after
         ``segments_settled``, with no checkpoint between.
 
         Returns where the read stopped (None: nothing read): the segment and the
@@ -856,8 +858,12 @@ class VbLog:
             for (fd, offset, size), segment in zip(plan.parts, plan.segments, strict=True):
                 want = chunk
                 while offset < size:
-                    data = await to_thread(pread, fd, offset, min(want, size - offset),
-                                           limiter=limiter)  # fmt: skip
+                    length = min(want, size - offset)
+                    data = pread_cached(fd, offset, length)
+                    if data is None:  # from the disk: in a worker thread
+                        data = await to_thread(pread, fd, offset, length, limiter=limiter)
+                    else:
+                        await trio.lowlevel.checkpoint()  # a slice of work per chunk, at most
                     end, done = walk_records(data, offset, sink)
                     stop = (segment, end)
                     if done:

@@ -177,7 +177,7 @@ async def test_the_reader_waits_when_too_far_ahead_of_the_commits() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_consumers_get_items_while_their_fsync_is_held_and_the_node_no_ack(
+async def test_consumers_get_items_while_their_fsync_is_held_and_none_is_acked_before_it(
     nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """End to end with a reference node, fsync batch: while fsyncs are held back, the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from gateway.uprfront import compaction
 from gateway.uprfront import vblog as vblog_module
 from gateway.uprfront.compaction import compact_log
 from gateway.uprfront.ingest import commit
+from gateway.uprfront.segments import pread, pread_cached
 from gateway.uprfront.vblog import VbLog
 
 NOW = 1_700_000_000.0
@@ -242,7 +244,14 @@ async def test_a_reader_waits_while_a_compaction_swaps_segment_files(
     assert [i.by_seqno for i in got] == sorted({i.by_seqno for i in got})
 
 
-async def test_disk_reads_in_a_worker_thread_equal_reads_on_the_loop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cached", [True, False])
+async def test_disk_reads_in_a_worker_thread_equal_reads_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    """``read_async`` reads what the page cache holds on the loop, the rest in a
+    worker thread: the same items as ``read`` either way."""
+    if not cached:
+        monkeypatch.setattr(vblog_module, "pread_cached", lambda *_: None)
     vblog = VbLog(tmp_path, 0, tail_bytes=300, segment_bytes=2000)
     vblog.open()
     fill(vblog, 6, keys=7)
@@ -282,6 +291,7 @@ async def test_a_disk_read_in_flight_reads_the_files_it_opened_while_a_compactio
         return real_read(*args)
 
     monkeypatch.setattr(vblog_module, "pread", held_read)
+    monkeypatch.setattr(vblog_module, "pread_cached", lambda *_: None)  # not in the page cache
     got: list[LogItem] = []
 
     async def reader() -> None:
@@ -363,3 +373,16 @@ async def test_a_disk_read_resumed_where_the_last_one_stopped_frames_the_same(
         for budget in (-1, 50, 3000):
             assert await batches(limit, budget, True) == await batches(limit, budget, False)
     vblog.close()
+
+
+def test_a_read_from_the_page_cache_gives_all_the_bytes_or_none(tmp_path: Path) -> None:
+    """``pread_cached`` (run on the loop) never returns part of a read: a short read
+    (past the end, or pages not cached) goes to the worker thread whole."""
+    path = tmp_path / "segment"
+    path.write_bytes(bytes(range(256)) * 100)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert pread_cached(fd, 10, 1000) in (None, pread(fd, 10, 1000))
+        assert pread_cached(fd, 25_000, 1000) is None  # 600 bytes there
+    finally:
+        os.close(fd)
