@@ -119,7 +119,7 @@ async def _sync_and_settle(logs: list[VbLog], early: bool) -> LogWriteError | No
     """fsync ``logs`` up to what each has written now, then publish (unless published
     already) and settle them; the first failure."""
     failure: LogWriteError | None = None
-    due = [(v, v.written_size) for v in logs]
+    due = [(v, v.written_size, v.sync_failures) for v in logs]
     for vblog in logs:
         vblog.syncing += 1
     try:
@@ -127,11 +127,15 @@ async def _sync_and_settle(logs: list[VbLog], early: bool) -> LogWriteError | No
     finally:
         for vblog in logs:
             vblog.syncing -= 1
+            vblog.sync_returned.set()
+            vblog.sync_returned = trio.Event()
     for vblog, fsync_error in failed:
         if early:
             # Not while a committer that publishes only synced records is between its
-            # write and its publish: it would find its fsynced bytes cut back.
-            await vblog.lock.acquire()
+            # write and its publish: it would find its fsynced bytes cut back. Shielded:
+            # a failure left unhandled would leave every later fsync of it in doubt.
+            with trio.CancelScope(shield=True):
+                await vblog.lock.acquire()
             try:
                 error = vblog.unwrite(fsync_error)
             finally:
@@ -139,8 +143,20 @@ async def _sync_and_settle(logs: list[VbLog], early: bool) -> LogWriteError | No
         else:
             error = vblog.unwrite(fsync_error)
         failure = failure or error
-    for vblog, upto in due:
+    for vblog, upto, failures in due:
         if any(vblog is f for f, _ in failed):
+            continue
+        # Linux tells a failed writeback to one fsync of the file only: once every fsync
+        # of it that overlapped this one has returned, a failure among them (or one not
+        # yet taken back) means this 0 proves nothing. Settle nothing, ack nothing.
+        while vblog.syncing:
+            await vblog.sync_returned.wait()
+        if vblog.sync_failures != failures or vblog.sync_in_doubt:
+            path = vblog.segments[-1].path
+            failure = failure or LogWriteError(
+                f"vbucket {vblog.vbucket}: an fsync of {path.parent.name}/{path.name} "
+                "overlapped one that failed; nothing acknowledged, written again"
+            )
             continue
         try:
             if not early:
@@ -181,6 +197,7 @@ def _sync_all(logs: list[VbLog]) -> list[tuple[VbLog, OSError]]:
         try:
             vblog.sync()
         except OSError as exc:
+            vblog.sync_failures += 1  # before this thread returns (see _sync_and_settle)
             failed.append((vblog, exc))
     return failed
 

@@ -253,6 +253,12 @@ class VbLog:
         self._unpublished: list[LogItem] = []
         self.syncing = 0
         """fsyncs of the active segment in flight (no roll until they return)."""
+        self.sync_failures = 0
+        """fsyncs of it that failed (counted in the worker thread, see ``commit``)."""
+        self.sync_failures_handled = 0
+        """Of those, the ones ``unwrite`` took back (it covers everything not settled)."""
+        self.sync_returned = trio.Event()
+        """Set, and replaced, whenever an fsync of it returns to the loop."""
         self.lock = trio.Lock()
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
@@ -475,6 +481,12 @@ class VbLog:
         return self._unsynced
 
     @property
+    def sync_in_doubt(self) -> bool:
+        """An fsync of this file failed and not all it dropped is written again yet: an
+        fsync returning 0 meanwhile proves nothing (Linux tells one fsync of the file)."""
+        return self.sync_failures_handled != self.sync_failures or self._rewrite
+
+    @property
     def written_size(self) -> int:
         """Bytes of the active segment handed to the file (what an fsync now covers)."""
         return self._written_size
@@ -579,6 +591,7 @@ class VbLog:
         """After a failed fsync: cut the file back to what was published and put
         the records written since back in the buffer, to be written again; what
         was published stays so and is written again as it is (``_write_again``)."""
+        self.sync_failures_handled = self.sync_failures
         self._close_block()  # its offset is about to move
         segment = self.segments[-1]
         published = segment.size
@@ -726,6 +739,9 @@ class VbLog:
         if self._fd is None:
             return
         try:
+            # A failed fsync left unhandled (a stop cancelled its commit) dropped pages a
+            # later fsync says nothing about: what is not settled is written again first.
+            self._rewrite = self._rewrite or bool(self._written)
             self.write()
             try:
                 self.sync()
