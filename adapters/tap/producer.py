@@ -159,6 +159,21 @@ class TapProducer:
                 self._since_ack_request = 0
         return seqno, flags
 
+    def begin_run(self) -> tuple[int, int, int]:
+        """For stamps made in place over a run of at most ``room`` messages (the fast
+        path's ``translate_items``, as ``next_stamp`` makes them): the next sequence
+        number, the messages since the last ack request, and the ack interval (0
+        without support-ack: no ack is asked for); ``end_run`` takes them back."""
+        interval = self.ack_interval if self.support_ack else 0
+        return self._next_seqno, self._since_ack_request, interval
+
+    def end_run(self, next_seqno: int, since_ack_request: int, stamped: int) -> None:
+        """After ``begin_run``: ``stamped`` messages were stamped in place."""
+        self._next_seqno = next_seqno
+        if self.support_ack:
+            self._since_ack_request = since_ack_request
+        self.sent_total += stamped
+
     def keep(self, frame: EncodedTapFrame | bytes) -> None:
         """Remember the frame stamped by ``next_stamp`` as ``stamp`` remembers a message
         (plain bytes: the frame exactly as sent, its opaque and TAP flags in it)."""

@@ -17,7 +17,14 @@ from collections.abc import Callable
 
 from adapters.mcbp.constants import HEADER_SIZE, Magic
 from adapters.mcbp.frames import HEADER, Frame
-from adapters.tap.constants import CHECKPOINT_KEYS, DEFAULT_TTL, OpaqueCode, TapOpcode, swap32
+from adapters.tap.constants import (
+    CHECKPOINT_KEYS,
+    DEFAULT_TTL,
+    OpaqueCode,
+    TapFlags,
+    TapOpcode,
+    swap32,
+)
 from adapters.tap.producer import TapProducer
 from adapters.translate.upr_to_tap import UprToTap
 from adapters.upr.constants import SnapshotFlags
@@ -31,6 +38,9 @@ _MUTATION_FIXED = _MUTATION.size - HEADER_SIZE
 _DELETE = struct.Struct(">BBHBBHIIQHHB3xQ")
 _DELETE_FIXED = _DELETE.size - HEADER_SIZE
 _REQUEST = Magic.REQUEST.value
+_ACK = TapFlags.ACK.value
+_NOT_ACK = ~_ACK
+_SEQNO_LIMIT = 1 << 32
 _OP_MUTATION = TapOpcode.MUTATION.value
 _OP_DELETE = TapOpcode.DELETE.value
 
@@ -185,7 +195,9 @@ def translate_items(
     """
     end = len(buf)
     room = producer.room
-    next_stamp = producer.next_stamp
+    # ``TapProducer.next_stamp``, inline: the room taken above keeps every stamp
+    # within the window; ``end_run`` hands the producer its state back.
+    next_seqno, since, ack_interval = producer.begin_run()
     append = out.append
     first_out = len(out)
     swapped = _SWAPPED
@@ -227,7 +239,14 @@ def translate_items(
                 value_end = frame_end - nmeta
                 if value_end < key_at + keylen or by_seqno <= translator.last_seqno:
                     break
-                seqno, tap_flags = next_stamp(translator.item_flags)
+                seqno = next_seqno
+                next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+                tap_flags = translator.item_flags & _NOT_ACK
+                if ack_interval:
+                    since += 1
+                    if since >= ack_interval:
+                        tap_flags |= _ACK
+                        since = 0
                 if not translator.network_byte_order:
                     if flags != last_flags:
                         last_flags = flags
@@ -252,7 +271,14 @@ def translate_items(
                 value_end = key_at + keylen
                 if frame_end - nmeta < value_end or by_seqno <= translator.last_seqno:
                     break
-                seqno, tap_flags = next_stamp(0)
+                seqno = next_seqno
+                next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+                tap_flags = 0
+                if ack_interval:
+                    since += 1
+                    if since >= ack_interval:
+                        tap_flags = _ACK
+                        since = 0
                 head = _DELETE.pack(
                     _REQUEST, _OP_DELETE, keylen, 8, 0, translator.vbucket,
                     _DELETE_FIXED + keylen, seqno, cas,
@@ -268,7 +294,10 @@ def translate_items(
                 checkpoint_id = translator.open_checkpoint(start, snap_end, flags)
                 if checkpoint_id is None:
                     break
-                seqno, tap_flags = next_stamp(0, force_ack=True)
+                seqno = next_seqno
+                next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+                tap_flags = _ACK if ack_interval else 0
+                since = 0
                 append(
                     _START.pack(
                         _REQUEST, _OP_CHECKPOINT_START, _START_KEYLEN, 16, 0, translator.vbucket,
@@ -304,7 +333,10 @@ def translate_items(
                 translator.close_open()
                 checkpoint_id = snapshot.checkpoint_id
                 if checkpoint_id is None:
-                    seqno, tap_flags = next_stamp(0, force_ack=True)
+                    seqno = next_seqno
+                    next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+                    tap_flags = _ACK if ack_interval else 0
+                    since = 0
                     append(
                         _OPAQUE.pack(
                             _REQUEST, _OP_OPAQUE, 0, 8, 0, translator.vbucket, 12, seqno, 0,
@@ -312,7 +344,10 @@ def translate_items(
                         )
                     )  # fmt: skip
                 else:
-                    seqno, tap_flags = next_stamp(0, force_ack=True)
+                    seqno = next_seqno
+                    next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+                    tap_flags = _ACK if ack_interval else 0
+                    since = 0
                     append(
                         _END.pack(
                             _REQUEST, _OP_CHECKPOINT_END, _END_KEYLEN, 16, 0, translator.vbucket,
@@ -323,6 +358,7 @@ def translate_items(
                     closed += (translator.vbucket, checkpoint_id, by_seqno)
                     markers += 1
                 room -= 1
+    producer.end_run(next_seqno, since, len(out) - first_out)
     producer.keep_frames(out, first_out)
     return offset, credit, mutations, deletions, markers, closing
 
