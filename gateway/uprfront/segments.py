@@ -14,8 +14,11 @@ blocks) read as they always did.
 ``scan`` reads a file front to back as rows (a block as the row of each of
 its items, all at the block's offset, the last one ending where the block
 ends) and stops quietly at the first record that is short or fails its crc
-(readers only read published bytes, which are whole); ``read_items`` reads
-the items of a chunk as ``LogItem``s without rows (the serving read).
+(readers only read published bytes, which are whole). ``walk_records``
+feeds the items of a chunk's whole records to a sink: ``read_items`` makes
+them ``LogItem``s without rows, and the serving read
+(``log_to_upr_fast.BatchCut``) frames UPR messages from a block's bytes
+directly.
 
 ``tail_fault`` judges where such a scan stopped when a log is opened. Only
 an unfinished write may be cut off as a torn tail: a record cut short by

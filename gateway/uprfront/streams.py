@@ -213,6 +213,9 @@ class LogStream:
         # ``takeoverSendPhase``), not while catching up.
         extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not conn.draft else SF(0)
         fast = not conn.draft and not extra and conn.recording is None
+        # One yield per batch, here: a read the page cache serves at once then
+        # holds the connection's room for disk reads without a wait in between.
+        await trio.lowlevel.checkpoint()
         await vblog.segments_settled()  # no checkpoint between it and the read
         if vblog.in_memory(self.position):
             batch = vblog.read(self.position, upto, BATCH, asked)

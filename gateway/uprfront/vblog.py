@@ -859,11 +859,11 @@ class VbLog:
                 want = chunk
                 while offset < size:
                     length = min(want, size - offset)
+                    if stop is not None:
+                        await trio.lowlevel.checkpoint()  # a slice of work per chunk, at most
                     data = pread_cached(fd, offset, length)
                     if data is None:  # from the disk: in a worker thread
                         data = await to_thread(pread, fd, offset, length, limiter=limiter)
-                    else:
-                        await trio.lowlevel.checkpoint()  # a slice of work per chunk, at most
                     end, done = walk_records(data, offset, sink)
                     stop = (segment, end)
                     if done:
