@@ -2,7 +2,8 @@
 
 Theory of operation. Only sealed segments (every one but the active) are
 compacted, in a worker thread: their records are read in order and an item
-is kept when the index still names it as its key's latest version, unless
+is kept when the index still names it as its key's latest version (or that
+latest version is in the active segment while it has unsynced records), unless
 it is a tombstone older than the purge interval (dropped; the vbucket's
 purge seqno rises to it, so a consumer starting below it rolls back to 0
 instead of missing the delete). The last mark of each kind is kept, so a
@@ -31,7 +32,7 @@ from gateway.uprfront.vblog import VbLog
 
 
 def _compact_files(
-    vblog: VbLog, sealed: list[Segment], older_than: float
+    vblog: VbLog, sealed: list[Segment], older_than: float, unproven: int
 ) -> tuple[Segment, int, list[tuple[bytes, int]]]:
     index = vblog.translator.index
     covers = max(s.last for s in sealed) or sealed[-1].first
@@ -54,9 +55,14 @@ def _compact_files(
             assert isinstance(record, LogItem)
             position += 1
             latest = index.get(record.key)
-            if latest is None or latest.seqno != record.by_seqno:
+            if latest is None:
                 continue
-            if record.deleted and record.arrival < older_than:
+            if latest.seqno != record.by_seqno:
+                if latest.seqno < unproven:
+                    continue
+                # Its successor may be served but not synced yet (fsync batch): a power
+                # loss would take it, so this version stays until that one is sealed.
+            elif record.deleted and record.arrival < older_than:
                 purged.append((record.key, record.by_seqno))
                 continue
             data = frame(row)
@@ -96,8 +102,12 @@ async def compact_log(vblog: VbLog, now: float, purge_interval: float) -> int:
     if not sealed or (len(sealed) == 1 and sealed[0].path == vblog.compacted_path):
         return 0
     before = sum(s.path.stat().st_size for s in sealed)
+    # Sealed segments are synced; the active one's records may not all be yet (fsync
+    # batch publishes first): then no version of it is trusted to replace an older one.
+    synced = not vblog.unsynced and not vblog.sync_in_doubt
+    unproven = vblog.high_seqno + 1 if synced else vblog.segments[-1].first
     result, purge_seqno, purged = await trio.to_thread.run_sync(
-        _compact_files, vblog, sealed, now - purge_interval
+        _compact_files, vblog, sealed, now - purge_interval, unproven
     )
     # Before the tombstones vanish: consumers below the purge seqno must start over.
     vblog.purge_seqno = max(vblog.purge_seqno, purge_seqno)
