@@ -34,6 +34,7 @@ aside instead of cutting what may be acknowledged data.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zlib
@@ -268,7 +269,7 @@ class ItemSink:
         return False
 
 
-def walk_records(data: bytes, base: int, sink: RecordSink) -> tuple[int, bool]:
+def walk_records(data: bytes | mmap.mmap, base: int, sink: RecordSink) -> tuple[int, bool]:
     """Feed ``sink`` the items of the whole records of ``data`` (``base``: its offset in
     the file), in order, until it says the read is done.
 
@@ -277,13 +278,14 @@ def walk_records(data: bytes, base: int, sink: RecordSink) -> tuple[int, bool]:
     """
     offset, size = 0, len(data)
     unpack_frame, unpackb, crc32 = FRAME.unpack_from, msgpack.unpackb, _crc32
+    view = memoryview(data)  # payloads as bytes (sinks hash keys), each copied once
     while offset + 8 <= size:
         length, crc = unpack_frame(data, offset)
         body = offset + 8
         end = body + length
         if length > MAX_RECORD or end > size:
             break
-        payload = data[body:end]
+        payload = bytes(view[body:end])
         if crc32(payload) != crc:
             break
         if length and payload[0] == BLOCK_TAG:
@@ -490,17 +492,25 @@ def read_planned(
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 
 
-def pread_cached(fd: int, offset: int, size: int) -> bytes | None:
+def pread_cached(fd: int, offset: int, size: int) -> mmap.mmap | None:
     """``pread``, if the page cache holds all those bytes now; else None, at once
-    (``RWF_NOWAIT``: never waits for the disk, so it may run on the loop)."""
+    (``RWF_NOWAIT``: never waits for the disk, so it may run on the loop).
+
+    Into an anonymous map, unmapped once dropped: chunks read on the loop do
+    not fragment its heap between the long-lived buffers of stalled connections
+    (RSS comes back when they close)."""
     if _NOWAIT is None:
         return None
-    buffer = bytearray(size)
+    buffer = mmap.mmap(-1, size)
     try:
         got = os.preadv(fd, [buffer], offset, _NOWAIT)
     except OSError:  # EAGAIN: not all cached; EOPNOTSUPP: a file system without it
+        buffer.close()
         return None
-    return bytes(buffer) if got == size else None
+    if got != size:
+        buffer.close()
+        return None
+    return buffer
 
 
 def pread(fd: int, offset: int, size: int) -> bytes:

@@ -171,6 +171,9 @@ class LogStream:
         while True:
             if self.position >= self.end_seqno:
                 return upr.StreamEndReason.OK
+            # One yield per batch, before the room is measured: a read the page
+            # cache serves at once then takes it and sends with no wait between.
+            await trio.lowlevel.checkpoint()
             budget = await self.conn.send_budget()
             high = vblog.high_seqno
             self.progress.upstream_high_seqno = high
@@ -213,9 +216,6 @@ class LogStream:
         # ``takeoverSendPhase``), not while catching up.
         extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not conn.draft else SF(0)
         fast = not conn.draft and not extra and conn.recording is None
-        # One yield per batch, here: a read the page cache serves at once then
-        # holds the connection's room for disk reads without a wait in between.
-        await trio.lowlevel.checkpoint()
         await vblog.segments_settled()  # no checkpoint between it and the read
         if vblog.in_memory(self.position):
             batch = vblog.read(self.position, upto, BATCH, asked)
@@ -398,6 +398,7 @@ class LogStream:
     async def catch_up(self) -> None:
         """Send whatever the log holds beyond the position (takeover, before each state)."""
         while self.position < min(self.vblog.high_seqno, self.end_seqno):
+            await trio.lowlevel.checkpoint()  # as in ``_stream``
             budget = await self.conn.send_budget()
             upto = min(self.vblog.high_seqno, self.end_seqno)
             last = await self._next(upto, budget)

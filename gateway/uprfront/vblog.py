@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import mmap
 import os
 import random
 from collections.abc import Callable, Iterable
@@ -861,7 +862,7 @@ class VbLog:
                     length = min(want, size - offset)
                     if stop is not None:
                         await trio.lowlevel.checkpoint()  # a slice of work per chunk, at most
-                    data = pread_cached(fd, offset, length)
+                    data: bytes | mmap.mmap | None = pread_cached(fd, offset, length)
                     if data is None:  # from the disk: in a worker thread
                         data = await to_thread(pread, fd, offset, length, limiter=limiter)
                     end, done = walk_records(data, offset, sink)
