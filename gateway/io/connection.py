@@ -6,7 +6,11 @@ stage's size and time limits (``gateway.limits``) and two ways to write.
 - Served (``run_connection``, and any stream that calls ``start_writer``):
   ``send`` queues bytes and a writer task joins everything queued since its
   last write into one ``send_all`` (per-packet writes cost many times more in
-  Python). The outbox is bounded in bytes: ``send`` waits while more than
+  Python). When nothing is queued and the writer is idle, a plain TCP socket
+  is written at once by the sender (one non-blocking write, no hop to the
+  writer task: a live stream's one-item batches would otherwise cost a task
+  switch each); what the kernel does not take is queued for the writer. The
+  outbox is bounded in bytes: ``send`` waits while more than
   ``max_outbox_bytes`` are queued, so a slow peer pushes back on whoever
   produces for it.
 - Dialed command use (``connect``: STAT, SASL, requests; a relay): until a
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -136,6 +141,10 @@ class PacketConnection:
         """The most bytes ever queued at once (what the outbox cost at its fullest)."""
         self._writing = False
         """A writer task serves the outbox; until one does, ``send`` writes at once."""
+        self._writer_busy = False
+        """The writer is inside ``send_all``: a direct write now would interleave with it."""
+        self._direct = isinstance(stream, trio.SocketStream)
+        """Plain sockets take direct writes (TLS and test streams always queue)."""
         self._send_lock = trio.Lock()
         self._opaques = itertools.count(1)
 
@@ -323,9 +332,20 @@ class PacketConnection:
         self.send_nowait(data)
 
     def send_nowait(self, data: bytes) -> None:
-        """Queue ``data`` regardless of the limit (small control replies)."""
+        """Queue ``data`` regardless of the limit (small control replies); with nothing
+        queued and the writer idle, hand what the kernel takes to the socket now."""
         if self._closing:
             raise ConnectionClosed(self.name)
+        if (
+            self._direct
+            and not self._outbox
+            and not self._writer_busy
+            and self._writing
+            and not self._writer_done.is_set()
+        ):
+            data = self._write_now(data)
+            if not data:
+                return
         self._outbox.append(data)
         self._outbox_bytes += len(data)
         if self._outbox_bytes > self.peak_outbox_bytes:
@@ -336,6 +356,23 @@ class PacketConnection:
         """Wait until everything queued so far has been handed to the socket."""
         while self._outbox_bytes and not self._writer_done.is_set():
             await self._room_event().wait()
+
+    def _write_now(self, data: bytes) -> bytes:
+        """One non-blocking write on the socket; returns what it did not take.
+
+        Synchronous, so it can neither be cancelled half way nor interleave with
+        another sender. A full buffer or an error leaves the bytes to the writer,
+        whose ``send_all`` waits or fails exactly as it would have without this."""
+        assert isinstance(self.stream, trio.SocketStream)
+        fd = self.stream.socket.fileno()
+        if fd < 0:
+            return data
+        try:
+            sent = os.write(fd, data)
+        except OSError:
+            return data
+        self.bytes_sent += sent
+        return data[sent:] if sent else data
 
     def _room_event(self) -> trio.Event:
         """The event the next write sets; shared by every waiter (one fresh per write),
@@ -364,7 +401,11 @@ class PacketConnection:
                     continue
                 batch = b"".join(self._outbox)
                 self._outbox.clear()
-                await self.stream.send_all(batch)
+                self._writer_busy = True
+                try:
+                    await self.stream.send_all(batch)
+                finally:
+                    self._writer_busy = False
                 self.bytes_sent += len(batch)
                 self._outbox_bytes -= len(batch)
                 self._has_room.set()
