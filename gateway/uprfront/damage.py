@@ -34,19 +34,24 @@ async def set_aside_damaged(front: UprFront, vblog: VbLog, exc: LogReadError) ->
     Shielded: a stream ended meanwhile must not leave the damaged log served.
     """
     with trio.CancelScope(shield=True):
-        while front.logs.logs.get(vblog.vbucket) is vblog:
-            # Nobody between a write and its publish, no fsync of it in flight (its
-            # failure would cut back the file), no compaction swapping its files.
-            await vblog.segments_settled()
-            async with vblog.lock:
-                if vblog.swapping:
-                    continue
-                if not vblog.syncing:
-                    if front.logs.logs.get(vblog.vbucket) is vblog:
-                        _start_over(front, vblog, exc)
-                    return
-                returned = vblog.sync_returned
-            await returned.wait()
+        async with front.log_swaps:  # no compaction of it running
+            await _when_idle(front, vblog, exc)
+
+
+async def _when_idle(front: UprFront, vblog: VbLog, exc: LogReadError) -> None:
+    while front.logs.logs.get(vblog.vbucket) is vblog:
+        # Nobody between a write and its publish, no fsync of it in flight (its
+        # failure would cut back the file), no segment swap.
+        await vblog.segments_settled()
+        async with vblog.lock:
+            if vblog.swapping:
+                continue
+            if not vblog.syncing:
+                if front.logs.logs.get(vblog.vbucket) is vblog:
+                    _start_over(front, vblog, exc)
+                return
+            returned = vblog.sync_returned
+        await returned.wait()
 
 
 def _start_over(front: UprFront, vblog: VbLog, exc: LogReadError) -> None:
