@@ -200,7 +200,7 @@ class LogSet:
         and replace it with a log that starts over, as start-up does with a log it cannot
         prove: a new history and a re-fetch from the TAP node. On the trio thread (a few
         fsyncs): nothing may touch the vbucket between the two."""
-        damaged.abandon()
+        damaged.retire(f"vbucket {damaged.vbucket}: log set aside: {problem.text}")
         known = self.known.get(damaged.vbucket)
         vblog = self._new(damaged.vbucket)
         vblog.open_over(

@@ -778,6 +778,12 @@ class VbLog:
             os.close(self._fd)
             self._fd = None
 
+    def retire(self, why: str) -> None:
+        """Drop the file handle for good (the log was set aside): a write raises
+        ``LogWriteError``, never touches the directory that replaced this one."""
+        self.abandon()
+        self._broken = why
+
     # -- reading ---------------------------------------------------------------
 
     def begin_segment_swap(self) -> None:
