@@ -162,6 +162,8 @@ class UprLogStats:
     failover_log_lengths: dict[int, int] = field(default_factory=dict)
     logs_set_aside_total: Counter[str] = field(default_factory=Counter)
     """Vbucket logs start-up could not prove and set aside, by reason (``proof.KINDS``)."""
+    log_damage_total: Counter[int] = field(default_factory=Counter)
+    """Damage found while serving a vbucket's log (then set aside and re-fetched), by vbucket."""
 
 
 @dataclass

@@ -526,6 +526,9 @@ async def run_connection(
         log.warning("%s: closing connection: %s", name, _first(group))
     except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed) as group:
         log.info("%s: connection lost: %s", name, _first(group) or "closed")
+    except* GatewayError as group:
+        # A fault the gateway names (a log it cannot read, ...): one line, no traceback.
+        log.error("%s: closing connection: %s", name, _first(group))
     except* Exception as group:
         # A bug must cost this one connection, not the listener and its peers.
         log.error("%s: internal error, closing connection", name, exc_info=_first(group))

@@ -269,9 +269,15 @@ def process_families(view: StatsView, *, per_vbucket: bool) -> list[Family]:
     aside = view.upr_logs_set_aside_total
     for reason in sorted({*SET_ASIDE_REASONS, *aside}):
         set_aside.add(Labels.of(reason=reason), aside.get(reason, 0), "_total")
+    damage = counter(
+        "upr_front_log_damage_total",
+        "Damage found while serving a vbucket's log of the UPR front: set aside and re-fetched.",
+    )
+    for vb, count in sorted(view.upr_log_damage_total.items()):
+        damage.add(_vb_labels(vb), count, "_total")
     out = [
         active, accepted, items, sent_bytes, reconnects, rollbacks, last_rollback, ends, errors,
-        started, done, log_bytes, compactions, longest, set_aside,
+        started, done, log_bytes, compactions, longest, set_aside, damage,
     ]  # fmt: skip
     if per_vbucket:
         per_vb = gauge(

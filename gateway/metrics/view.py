@@ -52,6 +52,7 @@ class StatsView:
     upr_log_compactions_total: int
     failover_log_lengths: dict[int, int]
     upr_logs_set_aside_total: dict[str, int]
+    upr_log_damage_total: dict[int, int]
     listeners: ListenerCounters = field(default_factory=ListenerCounters)
 
 
@@ -74,6 +75,7 @@ def capture(stats: GatewayStats, now: float) -> StatsView:
         upr_log_compactions_total=log.compactions_total,
         failover_log_lengths=dict(log.failover_log_lengths),
         upr_logs_set_aside_total=dict(log.logs_set_aside_total),
+        upr_log_damage_total=dict(log.log_damage_total),
         listeners=stats.listeners.copy(),
     )
 

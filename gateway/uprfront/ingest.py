@@ -171,6 +171,9 @@ class Ingest:
         """Item frames skip the event objects (``tap_to_log_fast``); tests turn it off."""
         self.clock: Callable[[], float] = time.time
         """Wall-clock seconds: items' arrival, and what decides an expiration."""
+        self._session_scope = trio.CancelScope()
+        """The current connection's (``restart`` cancels it)."""
+        self._restart = ""
         self._group: GroupCommit | None = None
         """The pipelined commits of the connection streaming now (fsync batch or never)."""
 
@@ -181,8 +184,14 @@ class Ingest:
             started = self.messages
             logged = True
             try:
-                await self._session()
-                self.last_error = "upstream closed the TAP stream"
+                with trio.CancelScope() as self._session_scope:
+                    await self._session()
+                    self.last_error = "upstream closed the TAP stream"
+                if self._session_scope.cancelled_caught:
+                    # Asked for (``restart``): not a fault, so no backoff and no warning.
+                    log.info("upstream %s: TAP stream reopened: %s", self.address, self._restart)
+                    self.stats.upstream_reconnects_total[self.address] += 1
+                    continue
             except LogWriteError as exc:
                 self.last_error = str(exc)
                 logged = False
@@ -201,6 +210,12 @@ class Ingest:
                 if progressed
                 else min(delay * 2, self.config.reconnect_max)
             )
+
+    def restart(self, why: str) -> None:
+        """Drop the TAP connection now and open a new one at once: a log set aside while
+        serving is fetched whole again (the new connection deregisters first)."""
+        self._restart = why
+        self._session_scope.cancel()
 
     # -- one connection ---------------------------------------------------------
 

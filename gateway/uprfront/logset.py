@@ -41,7 +41,7 @@ from gateway.uprfront.manifest import (
     pack_manifest,
     read_manifest,
 )
-from gateway.uprfront.proof import set_aside_root
+from gateway.uprfront.proof import Problem, set_aside_root
 from gateway.uprfront.segments import write_atomic
 from gateway.uprfront.vblog import DEFAULT_SEGMENT_BYTES, DEFAULT_TAIL_BYTES, VbLog
 
@@ -183,9 +183,9 @@ class LogSet:
         self._adopt(vblog)
         return vblog
 
-    def _prove(self, vbucket: int) -> VbLog:
+    def _new(self, vbucket: int) -> VbLog:
         o = self.options
-        vblog = VbLog(
+        return VbLog(
             self.root,
             vbucket,
             fsync=o.fsync,
@@ -194,6 +194,25 @@ class LogSet:
             rng=self.rng,
             tail_bytes=o.tail_bytes,
         )
+
+    def start_over(self, damaged: VbLog, problem: Problem) -> VbLog:
+        """Set aside ``damaged`` (found damaged while serving; nobody may be writing it)
+        and replace it with a log that starts over, as start-up does with a log it cannot
+        prove: a new history and a re-fetch from the TAP node. On the trio thread (a few
+        fsyncs): nothing may touch the vbucket between the two."""
+        damaged.retire(f"vbucket {damaged.vbucket}: log set aside: {problem.text}")
+        known = self.known.get(damaged.vbucket)
+        vblog = self._new(damaged.vbucket)
+        vblog.open_over(
+            damaged, problem, known.reserved if known else 0, known.uuids if known else ()
+        )
+        self._adopt(vblog)
+        self.save_manifest()
+        self.refresh_stats()
+        return vblog
+
+    def _prove(self, vbucket: int) -> VbLog:
+        vblog = self._new(vbucket)
         known = self.known.get(vbucket)
         if known is not None:
             expected: str | None = f"{MANIFEST_NAME} lists vbucket {vbucket}"

@@ -483,8 +483,9 @@ def read_planned(
     """The items of ``plan``'s files with ``after < seqno <= upto`` (see ``vblog.VbLog.read``)."""
     out: list[LogItem] = []
     sink = ItemSink(out, after, upto, limit, max_bytes if max_bytes is not None else -1)
-    for fd, offset, size in plan.parts:
-        if feed_part(fd, offset, size, sink, READ_CHUNK, pread):
+    for (fd, offset, size), segment in zip(plan.parts, plan.segments, strict=True):
+        where = f"{segment.path.parent.name}/{segment.path.name}"
+        if feed_part(fd, offset, size, sink, READ_CHUNK, pread, where):
             break
     return out
 
@@ -526,6 +527,7 @@ def feed_part(
     sink: RecordSink,
     chunk: int,
     read: Callable[[int, int, int], bytes],
+    where: str = "",
 ) -> bool:
     """Feed ``sink`` one part of a plan on the calling thread; whether the read is done."""
     want = chunk
@@ -536,7 +538,7 @@ def feed_part(
             return True
         if end == offset:
             if want >= size - offset:
-                raise LogReadError(unreadable(f"fd {fd}", offset, size))
+                raise LogReadError(unreadable(where or f"fd {fd}", offset, size))
             want *= 2  # a record bigger than the chunk
             continue
         want = chunk

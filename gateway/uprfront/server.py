@@ -95,6 +95,9 @@ class UprFront:
             open_opcodes=_OPEN_WITHOUT_AUTH,
         )
         self.taken_over: set[int] = set()
+        self.log_swaps = trio.Lock()
+        """Held by a compaction of one log, and while a damaged log is set aside: a
+        compaction must not write into a directory renamed under it."""
         self.port = 0
 
     def serves(self, vbucket: int) -> bool:
@@ -148,7 +151,9 @@ class UprFront:
         """One compaction round over every vbucket; bytes reclaimed."""
         saved = 0
         for vblog in list(self.logs):
-            saved += await compact_log(vblog, time.time(), self.config.purge_interval)
+            async with self.log_swaps:
+                if self.logs.get(vblog.vbucket) is vblog:  # else set aside meanwhile
+                    saved += await compact_log(vblog, time.time(), self.config.purge_interval)
         self.stats.upr_log.compactions_total += 1
         self.logs.refresh_stats()
         return saved

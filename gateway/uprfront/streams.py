@@ -53,7 +53,8 @@ from adapters.translate.log_records import ItemKind, LogItem
 from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder, EncodedBatch
 from adapters.translate.upr_snapshots import ItemEncoder, cut_snapshots
 from adapters.upr.constants import StreamState
-from gateway.uprfront.segments import Segment
+from gateway.uprfront.damage import set_aside_damaged
+from gateway.uprfront.segments import LogReadError, Segment
 from gateway.uprfront.vblog import VbLog
 
 if TYPE_CHECKING:
@@ -135,7 +136,12 @@ class LogStream:
     async def run(self) -> None:
         reason = upr.StreamEndReason.OK
         with self.scope:
-            reason = await self._stream()
+            try:
+                reason = await self._stream()
+            except LogReadError as exc:
+                # Set aside and fetched again; the stream ends as its vbucket changed.
+                await set_aside_damaged(self.conn.front, self.vblog, exc)
+                reason = upr.StreamEndReason.STATE_CHANGED
         if self.scope.cancelled_caught and self.end_reason is not None:
             reason = self.end_reason
         self.end_reason = reason

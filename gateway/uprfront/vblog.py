@@ -299,6 +299,23 @@ class VbLog:
             self._adopt(proof)
         else:
             self._start_over(proof, known_bound, set(known_uuids))
+        self._opened()
+
+    def open_over(
+        self, damaged: VbLog, problem: Problem, known_bound: int, known_uuids: Iterable[int]
+    ) -> None:
+        """Open as the successor of ``damaged`` (closed, found damaged while serving): its
+        directory is set aside and this log starts over, as ``open`` does for a log it
+        cannot prove."""
+        self.problems = [problem]
+        proof = VbProof(
+            self.vbucket, self.dir, exists=self.dir.is_dir(), meta=damaged.meta(),
+            problems=[problem], high_seen=damaged.high_seqno,
+        )  # fmt: skip
+        self._start_over(proof, known_bound, set(known_uuids))
+        self._opened()
+
+    def _opened(self) -> None:
         self.high_seqno = self._written_high = self._tail_floor = self.translator.high_seqno
         self._open_active()
         self._reserve(self.high_seqno, force=True)
@@ -762,11 +779,21 @@ class VbLog:
             os.close(self._fd)
             self._fd = None
 
+    def retire(self, why: str) -> None:
+        """Drop the file handle for good (the log was set aside): a write raises
+        ``LogWriteError``, never touches the directory that replaced this one."""
+        self.abandon()
+        self._broken = why
+
     # -- reading ---------------------------------------------------------------
 
     def begin_segment_swap(self) -> None:
         """A compaction is about to replace segment files: disk reads must wait."""
         self._swapping = trio.Event()
+
+    @property
+    def swapping(self) -> bool:
+        return self._swapping is not None
 
     def end_segment_swap(self) -> None:
         """``segments`` describes the files on disk again."""

@@ -384,3 +384,10 @@ def test_stream_figures_agree_with_per_vbucket_series(
     assert buckets == sorted(buckets)  # cumulative
     assert buckets[-1] == value(s, "tapupr_stream_ack_latency_seconds_count", **TAP)
     assert buckets[-1] == len(latencies)
+
+
+def test_upr_front_log_damage_by_vbucket(stats, registry, clock) -> None:
+    setup(stats, registry, clock)
+    stats.upr_log.log_damage_total[3] += 1
+    s = scrape(registry)
+    assert value(s, "tapupr_upr_front_log_damage_total", vbucket="3") == 1
