@@ -9,7 +9,9 @@ stage's size and time limits (``gateway.limits``) and two ways to write.
   Python). When nothing is queued and the writer is idle, a plain TCP socket
   is written at once by the sender (one non-blocking write, no hop to the
   writer task: a live stream's one-item batches would otherwise cost a task
-  switch each); what the kernel does not take is queued for the writer. The
+  switch each); what the kernel does not take is queued for the writer. Sends
+  in quick succession queue, so a busy connection's bursts still go out in one
+  ``send_all``. The
   outbox is bounded in bytes: ``send`` waits while more than
   ``max_outbox_bytes`` are queued, so a slow peer pushes back on whoever
   produces for it.
@@ -39,6 +41,7 @@ import itertools
 import logging
 import os
 import ssl
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -68,6 +71,9 @@ log = logging.getLogger(__name__)
 RECEIVE_SIZE = 256 * 1024
 DEFAULT_MAX_OUTBOX_BYTES = 4 * 1024 * 1024
 CLOSE_TIMEOUT = 2.0
+DIRECT_WRITE_GAP_NS = 100_000
+"""A write this soon after the last direct one queues instead: on a busy connection
+the writer's one ``send_all`` per burst costs less than a system call per send."""
 FLUSH_TIMEOUT = 10.0
 """How long a closing connection may take to hand its last queued bytes to a slow peer."""
 
@@ -145,6 +151,7 @@ class PacketConnection:
         """The writer is inside ``send_all``: a direct write now would interleave with it."""
         self._direct = isinstance(stream, trio.SocketStream)
         """Plain sockets take direct writes (TLS and test streams always queue)."""
+        self._last_direct_ns = -DIRECT_WRITE_GAP_NS
         self._send_lock = trio.Lock()
         self._opaques = itertools.count(1)
 
@@ -339,10 +346,12 @@ class PacketConnection:
         if (
             self._direct
             and not self._outbox
+            and (now := time.perf_counter_ns()) - self._last_direct_ns >= DIRECT_WRITE_GAP_NS
             and not self._writer_busy
             and self._writing
             and not self._writer_done.is_set()
         ):
+            self._last_direct_ns = now
             data = self._write_now(data)
             if not data:
                 return
