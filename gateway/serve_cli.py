@@ -212,7 +212,7 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
             "  --from-tap A --to-upr B: stream from a 2.x node into a 3.0 node, which opens a\n"
             "    consumer connection and requests the streams itself (ADD_STREAM).\n"
             "With --takeover the source ends dead and the destination active.\n"
-            "TLS (--from-tap --to-upr so far): --tls [--ca FILE] for both nodes, or\n"
+            "TLS: --tls [--ca FILE] for both nodes, or\n"
             "--source-tls/--destination-tls [--source-ca/--destination-ca FILE] for one."
         ),
         epilog=(
@@ -275,9 +275,6 @@ def run_move_command(args: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"move: {exc}", file=sys.stderr)
         return 2
-    if args.from_upr and (source_ssl or destination_ssl):
-        print("move: TLS is for --from-tap --to-upr moves only, so far", file=sys.stderr)
-        return 2
     try:
         if args.from_upr:
             from gateway.tapfront.move import move_upr_to_tap
@@ -289,6 +286,7 @@ def run_move_command(args: argparse.Namespace) -> int:
                 user=user,
                 password=password,
                 reconnect_attempts=5,
+                ssl_context=source_ssl,
             )
             trio.run(
                 partial(
@@ -298,6 +296,7 @@ def run_move_command(args: argparse.Namespace) -> int:
                     args.vbuckets,
                     takeover=args.takeover,
                     config=config,
+                    destination_ssl=destination_ssl,
                 )
             )
         else:

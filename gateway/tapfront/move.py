@@ -15,19 +15,18 @@ everything before it has been applied on the destination.
 from __future__ import annotations
 
 import logging
-
-import trio
+import ssl
 
 from adapters.errors import GatewayError
 from adapters.tap import ConnectFlags, OpaqueCode, TapOpaque
-from gateway.io.connection import PacketConnection as McbpClient
-from gateway.io.connection import run_connection
+from gateway.io.connection import PacketConnection, run_connection
 from gateway.moves import DestinationRefused, prepare_move_destination
 from gateway.stats import GatewayStats
 from gateway.tapfront.plan import ConnectionPlan, VbStart
 from gateway.tapfront.registry import Registry
 from gateway.tapfront.server import read_upstream_vbuckets
 from gateway.tapfront.session import SessionConfig, TapSession
+from gateway.tls import open_stream
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +44,23 @@ async def move_upr_to_tap(
     config: SessionConfig | None = None,
     stats: GatewayStats | None = None,
     name: str = "move",
+    destination_ssl: ssl.SSLContext | None = None,
 ) -> GatewayStats:
-    """Move ``vbuckets`` (see the module docstring); the move's figures on success."""
+    """Move ``vbuckets`` (see the module docstring); the move's figures on success.
+    The source is reached over TLS when ``config.ssl_context`` is set, the
+    destination when ``destination_ssl`` is."""
     config = config or SessionConfig(upstream=source)
     stats = stats or GatewayStats()
-    upstream = await read_upstream_vbuckets(source, config.user, config.password)
+    upstream = await read_upstream_vbuckets(
+        source, config.user, config.password, ssl_context=config.ssl_context
+    )
     for vb in vbuckets:
         state = upstream.get(vb)
         if state is None or not state.active:
             raise MoveFailed(f"vbucket {vb} is not active on the source {source[0]}:{source[1]}")
-    async with await McbpClient.connect(*destination, name="move destination") as client:
+    async with await PacketConnection.connect(
+        *destination, name="move destination", ssl_context=destination_ssl
+    ) as client:
         try:
             await prepare_move_destination(client, vbuckets)
         except DestinationRefused as exc:
@@ -82,7 +88,7 @@ async def move_upr_to_tap(
         await session.run()
 
     try:
-        stream = await trio.open_tcp_stream(*destination)
+        stream = await open_stream(*destination, destination_ssl)
     except OSError as exc:
         raise MoveFailed(f"cannot connect to the TAP destination: {exc}") from None
     label = "move to {}:{}".format(*destination)

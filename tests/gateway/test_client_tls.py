@@ -143,8 +143,32 @@ def test_move_tls_options_are_checked_before_dialling(tmp_path: Path) -> None:
         refused = run(*move, *args)
         assert refused.returncode == 2, args
         assert refused.stderr == f"move: {expected}\n"
-    upr_to_tap = run(
-        "move", "--from-upr", "127.0.0.1:1", "--to-tap", "127.0.0.1:2", "--vbuckets", "1", "--tls"
-    )
-    assert upr_to_tap.returncode == 2
-    assert upr_to_tap.stderr == "move: TLS is for --from-tap --to-upr moves only, so far\n"
+
+
+def test_move_from_upr_reaches_tls_nodes(certificate: tuple[Path, Path]) -> None:
+    """A UPR to TAP move with takeover, both nodes behind TLS (``--tls --ca``): the
+    source's vbucket states, its STAT and UPR streams and the destination's TAP
+    receiver all go through TLS; then a plain destination (``--source-tls`` only)."""
+    cert, key = certificate
+    served = ("--tls-cert", str(cert), "--tls-key", str(key))
+    trust = ("--tls", "--ca", str(cert))
+    with (
+        node("--vbuckets", "4", "--sample-items", "200", *served) as source,
+        node("--vbuckets", "4", "--replica-vbuckets", "0-3", *served) as secured,
+        node("--vbuckets", "4", "--replica-vbuckets", "0-3") as plain,
+    ):
+        frm = f"127.0.0.1:{source}"
+        both = run(
+            "move", "--from-upr", frm, "--to-tap", f"127.0.0.1:{secured}", "--vbuckets", "1",
+            "--takeover", *trust,
+        )  # fmt: skip
+        assert both.returncode == 0, both.stderr
+        assert _vbucket_state(frm, 1, *trust) == "dead"
+        assert _vbucket_state(f"127.0.0.1:{secured}", 1, *trust) == "active"
+        one = run(
+            "move", "--from-upr", frm, "--to-tap", f"127.0.0.1:{plain}", "--vbuckets", "2",
+            "--takeover", "--source-tls", "--source-ca", str(cert),
+        )  # fmt: skip
+        assert one.returncode == 0, one.stderr
+        assert _vbucket_state(frm, 2, *trust) == "dead"
+        assert _vbucket_state(f"127.0.0.1:{plain}", 2) == "active"
