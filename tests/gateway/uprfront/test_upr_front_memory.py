@@ -11,6 +11,7 @@ plus one batch's framing, however many streams it opened.
 from __future__ import annotations
 
 import gc
+import socket
 import time
 import weakref
 from pathlib import Path
@@ -52,6 +53,10 @@ def only_connection(front: UprFront) -> UprConnection:
 
 async def stream_everything(port: int, window: int | None) -> object:
     client = await open_producer(port, b"stalled")
+    # A fixed receive buffer: the kernel would otherwise grow it to megabytes while
+    # the client reads its replies, and could take in what is meant to stall.
+    assert isinstance(client.stream, trio.SocketStream)
+    client.stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     if window is not None:
         reply = await client.control("connection_buffer_size", str(window))
         assert reply.status == 0
@@ -90,8 +95,10 @@ async def test_consumer_that_stops_reading_costs_only_the_outbox_limit(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     # No flow control and a socket never read: the kernel's buffers fill
-    # first (several MB on loopback), then the outbox, then every stream waits.
-    store = big_store(3000)
+    # first (several MB on loopback), then the outbox, then every stream waits:
+    # 24 MB, far more than the client reads before its last reply and the kernel
+    # holds (up to 4 MB sending, 64 KiB receiving).
+    store = big_store(6000)
     _, node_port = await start_node(nursery, store)
     outbox = 128 * 1024
     front, port, _ = await start_front(nursery, tmp_path, node_port, max_outbox_bytes=outbox)
@@ -107,7 +114,7 @@ async def test_consumer_that_stops_reading_costs_only_the_outbox_limit(
     assert producer.conn.peak_outbox_bytes <= outbox + SLACK
     for stream in producer.streams.values():
         assert stream.peak_batch_bytes <= outbox + SLACK
-    assert any(stream.position < 3000 for stream in producer.streams.values())  # stalled
+    assert any(stream.position < 6000 for stream in producer.streams.values())  # stalled
     await client.aclose()  # type: ignore[attr-defined]
     with trio.fail_after(30):
         await until(lambda: not front.connections)  # and the connection is let go
