@@ -3,14 +3,18 @@
 glibc's malloc keeps the heap it grew for a burst (a stalled consumer's
 batches and outbox) after Python frees it, so RSS would stay at its peak.
 ``TrimAfterCloses`` coalesces the closes of a burst: one ``malloc_trim(0)``
-a second after the last of them, not one per connection. Elsewhere than
-glibc it does nothing.
+a second after the last of them, not one per connection, after a full
+garbage collection: a closed connection's tasks leave reference cycles
+(cancelled tasks' tracebacks hold their frames, and with them any batch a
+stream was sending), which would otherwise be freed only after the trim.
+Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 from collections.abc import Callable
 
@@ -60,5 +64,6 @@ class TrimAfterCloses:
                 self._closed = trio.Event()
                 with trio.move_on_after(self.delay):
                     await self._closed.wait()
+            gc.collect()  # the closed connections' cycles: freed before the trim
             if release_free_memory():
                 self.trims += 1

@@ -190,6 +190,7 @@ class PacketConnection:
         with trio.move_on_after(CLOSE_TIMEOUT) as scope:
             scope.shield = True
             await self.stream.aclose()
+        self._outbox.clear()  # unsendable now
 
     # -- stages ------------------------------------------------------------
 
@@ -419,6 +420,9 @@ class PacketConnection:
                 self._outbox_bytes -= len(batch)
                 self._has_room.set()
         finally:
+            # Nothing queued goes out any more: drop it now rather than when the
+            # connection's reference cycles are collected (up to the outbox limit each).
+            self._outbox.clear()
             self._writer_done.set()
             self._has_room.set()
 
