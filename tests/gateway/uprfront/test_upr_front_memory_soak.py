@@ -118,11 +118,12 @@ async def stall_and_close(port: int, pid: int) -> tuple[int, int, int]:
     assert paused >= CONNECTIONS // 2  # the flow-control half, at least, is paused
     for stream in streams:
         await stream.aclose()
-    # The gateway let go of every stalled connection (so the trim after the burst
-    # of closes is due), then its RSS falls by a quarter of the growth or the time runs out.
+    # The gateway let go of every stalled connection (so the collection and trim after
+    # the burst of closes are due), then its RSS falls to within a quarter of the growth
+    # or the time runs out.
     while any(":stalled-" in k for k in await upr_stats(port)):
         await trio.sleep(0.2)
-    closed = await given_back(pid, idle + (stalled - idle) * 3 // 4, timeout=60)
+    closed = await given_back(pid, idle + (stalled - idle) // 4, timeout=60)
     return idle, stalled, closed
 
 
@@ -155,6 +156,7 @@ def test_hundred_stalled_consumers_of_sixteen_streams(tmp_path: Path) -> None:
     )
     # The outbox limit per connection, plus per-connection state and the batch being encoded.
     assert per_connection <= OUTBOX + 2 * MIB
-    # Given back once they closed, to within what glibc keeps of a fragmented heap
-    # after malloc_trim: 45-90% of the growth came back in runs on 2 cores.
-    assert closed - idle <= (stalled - idle) * 3 / 4
+    # Given back once they closed: nothing of a closed connection outlives it (its
+    # outbox is dropped, its cycles collected before malloc_trim); 94-96% of the
+    # growth came back in runs on 2 cores, the rest is what glibc keeps of its heap.
+    assert closed - idle <= (stalled - idle) / 4
