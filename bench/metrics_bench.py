@@ -47,8 +47,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gateway.metrics import register_gateway_metrics, serve_metrics
 from gateway.metrics.collector import GatewayCollector
 from gateway.metrics.families import gateway_families
+from gateway.metrics.figures import ITEM_KINDS, TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
 from gateway.metrics.render import render
-from gateway.stats import ITEM_KINDS, TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
 
 PROMETHEUS_ACCEPT = (
     b"application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"

@@ -52,11 +52,11 @@ from tap_front_bench import STAMP, relay, timed_writes
 
 from adapters import upr
 from adapters.mcbp import FrameReader
+from gateway.fronts.upr import UprFront, UprFrontConfig
 from gateway.io.connection import PacketConnection
 from gateway.io.listen import bound_port
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from gateway.uprfront import UprFront, UprFrontConfig
 
 VBUCKETS = 4
 RECEIVE = 256 * 1024

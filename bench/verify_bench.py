@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.verify.job import VerifyConfig, run_verify, spark_session
-from gateway.verify.report import summary
-from gateway.verify.source import NAME
-from gateway.verify.synthetic import history, write_capture
+from gateway.tools.verify.job import VerifyConfig, run_verify, spark_session
+from gateway.tools.verify.report import summary
+from gateway.tools.verify.source import NAME
+from gateway.tools.verify.synthetic import history, write_capture
 
 ITEMS_PER_KEY = 1.35
 """Average item records per key in the synthetic history (rewrites, deletes, expiries)."""

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import settings
-from gateway.cli import _commands, build_parser
+from gateway.cli import settings
+from gateway.cli.main import _commands, build_parser
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 

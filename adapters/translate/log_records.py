@@ -76,7 +76,7 @@ class LogMark:
 LogRecord = LogItem | LogMark
 
 BLOCK_ITEM = struct.Struct(">QBBBHIQQIIIQdI")
-"""An item in a block of the log (``gateway.uprfront.segments``): by_seqno, kind,
+"""An item in a block of the log (``gateway.fronts.upr.segments``): by_seqno, kind,
 bits (backfill 1, checkpoint_start 2), datatype, key length, value length,
 rev_seqno, cas, flags, expiration, lock_time, checkpoint_id, arrival,
 delete_time; then the key and the value."""

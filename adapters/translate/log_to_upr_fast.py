@@ -14,7 +14,7 @@ an empty key, a layout the dialect lacks) goes through ``ItemEncoder``,
 which raises the codec's own error.
 
 ``BatchCut`` does the same for a disk read: it is fed the log's records as
-the read walks them (``gateway.uprfront.segments.walk_records``), and
+the read walks them (``gateway.fronts.upr.segments.walk_records``), and
 frames a block's items straight from the block's bytes (one struct unpack
 and one pack per item, the key and value copied as one slice), with no
 ``LogItem`` per item; rows (logs written before blocks, items a block cannot
@@ -235,7 +235,7 @@ class BatchCut:
     inside a block walked again); ``finish`` gives the bytes.
 
     ``block`` and ``item`` take the records in log order and say when the batch is
-    complete, as ``gateway.uprfront.segments.read_items`` reads them.
+    complete, as ``gateway.fronts.upr.segments.read_items`` reads them.
     """
 
     __slots__ = ("after", "arrival", "at", "backfill", "checkpoint", "deletions", "encoder",

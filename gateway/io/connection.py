@@ -1,7 +1,7 @@
 """One memcached-binary connection type over trio, for accepted and dialed sockets.
 
 ``PacketConnection`` wraps one socket (TCP or TLS): a frame reader with the
-stage's size and time limits (``gateway.limits``) and two ways to write.
+stage's size and time limits (``gateway.io.limits``) and two ways to write.
 
 - Served (``run_connection``, and any stream that calls ``start_writer``):
   ``send`` queues bytes and a writer task joins everything queued since its
@@ -61,10 +61,10 @@ from adapters.mcbp import (
     encode_frame,
 )
 from adapters.mcbp.constants import status_name
-from gateway.limits import NO_LIMITS, ConnectionLimits, ListenerCounters, Stage
+from gateway.io.limits import NO_LIMITS, ConnectionLimits, ListenerCounters, Stage
 
 if TYPE_CHECKING:
-    from gateway.auth import Authenticator
+    from gateway.io.auth import Authenticator
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class PacketConnection:
     ) -> PacketConnection:
         """Dial ``host:port`` over TCP, or TLS when ``ssl_context`` is given. ``name``
         (default ``host:port``) is how errors and logs call the peer."""
-        from gateway.tls import open_stream
+        from gateway.io.tls import open_stream
 
         stream = await open_stream(host, port, ssl_context)
         return cls(stream, name=name or f"{host}:{port}", max_frame_size=max_frame_size)

@@ -47,12 +47,12 @@ import trio
 
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status
-from gateway.auth import Authenticator, Users
+from gateway.io.auth import Authenticator, Users
 from gateway.io.connection import PacketConnection
+from gateway.io.limits import ConnectionLimits, ListenerCounters
 from gateway.io.listen import serve_packets
 from gateway.io.replies import error_reply, reply, stat_reply
-from gateway.limits import ConnectionLimits, ListenerCounters
-from gateway.stat_replies import StatError
+from gateway.io.stat_replies import StatError
 
 OPEN_OPCODES = frozenset(
     {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP, Opcode.NOOP, Opcode.VERSION}

@@ -16,14 +16,14 @@ import ssl
 import trio
 
 from adapters.mcbp import DEFAULT_MAX_FRAME_SIZE
-from gateway import logs
 from gateway.io.connection import (
     CLOSE_TIMEOUT,
     DEFAULT_MAX_OUTBOX_BYTES,
     Handler,
     run_connection,
 )
-from gateway.limits import ConnectionLimits, ListenerCounters, Stage
+from gateway.io.limits import ConnectionLimits, ListenerCounters, Stage
+from gateway.runtime import logs
 
 log = logging.getLogger(__name__)
 

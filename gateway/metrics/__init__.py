@@ -1,6 +1,6 @@
 """What the gateway tells operators: Prometheus metrics and memcached STAT groups.
 
-Both read ``gateway.stats.GatewayStats``, which the fronts keep up to date.
+Both read ``gateway.metrics.figures.GatewayStats``, which the fronts keep up to date.
 
 - ``serve_metrics(stats, host, port, per_vbucket=..., health=...)``: ``/metrics``
   over HTTP, with ``/healthz``, ``/readyz``, ``/status.json`` and the status page.

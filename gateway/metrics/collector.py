@@ -1,7 +1,7 @@
 """The Prometheus collector: ``GatewayStats`` turned into metric families at scrape time.
 
 Nothing is registered or updated on the hot path: the fronts bump plain
-counters in ``gateway.stats`` and this collector reads them when a scrape
+counters in ``gateway.metrics.figures`` and this collector reads them when a scrape
 asks. It is registered on an injected ``CollectorRegistry`` (never the
 global one) with ``register_gateway_metrics``. The families themselves (names,
 labels, help) are defined in ``gateway.metrics.families``.
@@ -18,9 +18,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from gateway.metrics.families import gateway_families
+from gateway.metrics.figures import GatewayStats
 from gateway.metrics.render import to_metrics
 from gateway.metrics.view import StatsView, capture, capture_anywhere
-from gateway.stats import GatewayStats
 
 Clock = Callable[[], float]
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.fronts.upr.proof import KINDS as SET_ASIDE_REASONS
+from gateway.metrics.figures import DIRECTIONS, ITEM_KINDS, LATENCY_BUCKETS
 from gateway.metrics.view import StatsView, StreamFigures, StreamKey, figures_by_stream
-from gateway.stats import DIRECTIONS, ITEM_KINDS, LATENCY_BUCKETS
-from gateway.uprfront.proof import KINDS as SET_ASIDE_REASONS
-from gateway.version import python_version, version
+from gateway.runtime.version import python_version, version
 
 PREFIX = "tapupr_"
 STREAM_LABELS = ("direction", "connection", "upstream")

@@ -1,4 +1,4 @@
-"""Metric families of the listeners' own guards (``gateway.limits.ListenerCounters``):
+"""Metric families of the listeners' own guards (``gateway.io.limits.ListenerCounters``):
 open connections, connections refused past ``--max-connections``, timeouts,
 frames over a stage's limit, failed SASL attempts and refused admin commands,
 each labelled by listener (``tap-front``, ``upr-front``)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gateway.limits import ListenerCounters
+from gateway.io.limits import ListenerCounters
 from gateway.metrics.families import Family, Labels, counter, gauge
 
 LISTENERS = ("tap-front", "upr-front")

@@ -1,5 +1,5 @@
 """``/metrics`` over HTTP/1.1 on trio, rendered off the event loop; beside it
-``/healthz`` and ``/readyz`` (``gateway.health``), ``/status.json``
+``/healthz`` and ``/readyz`` (``gateway.metrics.health``), ``/status.json``
 (``gateway.metrics.status``) and the status page at ``/`` (``status.html``).
 
 Each scrape captures a ``StatsView`` on the trio thread (a copy of the stream
@@ -31,9 +31,10 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from gateway.health import Health
 from gateway.metrics.collector import Clock, GatewayCollector, register_gateway_metrics
 from gateway.metrics.families import gateway_families
+from gateway.metrics.figures import GatewayStats
+from gateway.metrics.health import Health
 from gateway.metrics.http import (
     MAX_HEAD_BYTES,
     HttpError,
@@ -47,8 +48,7 @@ from gateway.metrics.http import (
 from gateway.metrics.render import OPENMETRICS_CONTENT_PREFIX, render
 from gateway.metrics.status import BackfillTracker, status_json
 from gateway.metrics.view import StatsView
-from gateway.stats import GatewayStats
-from gateway.version import version
+from gateway.runtime.version import version
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``STAT tap`` and ``STAT upr`` (alias ``dcp``) of the gateway's own ports.
 
 The names are those 2.x and 3.0 operators and tools already read, spelled as
-the reference node spells them (``adapters.tap_stats``,
+the reference node spells them (``adapters.tap.stats``,
 ``gateway.node.upr_hub``): process totals ``ep_tap_*`` and ``ep_dcp_*`` (with
 the pre-release ``ep_upr_*`` aliases), then per connection
 ``eq_tapq:<name>:<stat>`` and ``eq_dcpq:<name>:<stat>`` / ``eq_uprq:<name>:<stat>``.
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 
-from adapters.tap_stats import tap_group
+from adapters.tap.stats import tap_group
+from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.metrics.view import StreamFigures, stream_figures
-from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
 
 Pairs = list[tuple[str, str]]
 
@@ -56,7 +56,7 @@ def _by_name(
 
 
 def tap_stat_pairs(stats: GatewayStats, *, now: float | None = None) -> Pairs:
-    """The ``STAT tap`` group of the TAP front (the names: ``adapters.tap_stats``)."""
+    """The ``STAT tap`` group of the TAP front (the names: ``adapters.tap.stats``)."""
     conns = _by_name(stats, TAP_FRONT, time.time() if now is None else now, per_vbucket=False)
     closed = stats.closed_items_sent
     closed_items = sum(closed[TAP_FRONT, kind] for kind in DATA_KINDS)

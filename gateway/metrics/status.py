@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from gateway.metrics.view import StatsView, StreamKey, figures_by_stream
-from gateway.version import python_version, version
+from gateway.runtime.version import python_version, version
 
 STALLED_AFTER = 5.0
 """Seconds a backfill seen without progress is called stalled rather than estimated."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from gateway.limits import ListenerCounters
-from gateway.stats import GatewayStats, StreamStats
+from gateway.io.limits import ListenerCounters
+from gateway.metrics.figures import GatewayStats, StreamStats
 
 StreamKey = tuple[str, str, str]
 """(direction, connection, upstream): the labels of one stream's series."""

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from adapters.errors import GatewayError, ProtocolError
 from adapters.mcbp import Frame, Opcode, Status
 from adapters.mcbp.constants import VBucketState
-from gateway.auth import Authenticator
+from gateway.io.auth import Authenticator
 from gateway.io.connection import PacketConnection
 from gateway.io.door import unknown_command
 from gateway.io.replies import error_reply, reply

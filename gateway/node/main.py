@@ -11,13 +11,13 @@ from pathlib import Path
 
 import trio
 
-from gateway.auth import Users
+from gateway.cli.startup import StartupError, describe
+from gateway.io.auth import Users
+from gateway.io.limits import ConnectionLimits
 from gateway.io.listen import bound_port
-from gateway.limits import ConnectionLimits
 from gateway.node.items import VBucketState
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from gateway.startup import StartupError, describe
 
 log = logging.getLogger("gateway.node")
 

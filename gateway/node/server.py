@@ -29,15 +29,15 @@ from adapters import tap, upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Status
 from adapters.upr.opening import Role, open_connection
-from gateway import logs
-from gateway.auth import Authenticator, Users
+from gateway.io.auth import Authenticator, Users
 from gateway.io.connection import ConnectionClosed, PacketConnection
 from gateway.io.door import Door
+from gateway.io.limits import ConnectionLimits, ListenerCounters
 from gateway.io.replies import error_reply
-from gateway.limits import ConnectionLimits, ListenerCounters
-from gateway.memory import TrimAfterCloses
 from gateway.node.changes import ChangeFeed
 from gateway.node.store import Store
+from gateway.runtime import logs
+from gateway.runtime.memory import TrimAfterCloses
 
 log = logging.getLogger(__name__)
 

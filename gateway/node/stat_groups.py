@@ -4,7 +4,7 @@
 ``checkpoint``, ``tap``, ``upr`` (alias ``dcp``), ``dcp-vbtakeover <vb>
 <name>`` (alias ``upr-vbtakeover``), ``tap-vbtakeover <vb> <name>`` and our
 older ``vbucket-takeover <vb> <name>`` (either kind of stream). Refusals
-follow ``gateway.stat_replies``.
+follow ``gateway.io.stat_replies``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.stat_replies import (
+from gateway.io.stat_replies import (
     TAP_TAKEOVER_GROUPS,
     UPR_TAKEOVER_GROUPS,
     Pairs,

@@ -1,6 +1,6 @@
 """The figures of a TAP producer connection of the node, for ``STAT tap``.
 
-The names and their order are ``adapters.tap_stats`` (one list for the node
+The names and their order are ``adapters.tap.stats`` (one list for the node
 and the TAP front); here each gets its value. ``vbucket-takeover <vb> <name>``
 (2.x: ``tap-vbtakeover``): ``name``, ``status`` (backfilling, in-memory or
 done), ``estimate`` (exact count of items still to send),
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from adapters.tap.producer import ProducerState
-from adapters.tap_stats import flag_names
+from adapters.tap.stats import flag_names
 from gateway.node.tap_plan import Phase, VbCursor
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Theory of operation. ``plan_stream`` reads the CONNECT once, at connect
 time; which vbuckets it streams and how each starts (a registered client's
-position, DUMP, CHECKPOINT, BACKFILL, live) are ``adapters.tap_plan``'s
+position, DUMP, CHECKPOINT, BACKFILL, live) are ``adapters.tap.plan``'s
 rules, shared with the TAP front. What is the node's own is the cursor: a
 registered client resumes an unfinished backfill, or streams live from its
 seqno while the store still keeps checkpoints from there on; a CHECKPOINT
@@ -24,7 +24,7 @@ from typing import Any
 
 from adapters.tap import ConnectFlags, TapConnect
 from adapters.tap.connect import ConnectView
-from adapters.tap_plan import Start, connect_vbuckets, start_of
+from adapters.tap.plan import Start, connect_vbuckets, start_of
 from gateway.node.items import VBucketState
 from gateway.node.tap_registry import Registration, VbPosition
 

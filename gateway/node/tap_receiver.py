@@ -54,8 +54,8 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
+from adapters.tap.acks import ack_of
 from adapters.tap.constants import swap32
-from adapters.tap_acks import ack_of
 from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import StoreError, VBucketState

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import trio
 
-from adapters.tap_stats import seconds, tap_group
+from adapters.tap.stats import seconds, tap_group
 from gateway.io.named import NamedConnections
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class TapConnection(Protocol):
     def deletes_sent(self) -> int: ...
 
     def connection_figures(self) -> dict[str, object]:
-        """Per-connection figures by ``adapters.tap_stats`` name."""
+        """Per-connection figures by ``adapters.tap.stats`` name."""
         ...
 
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None: ...

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import trio
 
 from gateway.io.named import NamedConnections
-from gateway.stat_replies import dcp_group
+from gateway.io.stat_replies import dcp_group
 
 log = logging.getLogger(__name__)
 

@@ -39,9 +39,9 @@ from adapters.mcbp import Status
 from adapters.upr.flow_control import counts
 from adapters.upr.opening import Opening
 from gateway.io.connection import PacketConnection
+from gateway.io.upr_producer import UprProducerBase
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
-from gateway.upr_producer_base import UprProducerBase
 
 __all__ = ["ProducerConnection", "UprHub", "serve_upr_producer"]
 

@@ -1,4 +1,4 @@
-"""The TAP CONNECT rules both TAP producers share (``adapters.tap_plan``).
+"""The TAP CONNECT rules both TAP producers share (``adapters.tap.plan``).
 
 Precedence as ep-engine 2.x's ep_engine.cc ``createTapQueue`` applied it: a
 registered position, then DUMP, then the CHECKPOINT map, then BACKFILL by
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from adapters.errors import ProtocolError
 from adapters.mcbp import Status
 from adapters.tap import ConnectFlags, TapConnect
-from adapters.tap_plan import Start, connect_vbuckets, start_of
+from adapters.tap.plan import Start, connect_vbuckets, start_of
 
 NOW = 1_000_000.0
 FLAGS = [ConnectFlags.DUMP, ConnectFlags.CHECKPOINT, ConnectFlags.BACKFILL]

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters.tap import ConnectFlags
-from adapters.tap_stats import CONNECTION, TOTALS, flag_names, seconds, tap_group
+from adapters.tap.stats import CONNECTION, TOTALS, flag_names, seconds, tap_group
 
 values = st.one_of(st.booleans(), st.integers(min_value=0), st.text(max_size=8))
 

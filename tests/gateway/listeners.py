@@ -11,8 +11,8 @@ from typing import Any
 import trio
 
 from adapters.mcbp import Magic, Opcode, encode_frame
-from gateway.limits import ConnectionLimits, ListenerCounters
-from gateway.stats import GatewayStats
+from gateway.io.limits import ConnectionLimits, ListenerCounters
+from gateway.metrics.figures import GatewayStats
 from tests.support.tap_client import start_node
 
 KINDS = ("node", "tap-front", "upr-front")
@@ -49,7 +49,7 @@ async def start_listener(
 
         front, port = await start_front(nursery, node_port, users=users, limits=limits, **config)
         return Listener(kind, port, front.stats.listeners, node_port)
-    from tests.gateway.uprfront.support import start_front as start_upr_front
+    from tests.gateway.fronts.upr.support import start_front as start_upr_front
 
     _, port, _ = await start_upr_front(
         nursery, tmp_path / "state", node_port, stats=stats, users=users, limits=limits, **config

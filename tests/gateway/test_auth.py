@@ -22,7 +22,7 @@ from adapters import upr
 from adapters.mcbp import Opcode, Status
 from adapters.mcbp.frames import Frame, FrameReader
 from adapters.tap import ConnectFlags, encode
-from gateway.auth import (
+from gateway.io.auth import (
     HASH_SCHEME,
     Authenticator,
     User,
@@ -32,7 +32,7 @@ from gateway.auth import (
     read_users,
 )
 from gateway.io.connection import PacketConnection, RequestFailed
-from gateway.limits import ConnectionLimits, ListenerCounters
+from gateway.io.limits import ConnectionLimits, ListenerCounters
 from tests.gateway.listeners import KINDS, read_until_closed, sasl, start_listener
 from tests.support.tap_client import connect_event
 

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from gateway.node.store import Store
-from tests.gateway.uprfront.support import caught_up, start_front
+from tests.gateway.fronts.upr.support import caught_up, start_front
 from tests.support import raw_dcp as dcp
 from tests.support.raw_dcp import RawDcp, Reply
 from tests.support.upr_client import start_node, until

@@ -27,8 +27,8 @@ from adapters.errors import ProtocolError
 from adapters.mcbp import HEADER_SIZE, Magic, Opcode, encode_frame
 from adapters.tap import ConnectFlags, TapOpcode, encode
 from gateway.io.connection import PacketConnection
+from gateway.io.limits import ConnectionLimits, Stage
 from gateway.io.listen import bound_port, serve_packets
-from gateway.limits import ConnectionLimits, Stage
 from tests.gateway.listeners import (
     KINDS,
     read_until_closed,

@@ -12,7 +12,7 @@ import threading
 
 import trio
 
-from gateway import logs
+from gateway.runtime import logs
 from tests.support.tap_client import TapClient, connect_event
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"

@@ -7,7 +7,7 @@ import time
 
 import trio
 
-from gateway.loop_watch import GC_THRESHOLDS, LoopWatch, freeze_startup_objects
+from gateway.runtime.loop_watch import GC_THRESHOLDS, LoopWatch, freeze_startup_objects
 
 BLOCK = 0.05
 

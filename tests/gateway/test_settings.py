@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import settings
-from gateway.cli import _commands, build_parser
+from gateway.cli import settings
+from gateway.cli.main import _commands, build_parser
 
 
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> argparse.Namespace:

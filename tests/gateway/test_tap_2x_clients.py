@@ -28,7 +28,7 @@ from adapters.tap import (
     decode_frame,
 )
 from gateway.node.store import Store
-from tests.gateway.tapfront.test_tap_front_stream import check_brackets, closes
+from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets, closes
 from tests.support.raw_dcp import RawDcp
 from tests.support.tap_client import TapClient, start_node, until
 from tests.support.tapfront import Replica, node_state, start_front

@@ -16,9 +16,9 @@ import trio
 
 from adapters.mcbp import Opcode
 from adapters.tap import ConnectFlags, TapMutation, encode
+from gateway.cli.startup import StartupError
 from gateway.io.connection import PacketConnection
-from gateway.startup import StartupError
-from gateway.tls import client_context, server_context
+from gateway.io.tls import client_context, server_context
 from tests.gateway.listeners import KINDS, read_until_closed, start_listener
 from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.tap_client import TapClient, connect_event, start_node

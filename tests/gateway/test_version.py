@@ -16,15 +16,15 @@ import pytest
 import trio
 
 from adapters.mcbp import Opcode
-from gateway import version as version_module
+from gateway.cli.serve import ServeOptions, run_serve
+from gateway.fronts.upr import UprFrontConfig, serve_upr_front
 from gateway.io.connection import PacketConnection
 from gateway.metrics.families import gateway_families
+from gateway.metrics.figures import GatewayStats
 from gateway.metrics.render import render
 from gateway.metrics.view import capture
-from gateway.serve import ServeOptions, run_serve
-from gateway.stats import GatewayStats
-from gateway.uprfront import UprFrontConfig, serve_upr_front
-from gateway.version import describe, version
+from gateway.runtime import version as version_module
+from gateway.runtime.version import describe, version
 from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.tap_client import start_node
 from tests.support.tapfront import start_front
@@ -77,7 +77,7 @@ async def test_start_up_log_line_names_the_version(
     options = ServeOptions(
         tap_listen=("127.0.0.1", 0), upr_upstream=("127.0.0.1", node_port), metrics_listen=None
     )
-    with caplog.at_level(logging.INFO, logger="gateway.serve"):
+    with caplog.at_level(logging.INFO, logger="gateway.cli.serve"):
         await nursery.start(run_serve, options)
     assert f"{describe()} serving" in caplog.messages
 

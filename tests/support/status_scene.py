@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from adapters.tap import ConnectFlags
-from gateway.serve import Running, ServeOptions, run_serve
+from gateway.cli.serve import Running, ServeOptions, run_serve
 from tests.support.tap_client import TapClient, connect_event, wants_ack
 from tests.support.upr_client import UprClient
 

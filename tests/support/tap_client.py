@@ -28,7 +28,7 @@ from adapters.tap import (
     decode_frame,
     encode,
 )
-from adapters.tap_acks import ACK_OPCODES, ack_opcode
+from adapters.tap.acks import ACK_OPCODES, ack_opcode
 from tests.support.waiting import until as until  # re-exported for the tests
 
 STREAM_TYPES = tuple(ACK_OPCODES)

@@ -18,8 +18,8 @@ from adapters.tap import (
     TapOpaque,
     TapVbucketSet,
 )
-from gateway.stats import GatewayStats
-from gateway.tapfront.server import TapFront, TapFrontConfig
+from gateway.fronts.tap.server import TapFront, TapFrontConfig
+from gateway.metrics.figures import GatewayStats
 
 Entry = tuple[bytes, int, int, int]
 """(value, cas, rev_seqno, flags as stored) of a live key."""

@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.capture.records import CaptureRecord, Kind, cut_record
-from gateway.verify.synthetic import vbucket_history, write_capture
+from gateway.tools.capture.records import CaptureRecord, Kind, cut_record
+from gateway.tools.verify.synthetic import vbucket_history, write_capture
 
 VBUCKETS = 16
 KEYS = 120
@@ -96,7 +96,7 @@ def write_pair(directory: Path) -> tuple[str, str]:
 
 
 def report(spark: Any, directory: Path) -> dict[str, Any]:
-    from gateway.verify.job import VerifyConfig, run_verify
+    from gateway.tools.verify.job import VerifyConfig, run_verify
 
     left, right = write_pair(directory)
     return run_verify(VerifyConfig(left, right, partitions=4, progress=False), spark).report
@@ -105,8 +105,8 @@ def report(spark: Any, directory: Path) -> dict[str, Any]:
 def main(out: Path) -> None:
     import trio
 
-    from gateway.verify.html import render_html
-    from gateway.verify.job import spark_session
+    from gateway.tools.verify.html import render_html
+    from gateway.tools.verify.job import spark_session
     from tests.support.chromium import screenshot
 
     out = out.resolve()

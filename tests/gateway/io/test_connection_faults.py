@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
+from gateway.fronts.upr.segments import LogReadError
 from gateway.io.connection import PacketConnection, run_connection
-from gateway.uprfront.segments import LogReadError
 
 
 async def _serve(exc: Exception) -> None:

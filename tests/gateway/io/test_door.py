@@ -17,11 +17,11 @@ import trio
 
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, FrameReader, Magic, Opcode, Status, encode_frame
-from gateway.auth import Authenticator, Users
+from gateway.io.auth import Authenticator, Users
 from gateway.io.door import Door
+from gateway.io.limits import ConnectionLimits, ListenerCounters
 from gateway.io.replies import error_reply, reply
-from gateway.limits import ConnectionLimits, ListenerCounters
-from gateway.stat_replies import StatError
+from gateway.io.stat_replies import StatError
 from tests.gateway.listeners import KINDS, request, sasl, start_listener
 
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.stats import ITEM_KINDS, TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
+from gateway.metrics.figures import ITEM_KINDS, TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
 from tests.support.prometheus import MISSING, PROMETHEUS, Prometheus, run_prometheus
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from gateway.metrics import register_gateway_metrics
 from gateway.metrics.collector import GatewayCollector
-from gateway.stats import ITEM_KINDS, LATENCY_BUCKETS, TAP_FRONT, UPR_FRONT, GatewayStats
+from gateway.metrics.figures import ITEM_KINDS, LATENCY_BUCKETS, TAP_FRONT, UPR_FRONT, GatewayStats
 from tests.gateway.metrics.conftest import NOW, Clock, scrape, value
 
 OpenStream = Callable[..., object]
@@ -67,7 +67,7 @@ def test_items_and_bytes_per_stream_and_in_total(stats, registry, clock, open_st
 
 
 def test_totals_keep_what_closed_connections_sent(stats, registry, clock) -> None:
-    from gateway.stats import StreamStats
+    from gateway.metrics.figures import StreamStats
 
     setup(stats, registry, clock)
     with stats.stream(StreamStats(TAP_FRONT, "gone", "node:11210")) as gone:
@@ -310,7 +310,7 @@ def test_injected_registry_only(stats, registry, clock) -> None:
 
 def test_collect_survives_mutation_from_another_thread(stats, open_stream) -> None:
     """The fronts mutate on their thread while a scrape may run in another."""
-    from gateway.stats import StreamStats
+    from gateway.metrics.figures import StreamStats
 
     collector: Collector = GatewayCollector(stats, per_vbucket=True)
     stream = open_stream(UPR_FRONT, "xdcr")
@@ -356,7 +356,7 @@ vb_progress = st.tuples(
 def test_stream_figures_agree_with_per_vbucket_series(
     vbuckets: dict[int, tuple[int, int, int, bool, int]], latencies: list[float]
 ) -> None:
-    from gateway.stats import StreamStats
+    from gateway.metrics.figures import StreamStats
 
     stats = GatewayStats()
     registry = CollectorRegistry()

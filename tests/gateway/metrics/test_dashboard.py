@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.metrics.collector import GatewayCollector
-from gateway.stats import GatewayStats
+from gateway.metrics.figures import GatewayStats
 from tests.support.prometheus import (
     DASHBOARD,
     GRAFANA_BUILTINS,

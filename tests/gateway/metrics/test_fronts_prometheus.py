@@ -43,14 +43,14 @@ from adapters.tap import (
     TapStreamMessage,
     encode,
 )
+from gateway.cli.serve import Running, ServeOptions, run_serve
 from gateway.io.connection import PacketConnection
 from gateway.io.listen import bound_port
+from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from gateway.serve import Running, ServeOptions, run_serve
-from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats
+from tests.gateway.fronts.tap.test_tap_front_stream import catch_up
 from tests.gateway.serve.test_serve import http_get
-from tests.gateway.tapfront.test_tap_front_stream import catch_up
 from tests.support.prometheus import (
     DashboardQuery,
     Prometheus,

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from adapters.mcbp import Opcode
 from gateway.io.connection import PacketConnection
-from gateway.limits import ConnectionLimits
+from gateway.io.limits import ConnectionLimits
 from gateway.metrics import register_gateway_metrics
-from gateway.stats import GatewayStats
+from gateway.metrics.figures import GatewayStats
 from tests.gateway.listeners import read_until_closed, sasl
 from tests.gateway.metrics.conftest import Clock, scrape, value
 from tests.support.tap_client import start_node

@@ -21,7 +21,7 @@ from functools import partial
 import trio
 
 from gateway.metrics import serve_metrics
-from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
+from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
 from tests.support.prometheus import (
     Prometheus,
     Result,

@@ -15,9 +15,9 @@ from prometheus_client.utils import floatToGoString
 
 from gateway.metrics import register_gateway_metrics
 from gateway.metrics.families import gateway_families
+from gateway.metrics.figures import TAP_FRONT, GatewayStats, StreamStats
 from gateway.metrics.render import _value, render
 from gateway.metrics.view import capture
-from gateway.stats import TAP_FRONT, GatewayStats, StreamStats
 from tests.gateway.metrics.conftest import NOW, busy_stats
 
 

@@ -16,7 +16,7 @@ from prometheus_client.openmetrics.parser import (
 
 from gateway.metrics import serve_metrics
 from gateway.metrics import server as server_module
-from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
+from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
 from tests.gateway.metrics.conftest import parse, value
 
 
@@ -330,7 +330,7 @@ async def test_health_status_and_page_routes(nursery: trio.Nursery) -> None:
 
 
 async def test_readyz_is_503_naming_what_is_not_ready(nursery: trio.Nursery) -> None:
-    from gateway.health import Health
+    from gateway.metrics.health import Health
 
     health = Health()
     health.upstream("--tap-upstream", "node1:11210").record(False, "host unreachable")

@@ -8,8 +8,8 @@ import trio
 
 from adapters.tap import ConnectFlags
 from gateway.metrics import tap_stat_pairs, upr_stat_pairs
+from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
 from gateway.metrics.stat_groups import DATA_KINDS
-from gateway.stats import TAP_FRONT, UPR_FRONT, GatewayStats, StreamStats
 from tests.gateway.metrics.conftest import NOW
 from tests.support import tap_client, upr_client
 
@@ -138,6 +138,6 @@ async def test_names_match_the_reference_node(
 
 
 def test_data_kinds_are_item_kinds() -> None:
-    from gateway.stats import ITEM_KINDS
+    from gateway.metrics.figures import ITEM_KINDS
 
     assert set(DATA_KINDS) <= set(ITEM_KINDS)

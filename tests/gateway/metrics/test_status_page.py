@@ -14,10 +14,10 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.health import Health
+from gateway.metrics.figures import DIRECTIONS, GatewayStats, StreamStats
+from gateway.metrics.health import Health
 from gateway.metrics.status import BackfillTracker, status
 from gateway.metrics.view import capture
-from gateway.stats import DIRECTIONS, GatewayStats, StreamStats
 from tests.support.chromium import CHROMIUM, MISSING, dump_dom
 from tests.support.status_scene import start_scene, wait_for_backfill_eta
 

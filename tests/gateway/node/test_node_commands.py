@@ -14,10 +14,10 @@ from adapters.mcbp.constants import VBucketState
 from adapters.mcbp.vbucket import vbucket_of
 from gateway.io.connection import PacketConnection, RequestFailed
 from gateway.io.listen import bound_port
-from gateway.load import run_load
 from gateway.node.commands import NODE_FAILOVER
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
+from gateway.tools.load import run_load
 from tests.support.waiting import until
 
 VBUCKETS = 8

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from adapters.errors import ProtocolError
 from adapters.mcbp import Status
 from adapters.tap import ConnectFlags, TapConnect
+from gateway.fronts.tap.plan import UpstreamVbucket, plan_connection
 from gateway.node.items import VBucketState
 from gateway.node.store import Store
 from gateway.node.tap_plan import Phase, plan_stream, resume_after_checkpoint
 from gateway.node.tap_registry import Registration, VbPosition
-from gateway.tapfront.plan import UpstreamVbucket, plan_connection
 from tests.support.tap_client import FUTURE
 
 F = ConnectFlags
@@ -142,7 +142,7 @@ def test_the_node_and_the_front_start_a_vbucket_alike(
     chosen: list[ConnectFlags], date: int | None
 ) -> None:
     """Without a registration or checkpoint map both producers decide the same
-    (``adapters.tap_plan``): a full backfill or live from the high seqno."""
+    (``adapters.tap.plan``): a full backfill or live from the high seqno."""
     flags = ConnectFlags(0)
     for flag in chosen:
         flags |= flag

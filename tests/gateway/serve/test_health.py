@@ -1,5 +1,5 @@
 """``/healthz`` and ``/readyz`` on the metrics port of a real ``serve``
-(gateway/health.py, gateway/startup.py ``watch_upstream``).
+(gateway/metrics/health.py, gateway/cli/startup.py ``watch_upstream``).
 
 Ready means every listener bound, every upstream answering its latest check
 and the UPR front's logs proven; a 503 names what is not, one sentence each,
@@ -19,10 +19,10 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import startup
-from gateway.health import Health
+from gateway.cli import startup
+from gateway.cli.serve import ServeOptions, run_serve
+from gateway.metrics.health import Health
 from gateway.node.server import Node, NodeConfig
-from gateway.serve import ServeOptions, run_serve
 from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.gateway.serve.test_serve import http_get
 

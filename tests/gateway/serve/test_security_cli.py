@@ -21,9 +21,9 @@ import trio
 
 from adapters.mcbp import Opcode
 from adapters.tap import ConnectFlags, TapMutation, encode
-from gateway.auth import read_users
+from gateway.io.auth import read_users
 from gateway.io.connection import PacketConnection
-from gateway.tls import client_context
+from gateway.io.tls import client_context
 from tests.gateway.test_tls import make_certificate
 from tests.support.tap_client import TapClient, connect_event
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import trio
 
 from adapters.tap import ConnectFlags, TapMutation
+from gateway.cli.serve import ServeOptions, run_serve
 from gateway.io.connection import PacketConnection
-from gateway.serve import ServeOptions, run_serve
+from tests.gateway.fronts.tap.test_tap_front_stream import catch_up
 from tests.gateway.node.test_node_tap_producer import filled_store
-from tests.gateway.tapfront.test_tap_front_stream import catch_up
 from tests.support.tap_client import TapClient, connect_event, start_node
 from tests.support.tapfront import Replica
 

@@ -1,0 +1,1 @@
+"""Entry points: the command line, its options and settings, start-up checks, and ``serve``."""

@@ -1,0 +1,358 @@
+"""The TAP peer's side of a session: batches out, acks in, settlements upstream.
+
+Theory of operation. ``TapPeer`` stamps TAP messages with the sans-IO
+``TapProducer`` (sequence numbers, ack requests, the unacked window) into a
+batch that ``flush`` writes with one send, its last message asking for an
+ack. Each batch's upstream bytes, the replies the upstream waits for and the
+positions reached gather in a ``Settlement`` that ``end_settlement``
+attaches to the batch's last message; ``read`` applies the peer's acks and
+nacks (framed by body length alone, as memcached 2.x read them) and settles
+what they release: credit and replies to the upstream connection they were
+owed to (``upstream``/``generation``, set by the session), positions and
+counters on the TAP side. A request that is not TAP's goes to the front's
+command door (``answer``), as 2.x memcached ran every packet of a TAP
+connection through its command dispatcher (daemon/memcached.c
+``conn_ship_log``). ``timers`` sends a NOOP on an idle connection and
+resends after a busy nack.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from adapters import upr
+from adapters.errors import ProtocolError
+from adapters.mcbp import HEADER_SIZE, Frame, FrameReader, Magic, Status
+from adapters.tap import (
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapDelete,
+    TapMutation,
+    TapNoop,
+    TapNoopResponse,
+    TapOpcode,
+    TapStreamMessage,
+    TapVbucketSet,
+    decode_frame,
+    encode,
+)
+from adapters.tap.codec import is_tap_opcode
+from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer, successful_acks
+from gateway.fronts.tap.plan import ConnectionPlan
+from gateway.fronts.tap.registry import Registry
+from gateway.fronts.tap.settlement import Settlement
+from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError
+from gateway.fronts.tap.vbstream import VbStream
+from gateway.io.connection import PacketConnection
+from gateway.io.door import Answer
+from gateway.metrics.figures import GatewayStats, StreamStats
+from gateway.tools.capture.mapping import TapRecording
+
+__all__ = ["TapPeer"]
+
+log = logging.getLogger(__name__)
+
+_KINDS: dict[type, str] = {
+    TapMutation: "mutation",
+    TapDelete: "deletion",
+    TapCheckpointStart: "marker",
+    TapCheckpointEnd: "marker",
+    TapVbucketSet: "state",
+}
+_RESPONSE = Magic.RESPONSE.value
+_TAP_OPCODES = frozenset(opcode.value for opcode in TapOpcode)
+_SOME_ACKS = 2 * HEADER_SIZE
+"""Buffered bytes worth scanning for acks in place (fewer: the reader frames them)."""
+
+
+def _take_acks(reader: FrameReader, acks: list[int]) -> None:
+    """The successful acks buffered in ``reader`` next, without a ``Frame`` each: at
+    live rates a peer acks two checkpoint messages per item (2.x asked for an
+    ack on each), and framing every ack cost more than the rest of its read."""
+    data = reader.take_buffered()
+    taken = successful_acks(data, 0, acks, reader.max_frame_size)
+    reader.consumed += taken
+    if taken < len(data):
+        reader.receive_data(memoryview(data)[taken:])
+
+
+class TapPeer:
+    def __init__(
+        self,
+        conn: PacketConnection,
+        producer: TapProducer,
+        plan: ConnectionPlan,
+        registry: Registry,
+        stats: StreamStats,
+        gateway_stats: GatewayStats,
+        *,
+        noop_interval: float,
+        answer: Answer,
+    ) -> None:
+        self.conn = conn
+        # A TAP peer's acks are framed by body length alone, as 2.x read them.
+        conn.reader.lenient_responses = True
+        self.producer = producer
+        self.plan = plan
+        self.name = plan.name
+        # Asked once per batch and per ack: kept as plain bools, not Flag arithmetic.
+        self._support_ack = plan.support_ack
+        self._registered = plan.registered
+        self.registry = registry
+        self.stats = stats
+        self.gateway_stats = gateway_stats
+        self.noop_interval = noop_interval
+        self.answer = answer
+        """Answers the requests that are not TAP's (the listener's ``Door.answer``)."""
+        self.upstream: UprUpstream | None = None
+        """The upstream connection the credit and replies settled now are owed to."""
+        self.generation = 0
+        """Counts upstream connections (set by the session): a settlement made for an
+        older one settles the TAP side only."""
+        self.batch: list[bytes] = []
+        self.settling = Settlement()
+        """What the batch being built will settle (replaced at each ``end_settlement``)."""
+        self._pending: dict[int, Settlement] = {}
+        self._ready: list[Settlement] = []
+        self.wake = trio.Event()
+        """Set by an ack or the end of a backoff: room may have come in the ack window."""
+        self.last_send = trio.current_time()
+        self.captured_out: TapRecording | None = None
+
+    # -- writing -------------------------------------------------------------
+
+    async def wait_for_room(self) -> None:
+        """Until the ack window has room, flushing what is batched first."""
+        waited_from = time.monotonic()
+        while not self.producer.can_send:
+            # A fresh event before the flush awaits: an ack arriving meanwhile sets it.
+            self.wake = trio.Event()
+            await self.flush()
+            if not self.producer.can_send:
+                await self.wake.wait()
+        self.stats.blocked_seconds += time.monotonic() - waited_from
+
+    async def emit(self, message: TapStreamMessage, vb: VbStream | None) -> None:
+        """Stamp one message into the batch, waiting for room in the ack window."""
+        if not self.producer.can_send:
+            await self.wait_for_room()
+        if vb is not None and isinstance(message, TapCheckpointEnd):
+            self.registry.checkpoint_closed(vb.vbucket, message.checkpoint_id, vb.position())
+        stamped = self.producer.stamp(message)
+        self.batch.append(encode(stamped))
+        if self.captured_out is not None:
+            self.captured_out.record(message, time.time())
+        kind = _KINDS.get(type(message))
+        if kind is not None:
+            self.stats.items_sent[kind] += 1
+        if vb is not None:
+            self.settling.touched[vb.vbucket] = vb
+        if type(message) is TapVbucketSet and message.state == upr.VBucketState.PENDING:
+            self.gateway_stats.takeovers_started_total["tap_front"] += 1
+
+    def end_settlement(self) -> None:
+        """Attach what was gathered to the last message stamped (or settle it now)."""
+        settlement, self.settling = self.settling, Settlement(self.generation)
+        settlement.close(self.generation, self._registered)
+        if settlement.empty:
+            return
+        last = self.producer.last_opaque
+        if self._support_ack and last and self.producer.unacked:
+            held = self._pending.get(last)
+            if held is None:
+                self._pending[last] = settlement
+            else:
+                held.merge(settlement)
+        else:
+            self._ready.append(settlement)
+
+    async def flush(self) -> None:
+        """Write the batch (its last message asking for an ack), then settle what may be."""
+        if self.batch and self._support_ack:
+            self.batch[-1] = self.producer.ack_request_on_last()
+        self.end_settlement()
+        if self.batch:
+            data = b"".join(self.batch)
+            self.batch.clear()
+            await self.conn.send(data)
+            self.stats.bytes_sent += len(data)
+            self.stats.last_item_time = time.time()
+            self.last_send = trio.current_time()
+        ready, self._ready = self._ready, []
+        for settlement in ready:
+            await self._settle(settlement)
+        self.update_ack_stats()
+
+    async def settle_all(self) -> None:
+        """Wait until the peer acknowledged everything (at once without support-ack)."""
+        while self.producer.unacked:
+            self.wake = trio.Event()
+            await self.wake.wait()
+
+    async def _settle(self, settlement: Settlement) -> None:
+        upstream = self.upstream
+        if upstream is not None and settlement.generation == self.generation:
+            try:
+                await upstream.acknowledge(settlement.credit)
+                if settlement.replies:
+                    await upstream.send(b"".join(settlement.replies))
+            except UprUpstreamError as exc:
+                # The upstream died under an ack: the pump finds out on its next read
+                # and reconnects. Credit and replies were owed to the lost connection
+                # only (a new one starts with an empty window and fresh streams), so
+                # what remains to settle is the TAP side, below, as for any ack.
+                log.info("%s: upstream gone while settling an ack: %s", self.name, exc)
+        vbucket_stats = self.stats.vbucket
+        for vbucket, seqno in settlement.seqnos.items():
+            progress = vbucket_stats(vbucket)
+            if seqno > progress.acked_seqno:
+                progress.acked_seqno = seqno
+        for vbucket, position in settlement.positions.items():
+            progress = vbucket_stats(vbucket)
+            progress.acked_seqno = max(progress.acked_seqno, position.seqno)
+            self.registry.advance(self.name, vbucket, position)
+        if settlement.arrival:
+            self.stats.latency.observe(max(0.0, time.time() - settlement.arrival))
+
+    def update_ack_stats(self) -> None:
+        stats = self.stats
+        stats.acks_pending = self.producer.unacked
+        stats.nacks_total = self.producer.nacks_total
+        stats.retransmits_total = self.producer.retransmits_total
+        upstream = self.upstream
+        stats.unacked_bytes = upstream.window.unacked_bytes if upstream is not None else 0
+        # The upstream stops once its window is full: count that time as blocked.
+        full = upstream is not None and upstream.window.full
+        if full and stats.blocked_since is None:
+            stats.blocked_since = time.monotonic()
+        elif not full and stats.blocked_since is not None:
+            stats.blocked_seconds = stats.blocked_total()
+            stats.blocked_since = None
+        # Settlements are held in the order they were made, so the first with an
+        # arrival is the oldest (a scan of all of them on every ack was quadratic).
+        oldest = next((s.arrival for s in self._pending.values() if s.arrival), 0.0)
+        stats.oldest_unacked_time = oldest or None
+
+    # -- reading -------------------------------------------------------------
+
+    async def read(self, scope: trio.CancelScope) -> None:
+        """Read the peer until it closes (then cancel ``scope``)."""
+        conn = self.conn
+        reader = conn.reader
+        while (frame := await conn.receive_frame()) is not None:
+            try:
+                # The acks of one read are applied together and what they release is
+                # settled in one upstream send; anything else keeps its place in order.
+                acks: list[int] = []
+                while frame is not None:
+                    if frame.magic != _RESPONSE or frame.opcode not in _TAP_OPCODES:
+                        await self._on_acks(acks)
+                        await self._on_request(frame)
+                    elif frame.vbucket_or_status:
+                        await self._on_acks(acks)
+                        await self._settle_acked(self._on_ack(frame))
+                    else:
+                        acks.append(frame.opaque)
+                        if reader.buffered >= _SOME_ACKS:
+                            _take_acks(reader, acks)
+                    frame = conn.next_buffered_frame()
+                await self._on_acks(acks)
+            except ProtocolError as exc:
+                kind = "refused_ack" if exc.field in ("status", "opaque") else "malformed"
+                self.gateway_stats.protocol_errors_total["tap_front", kind] += 1
+                raise
+        log.info("%s: TAP peer closed the connection", self.name)
+        scope.cancel()
+
+    async def _on_request(self, frame: Frame) -> None:
+        if frame.magic != _RESPONSE and not is_tap_opcode(frame.opcode):
+            await self.answer(self.conn, frame)  # memcached's own commands
+            return
+        event = decode_frame(frame)
+        if isinstance(event, TapNoop):
+            await self.conn.send(encode(TapNoopResponse(event.opaque)))
+        elif not isinstance(event, TapNoopResponse):
+            raise ProtocolError(
+                f"{event.NAME} is not allowed from the TAP peer of a stream",
+                opcode=frame.opcode,
+                status=Status.NOT_SUPPORTED,
+            )
+
+    async def _on_acks(self, opaques: list[int]) -> None:
+        """Apply the successful acks read so far, in order, and settle what they released."""
+        if not opaques:
+            return
+        producer = self.producer
+        first = producer.first_unacked
+        count = producer.release_acks(opaques)
+        opaques.clear()
+        self.wake.set()
+        await self._settle_acked(self._released(first, count))
+
+    def _released(self, first: int, count: int) -> list[Settlement]:
+        """The settlements held on the ``count`` messages acked from ``first`` on."""
+        released: list[Settlement] = []
+        pending = self._pending
+        # Settlements wait in the order of their messages' sequence numbers.
+        while count and pending:
+            opaque = next(iter(pending))
+            if (opaque - first) % SEQNO_MODULUS >= count:
+                break
+            released.append(pending.pop(opaque))
+        return released
+
+    def _on_ack(self, frame: Frame) -> list[Settlement]:
+        """Apply a TAP ack or nack (a response to a stream message, framed as 2.x
+        framed them: only opaque and status count, the body is a nack's text);
+        the settlements it released, oldest first."""
+        producer = self.producer
+        status = frame.vbucket_or_status
+        first = producer.first_unacked
+        count = producer.release(
+            frame.opaque, status, trio.current_time() if status else 0.0, frame.body, frame.opcode
+        )
+        if status and producer.state is ProducerState.BACKING_OFF:
+            log.info("%s: TAP peer busy (0x%02x): backing off", self.name, status)
+        self.wake.set()
+        return self._released(first, count)
+
+    async def _settle_acked(self, settlements: list[Settlement]) -> None:
+        """Settle what acks released (the upstream's credit and replies in one send)."""
+        if settlements:
+            batch = Settlement(self.generation)
+            now = time.time()
+            for settlement in settlements:
+                batch.merge(settlement)
+                if settlement.arrival:
+                    self.stats.latency.observe(max(0.0, now - settlement.arrival))
+            batch.arrival = 0.0
+            settlements.clear()
+            await self._settle(batch)
+        self.update_ack_stats()
+
+    # -- timers --------------------------------------------------------------
+
+    async def timers(self) -> None:
+        """NOOP an idle connection; resend what a busy nack held back."""
+        while True:
+            deadline = self.last_send + self.noop_interval
+            retransmit = self.producer.next_deadline()
+            if retransmit is not None:
+                deadline = min(deadline, retransmit)
+            await trio.sleep_until(deadline)
+            now = trio.current_time()
+            backing_off = self.producer.state is ProducerState.BACKING_OFF
+            again = self.producer.retransmit_frames(now)
+            if again:
+                log.info("%s: resending %d unacked messages", self.name, len(again))
+                await self.conn.send(b"".join(again))
+                self.last_send = now
+                self.update_ack_stats()
+            if backing_off and self.producer.state is ProducerState.STREAMING:
+                self.wake.set()  # the pump may go on, after the resend (if any)
+            elif now >= self.last_send + self.noop_interval:
+                await self.conn.send(encode(TapNoop()))
+                self.last_send = now

@@ -1,0 +1,225 @@
+"""One TAP peer served from the UPR streams of an upstream node.
+
+Theory of operation. A ``TapSession`` owns one TAP connection (a client that
+sent CONNECT, or a TAP receiver the gateway pushes to) and one upstream UPR
+connection of its own, and runs three tasks:
+
+- the pump, the only task that writes stream messages: it requests one UPR
+  stream per vbucket of the plan, then reads the upstream a socket read at a
+  time and has ``UpstreamStreams`` (gateway/fronts/tap/upstream_streams.py)
+  translate every frame into TAP messages, which ``TapPeer``
+  (gateway/fronts/tap/peer.py) stamps into one batch written with one send;
+- the reader (``TapPeer.read``): acks and nacks from the TAP peer, and what
+  they release settled upstream (see below); a request that is not TAP's goes
+  to the front's command door, answered between stream messages;
+- the timers (``TapPeer.timers``): a NOOP on an idle TAP connection, the
+  resend after a busy nack.
+
+Backpressure runs end to end. The upstream stops at the flow-control buffer
+the gateway announced, and the gateway returns buffer bytes only for what
+the TAP peer acknowledged (with support-ack) or what was handed to its
+socket (without). Each batch's upstream bytes, the replies the upstream
+waits for (SET_VBUCKET_STATE, acknowledged snapshot markers) and the
+positions reached travel as a ``Settlement`` attached to the last TAP
+message of the batch, and are settled when that message is acked. The last
+message of every batch asks for an ack, so a peer that acks only when asked
+can never leave the upstream stalled on a full buffer. Memory per session is
+bounded by the upstream buffer plus the socket outbox.
+
+Upstream loss: the pump reconnects with backoff and re-requests every open
+stream from the last seqno sent, within the snapshot it was in; the
+translators continue the checkpoint or backfill that was open, so the TAP
+peer sees neither a gap nor a duplicate. Acks keep arriving meanwhile and
+never cost the TAP peer its connection: what they release is settled on
+the TAP side (positions, counters) at once, while the upstream credit and
+replies they carry lapse with the connection they were owed to. A rollback
+answer restarts that vbucket with a full backfill behind
+OPAQUE(INITIAL_VBUCKET_STREAM).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import AsyncExitStack
+
+import trio
+
+from adapters.errors import ProtocolError
+from adapters.tap import ConnectFlags, OpaqueCode, TapOpaque, TapStreamMessage
+from adapters.tap.producer import TapProducer
+from gateway.fronts.tap.peer import TapPeer
+from gateway.fronts.tap.plan import ConnectionPlan
+from gateway.fronts.tap.registry import Registry
+from gateway.fronts.tap.settlement import SessionConfig
+from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError
+from gateway.fronts.tap.upstream_streams import UpstreamStreams
+from gateway.io.connection import PacketConnection
+from gateway.io.door import Answer, refuse_command
+from gateway.metrics.figures import GatewayStats, StreamStats
+from gateway.tools.capture.mapping import TapRecording, UprRecording
+from gateway.tools.capture.recorder import open_recorder
+from gateway.tools.capture.records import Kind
+
+__all__ = ["SessionConfig", "SessionFailed", "TapSession"]
+
+log = logging.getLogger(__name__)
+
+
+class SessionFailed(ProtocolError):
+    """The session cannot go on (upstream gone for good, a stream refused)."""
+
+
+class TapSession:
+    def __init__(
+        self,
+        conn: PacketConnection,
+        plan: ConnectionPlan,
+        config: SessionConfig,
+        registry: Registry,
+        stats: GatewayStats,
+        *,
+        closing_messages: tuple[TapStreamMessage, ...] = (),
+        answer: Answer = refuse_command,
+    ) -> None:
+        self.conn = conn
+        self.plan = plan
+        self.config = config
+        self.registry = registry
+        self.gateway_stats = stats
+        self.name = plan.name
+        self.closing_messages = closing_messages
+        """Sent once every stream ended and was acked (a push ends with CLOSE_TAP_STREAM)."""
+        self.producer = TapProducer(
+            support_ack=plan.support_ack,
+            ack_interval=config.ack_interval,
+            max_unacked=max(config.max_unacked, config.ack_interval),
+            backoff=config.backoff,
+        )
+        upstream_name = "{}:{}".format(*config.upstream)
+        self.stats = StreamStats("tap_front", plan.name, upstream_name, created=time.time())
+        self.stats.ack_window = self.producer.max_unacked if plan.support_ack else 0
+        self.peer = TapPeer(
+            conn,
+            self.producer,
+            plan,
+            registry,
+            self.stats,
+            stats,
+            noop_interval=config.noop_interval,
+            answer=answer,
+        )
+        self.streams = UpstreamStreams(plan, self.peer, registry, self.stats, stats)
+        self.vbuckets = self.streams.vbuckets
+        self.upstream: UprUpstream | None = None
+        self.done = False
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self) -> None:
+        peer = self.peer
+        with self.gateway_stats.stream(self.stats):
+            try:
+                async with AsyncExitStack() as captures, trio.open_nursery() as nursery:
+                    await self._open_captures(captures)
+                    nursery.start_soon(peer.read, nursery.cancel_scope)
+                    nursery.start_soon(peer.timers)
+                    await self._pump()
+                    await peer.settle_all()
+                    if self.closing_messages:
+                        for message in self.closing_messages:
+                            await peer.emit(message, None)
+                        await peer.flush()
+                        await peer.settle_all()
+                    # Everything reaches the socket before the close, however slow the
+                    # peer reads (a dump without acks has nothing else to wait on).
+                    await self.conn.drain()
+                    self.done = True
+                    nursery.cancel_scope.cancel()
+            finally:
+                if self.upstream is not None:
+                    await self.upstream.aclose()
+                self.registry.save()
+
+    async def _open_captures(self, stack: AsyncExitStack) -> None:
+        """With a capture directory: record what arrives from upstream and what is sent."""
+        directory = self.config.capture_dir
+        if directory is None:
+            return
+        inbound = await stack.enter_async_context(
+            open_recorder(directory, side="upr", connection=self.name, direction="received")
+        )
+        outbound = await stack.enter_async_context(
+            open_recorder(directory, side="tap", connection=self.name, direction="sent")
+        )
+        # Without the expiry opcode a 3.0 producer sends every delete as DELETION.
+        self.streams.captured_in = UprRecording(inbound, delete_kind=Kind.DELETE)
+        self.peer.captured_out = TapRecording(outbound)
+
+    async def _pump(self) -> None:
+        peer = self.peer
+        streams = self.streams
+        for message in self._opening_messages():
+            await peer.emit(message, None)
+        await peer.flush()
+        failures = 0
+        while not streams.all_ended:
+            try:
+                upstream = await self._connect()
+                failures = 0
+                await streams.request()
+                while not streams.all_ended:
+                    await upstream.receive()
+                    await streams.on_data()
+                    await peer.flush()
+            except UprUpstreamError as exc:
+                failures += 1
+                await self._upstream_lost(exc, failures)
+        await streams.finish()
+        await peer.flush()
+
+    def _opening_messages(self) -> list[TapStreamMessage]:
+        out: list[TapStreamMessage] = []
+        if self.plan.support_ack:
+            out.append(TapOpaque(OpaqueCode.ENABLE_AUTO_NACK))
+        if self.plan.has(ConnectFlags.CHECKPOINT):
+            out.append(TapOpaque(OpaqueCode.ENABLE_CHECKPOINT_SYNC))
+        return out
+
+    async def _connect(self) -> UprUpstream:
+        config = self.config
+        host, port = config.upstream
+        # A new generation before the attempt: what was gathered for the lost
+        # connection settles on the TAP side only.
+        self.peer.generation += 1
+        upstream = await UprUpstream.connect(
+            host,
+            port,
+            name=b"tapfront:" + self.name.encode(),
+            dialect=config.dialect,
+            buffer_size=config.buffer_size,
+            user=config.user,
+            password=config.password,
+            ssl_context=config.ssl_context,
+        )
+        self.stats.buffer_size = upstream.window.buffer_size
+        self._attach(upstream)
+        return upstream
+
+    def _attach(self, upstream: UprUpstream | None) -> None:
+        self.upstream = self.peer.upstream = self.streams.upstream = upstream
+
+    async def _upstream_lost(self, exc: UprUpstreamError, failures: int) -> None:
+        """Flush what was translated, then wait before the next attempt."""
+        attempts = self.config.reconnect_attempts
+        await self.peer.flush()
+        if self.upstream is not None:
+            await self.upstream.aclose()
+            self._attach(None)
+            self.gateway_stats.upstream_reconnects_total[self.stats.upstream] += 1
+        if attempts is not None and failures > attempts:
+            raise SessionFailed(f"{self.name}: giving up on the UPR upstream: {exc}")
+        delay = min(self.config.reconnect_max, self.config.reconnect_initial * 2 ** (failures - 1))
+        log.warning("%s: %s; reconnecting in %.1fs", self.name, exc, delay)
+        self.streams.lost()
+        await trio.sleep(delay)

@@ -1,0 +1,372 @@
+"""A TAP session's vbucket streams: UPR stream requests in, TAP messages out.
+
+Theory of operation. ``UpstreamStreams`` holds one ``VbStream`` per vbucket
+of the plan and routes what the upstream sends by stream opaque. ``on_data``
+takes what one socket read brought: runs of items and plain snapshot markers
+take the fast path (``adapters.translate.upr_to_tap_fast``, frame bytes to
+frame bytes, the bookkeeping done once per run), anything else is decoded
+and goes through the vbucket's ``UprToTap`` (the event path). A stream's
+items leave the fast path while a marker waits for its reply, once the
+stream ended, and whenever messages are captured. What reaches the TAP peer
+goes through the session's ``TapPeer``: messages into its batch, flow-control
+credit and owed replies into its settlement. A rollback answer restarts that
+vbucket from 0 behind OPAQUE(INITIAL_VBUCKET_STREAM), since a TAP client
+cannot roll back partially; a refused stream ends its vbucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from adapters import upr
+from adapters.errors import ProtocolError
+from adapters.mcbp import HEADER_SIZE, Frame, Status
+from adapters.tap import ConnectFlags
+from adapters.translate.upr_to_tap import UprToTap
+from adapters.translate.upr_to_tap_fast import (
+    close_frame,
+    marker_frame,
+    snapshot_marker,
+    stamped_item,
+    translate_items,
+)
+from adapters.upr.flow_control import counts
+from gateway.fronts.tap.peer import TapPeer
+from gateway.fronts.tap.plan import ConnectionPlan
+from gateway.fronts.tap.registry import Registry
+from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError
+from gateway.fronts.tap.vbstream import VbStream
+from gateway.metrics.figures import GatewayStats, StreamStats
+from gateway.tools.capture.mapping import UprRecording
+
+__all__ = ["UpstreamStreams"]
+
+log = logging.getLogger(__name__)
+
+_OK = Status.SUCCESS.value
+_ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
+_FAST_ITEMS = frozenset(_ITEMS)
+_MARKER_ACK = upr.SnapshotFlags.ACK.value
+_MARKER_SIZE = HEADER_SIZE + 20
+_RESPONSES = (
+    upr.StreamRequestOk,
+    upr.StreamRequestRollback,
+    upr.FailoverLogResponse,
+    upr.AddStreamResponse,
+    upr.Response,
+)
+
+
+class UpstreamStreams:
+    def __init__(
+        self,
+        plan: ConnectionPlan,
+        peer: TapPeer,
+        registry: Registry,
+        stats: StreamStats,
+        gateway_stats: GatewayStats,
+    ) -> None:
+        self.plan = plan
+        self.name = plan.name
+        self.peer = peer
+        self.registry = registry
+        self.stats = stats
+        self.gateway_stats = gateway_stats
+        keys_only = plan.has(ConnectFlags.KEYS_ONLY)
+        network_order = plan.has(ConnectFlags.FIX_FLAG_BYTEORDER)
+        self.vbuckets = {
+            start.vbucket: VbStream(
+                start,
+                registry.checkpoint_ids(start.vbucket),
+                keys_only=keys_only,
+                network_byte_order=network_order,
+                progress=stats.vbucket(start.vbucket),
+            )
+            for start in plan.starts
+        }
+        self.by_opaque: dict[int, VbStream] = {}
+        self._fast_streams: dict[int, UprToTap] = {}
+        """By stream opaque, the translators whose items may take the fast path."""
+        self._opaque_of: dict[int, int] = {}
+        """The stream opaque of each vbucket's current upstream stream."""
+        self.upstream: UprUpstream | None = None
+        """The connection the streams are requested on (set by the session)."""
+        self.captured_in: UprRecording | None = None
+
+    @property
+    def all_ended(self) -> bool:
+        return all(vb.ended for vb in self.vbuckets.values())
+
+    async def request(self) -> None:
+        """Request every stream that has not ended, on the current upstream."""
+        upstream = self.upstream
+        assert upstream is not None
+        requests = []
+        for vb in self.vbuckets.values():
+            if vb.ended:
+                continue
+            opaque = upstream.next_opaque()
+            self._route(opaque, vb)
+            requests.append(
+                upr.encode(vb.stream_request(opaque, self.plan.takeover), upstream.dialect)
+            )
+        await upstream.send(b"".join(requests))
+
+    def lost(self) -> None:
+        """The upstream is gone: forget its opaques, each stream resumes where it was."""
+        self.by_opaque.clear()
+        self._fast_streams.clear()
+        for vb in self.vbuckets.values():
+            vb.prepare_resume()
+
+    async def finish(self) -> None:
+        """Close what every translator left open."""
+        for vb in self.vbuckets.values():
+            for message in vb.translator.finish():
+                await self.peer.emit(message, vb)
+
+    # -- routing -------------------------------------------------------------
+
+    def _route(self, opaque: int, vb: VbStream) -> None:
+        """``vb``'s stream now answers to ``opaque``."""
+        self.by_opaque[opaque] = vb
+        self._opaque_of[vb.vbucket] = opaque
+        self._refresh_fast(vb)
+
+    def _refresh_fast(self, vb: VbStream) -> None:
+        """Let ``vb``'s items take the fast path unless a marker waits for its reply."""
+        opaque = self._opaque_of.get(vb.vbucket)
+        if opaque is None or self.by_opaque.get(opaque) is not vb:
+            return
+        if vb.awaits_marker_reply or vb.ended:
+            self._fast_streams.pop(opaque, None)
+        else:
+            self._fast_streams[opaque] = vb.translator
+
+    # -- the fast path -------------------------------------------------------
+
+    async def on_data(self) -> None:
+        """What one socket read brought: runs of items and plain markers take the fast
+        path (frame bytes to frame bytes), anything else the events'."""
+        upstream = self.upstream
+        assert upstream is not None
+        peer = self.peer
+        fast = peer.captured_out is None and upstream.dialect is upr.DCP
+        producer = peer.producer
+        while True:
+            if fast:
+                closing = self._fast_items(upstream)
+                if closing is not None:
+                    await self._close_fast(closing)
+                    continue
+                if not producer.can_send:
+                    await peer.wait_for_room()
+                    continue
+                marker = snapshot_marker(upstream.buffer, upstream.offset)
+                if marker is not None and await self._marker_fast(upstream, *marker):
+                    continue
+            frame = upstream.next_frame()
+            if frame is None:
+                return
+            await self._on_frame(frame)
+
+    def _fast_items(self, upstream: UprUpstream) -> VbStream | None:
+        """``translate_items`` from where the upstream's buffer stands (items, plain
+        markers and the closes items make), with the bookkeeping of ``_on_frame``
+        and ``TapPeer.emit`` done once per run: returns the stream whose snapshot
+        the run's last item ended when no room was left to close it (or None)."""
+        touched: dict[int, UprToTap] = {}
+        closed: list[int] = []
+        peer = self.peer
+        offset, credit, mutations, deletions, markers, closing = translate_items(
+            upstream.buffer,
+            upstream.offset,
+            self._fast_streams,
+            peer.producer,
+            peer.batch,
+            touched,
+            closed,
+        )
+        upstream.offset = offset
+        if not credit:
+            return None
+        upstream.window.unacked_bytes += credit
+        settling = peer.settling
+        settling.credit += credit
+        if not settling.arrival and (mutations or deletions):
+            settling.arrival = time.time()
+        items_sent = self.stats.items_sent
+        if mutations:
+            items_sent["mutation"] += mutations
+        if deletions:
+            items_sent["deletion"] += deletions
+        if markers:
+            items_sent["marker"] += markers
+        vbuckets = self.vbuckets
+        settled = settling.touched
+        for vbucket in touched:
+            vb = vbuckets[vbucket]
+            vb.took_run()
+            settled[vbucket] = vb
+        if closed:
+            checkpoint_closed = self.registry.checkpoint_closed
+            for at in range(0, len(closed), 3):
+                vbucket, checkpoint_id, seqno = closed[at : at + 3]
+                position = vbuckets[vbucket].closed_position(seqno, checkpoint_id)
+                checkpoint_closed(vbucket, checkpoint_id, position)
+        return None if closing is None else vbuckets[closing.vbucket]
+
+    async def _close_fast(self, vb: VbStream) -> None:
+        """Close the snapshot ``vb``'s last item ended, as ``emit`` of ``close()`` would."""
+        peer = self.peer
+        if not peer.producer.can_send:
+            await peer.wait_for_room()
+        closed = close_frame(vb.translator, peer.producer)
+        if closed is not None:
+            data, checkpoint_id = closed
+            if checkpoint_id is not None:
+                self.registry.checkpoint_closed(vb.vbucket, checkpoint_id, vb.position())
+                self.stats.items_sent["marker"] += 1
+            peer.batch.append(data)
+        peer.settling.touched[vb.vbucket] = vb
+        vb.item_done()
+
+    async def _marker_fast(
+        self, upstream: UprUpstream, opaque: int, start: int, end: int, flags: int
+    ) -> bool:
+        """A snapshot marker that only opens a checkpoint, as ``_on_frame`` would
+        take it; false (nothing done) for one the event path must take."""
+        vb = self.by_opaque.get(opaque)
+        if vb is None or opaque not in self._fast_streams or flags & _MARKER_ACK:
+            return False
+        peer = self.peer
+        if not peer.producer.can_send:
+            await peer.wait_for_room()
+        data = marker_frame(vb.translator, peer.producer, start, end, flags)
+        if data is None:
+            return False
+        upstream.offset += _MARKER_SIZE
+        upstream.window.unacked_bytes += _MARKER_SIZE
+        peer.settling.credit += _MARKER_SIZE
+        vb.took_marker(start, end, flags)
+        peer.batch.append(data)
+        self.stats.items_sent["marker"] += 1
+        peer.settling.touched[vb.vbucket] = vb
+        vb.item_done()
+        return True
+
+    # -- the event path ------------------------------------------------------
+
+    async def _on_frame(self, frame: Frame) -> None:
+        upstream = self.upstream
+        assert upstream is not None
+        try:
+            event = upr.decode_frame(frame, upstream.dialect)
+        except ProtocolError as exc:
+            vb = self.by_opaque.get(frame.opaque)
+            self.gateway_stats.protocol_errors_total["tap_front", "upstream_malformed"] += 1
+            if vb is None or not frame.is_request:
+                raise UprUpstreamError(f"malformed message from upstream: {exc}") from None
+            log.error("%s: vbucket %d: ending the stream: %s", self.name, vb.vbucket, exc)
+            await self._end_stream(vb, "malformed")
+            return
+        if isinstance(event, _RESPONSES):
+            await self._on_response(event)
+            return
+        if isinstance(event, upr.Noop):
+            await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
+            return
+        vb = self.by_opaque.get(event.opaque)
+        if vb is None:
+            raise UprUpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
+        peer = self.peer
+        settling = peer.settling
+        if counts(event):
+            upstream.window.unacked_bytes += frame.size
+            settling.credit += frame.size
+        if not settling.arrival and isinstance(event, _ITEMS):
+            settling.arrival = time.time()
+        if self.captured_in is not None:
+            self.captured_in.record(event, vb.vbucket, time.time())
+        if type(event) in _FAST_ITEMS and peer.captured_out is None:
+            await self._emit_item(event, vb)  # type: ignore[arg-type]
+        else:
+            for message in vb.translate(event):
+                await peer.emit(message, vb)
+        reply = vb.reply_due(event)
+        if reply is not None:
+            peer.settling.replies.append(upr.encode(reply, upstream.dialect))
+            peer.end_settlement()
+        self._refresh_fast(vb)
+        if isinstance(event, upr.StreamEnd):
+            await self._end_stream(vb, _reason_name(event.reason))
+
+    async def _emit_item(
+        self, item: upr.Mutation | upr.Deletion | upr.Expiration, vb: VbStream
+    ) -> None:
+        """An item frame to frame: what ``translate`` and ``TapPeer.emit`` do."""
+        peer = self.peer
+        closes = vb.advance_item(item)
+        if not peer.producer.can_send:
+            await peer.wait_for_room()
+        peer.batch.append(stamped_item(item, vb.translator, peer.producer))
+        self.stats.items_sent["mutation" if type(item) is upr.Mutation else "deletion"] += 1
+        peer.settling.touched[vb.vbucket] = vb
+        if closes:
+            for message in vb.translator.close():
+                await peer.emit(message, vb)
+        vb.item_done()
+
+    async def _on_response(self, response: upr.UprResponse) -> None:
+        vb = self.by_opaque.get(response.opaque)
+        if vb is None or response.NAME != "STREAM_REQ":
+            return  # NOOP and buffer-ack answers need nothing
+        if isinstance(response, upr.StreamRequestOk):
+            vb.accepted(response.failover_log)
+            return
+        if isinstance(response, upr.StreamRequestRollback):
+            log.warning(
+                "%s: vbucket %d: upstream asks to roll back to %d; the client cannot roll "
+                "back partially, so the vbucket is streamed again from 0",
+                self.name,
+                vb.vbucket,
+                response.rollback_seqno,
+            )
+            self.gateway_stats.rollbacks_total["tap_front"] += 1
+            self.gateway_stats.last_rollback_seqno["tap_front"] = response.rollback_seqno
+            for message in vb.restart_from_zero():
+                await self.peer.emit(message, vb)
+            self._fast_streams.pop(response.opaque, None)
+            upstream = self.upstream
+            assert upstream is not None
+            opaque = upstream.next_opaque()
+            self._route(opaque, vb)
+            await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
+            return
+        status = getattr(response, "status", -1)
+        text = getattr(response, "value", b"").decode("utf-8", "replace")
+        log.error(
+            "%s: vbucket %d: upstream refused the stream (status 0x%02x%s)",
+            self.name,
+            vb.vbucket,
+            status,
+            f": {text}" if text else "",
+        )
+        await self._end_stream(vb, f"refused_0x{status:02x}")
+
+    async def _end_stream(self, vb: VbStream, reason: str) -> None:
+        vb.ended = True
+        self._refresh_fast(vb)
+        self.gateway_stats.stream_ends_total["tap_front", reason] += 1
+        for message in vb.translator.finish():
+            await self.peer.emit(message, vb)
+        if reason == "ok" and self.plan.takeover:
+            self.gateway_stats.takeovers_completed_total["tap_front"] += 1
+
+
+def _reason_name(reason: int) -> str:
+    try:
+        return upr.StreamEndReason(reason).name.lower()
+    except ValueError:
+        return f"reason_{reason}"

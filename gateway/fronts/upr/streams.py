@@ -1,0 +1,471 @@
+"""One UPR stream served from the durable log.
+
+Theory of operation. After the connection accepted a STREAM_REQ (range
+checks and rollback in ``adapters.upr.rollback``), ``LogStream.run`` reads
+the vbucket's log in bounded batches from the requested start and sends
+them, tagged with the request's opaque:
+
+- each batch is cut into snapshots (``cut_snapshots``): DISK for what came
+  in a TAP backfill, MEMORY for live items, CHECKPOINT on a snapshot that
+  begins a TAP checkpoint; each marker brackets exactly the items under it;
+- between batches, once caught up, the stream sleeps until the log
+  publishes more;
+- it ends with STREAM_END: OK once everything up to the end seqno is sent
+  (items beyond it are never sent), STATE_CHANGED when the vbucket is
+  taken over by another stream; after the consumer's CLOSE_STREAM nothing
+  more is sent, the close response is the end.
+
+Before each read the stream waits for the connection's ``send_budget``:
+room in the flow-control window and in the socket's outbox. It reads at
+most that many bytes of keys and values, frames them at once
+(``log_to_upr_fast``; a disk read frames them from the log's bytes) and
+queues them without waiting; so a stream holds nothing while the
+consumer stalls, a connection's memory stays within its outbox limit plus
+one batch's framing, and a slow consumer stalls only its own connection.
+Without flow control the sent seqno is also the acknowledged one. A stream
+that keeps up reads the log's in-memory tail; one behind it reads the disk
+(``_next``), sized before the hand-off from the room the connection's other
+disk reads have not taken: a worker thread reads the bytes and the loop
+frames them a chunk at a time, so a disk read neither blocks the loop on
+I/O nor stalls it for long, and keeps the connection's outbox bound.
+
+Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
+(after the consumer took SET_VBUCKET_STATE(pending)); once caught up the
+stream asks the takeover coordinator to take the vbucket over from the TAP node; the TAP
+node's VBUCKET_SET(pending) and (active) come back here as
+``set_state`` calls, which send SET_VBUCKET_STATE and wait for the
+consumer's reply before the TAP message is acked. After the active state is
+confirmed the stream ends with OK.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+import trio
+
+from adapters import upr
+from adapters.mcbp import FrameReader
+from adapters.mcbp.constants import VBucketState
+from adapters.translate.log_records import ItemKind, LogItem
+from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder, EncodedBatch
+from adapters.translate.upr_snapshots import ItemEncoder, cut_snapshots
+from adapters.upr.constants import StreamState
+from gateway.fronts.upr.damage import set_aside_damaged
+from gateway.fronts.upr.segments import LogReadError, Segment
+from gateway.fronts.upr.vblog import VbLog
+
+if TYPE_CHECKING:
+    from gateway.fronts.upr.producer import UprConnection
+
+BATCH = 1024
+BATCH_BYTES = 1024 * 1024
+"""A stream reads at most this many items, and about this many bytes of keys
+and values, per batch (what one stream holds in memory)."""
+DISK_BATCH = 512
+"""Items of a disk read before it stops at the end of the block at hand: what
+the loop frames between two waits stays under about a millisecond."""
+MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
+SF = upr.SnapshotFlags
+_KIND_NAMES = {ItemKind.MUTATION: "mutation", ItemKind.DELETION: "deletion",
+               ItemKind.EXPIRATION: "expiration"}  # fmt: skip
+
+
+class DiskReads:
+    """Bytes the disk reads of one connection's streams in flight may yet queue."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self._returned = trio.Event()
+
+    async def returned(self) -> None:
+        """Until one of those reads returns."""
+        await self._returned.wait()
+
+    def wake(self) -> None:
+        self._returned.set()
+        self._returned = trio.Event()
+
+
+_disk_reads: WeakKeyDictionary[object, DiskReads] = WeakKeyDictionary()
+
+
+def disk_reads(conn: object) -> DiskReads:
+    reads = _disk_reads.get(conn)
+    if reads is None:
+        reads = _disk_reads[conn] = DiskReads()
+    return reads
+
+
+class LogStream:
+    def __init__(self, conn: UprConnection, vblog: VbLog, req: upr.StreamRequest) -> None:
+        self.conn = conn
+        self.vblog = vblog
+        self.vbucket = req.vbucket
+        self.opaque = req.opaque
+        self.start_seqno = req.start_seqno
+        self.end_seqno = req.end_seqno
+        if req.flags & (upr.StreamFlags.LATEST | upr.StreamFlags.DISK_ONLY):
+            self.end_seqno = min(self.end_seqno, vblog.high_seqno)
+        self.takeover = bool(req.flags & upr.StreamFlags.TAKEOVER)
+        self.position = req.start_seqno
+        self.state = StreamState.BACKFILLING
+        self.end_reason: upr.StreamEndReason | None = None
+        self.scope = trio.CancelScope()
+        self._closed_by_consumer = False
+        self.items_sent = 0
+        self.markers_sent = 0
+        self.peak_batch_bytes = 0
+        """Wire bytes of the largest batch read and sent at once (what the stream held)."""
+        self._state_reply: trio.Event | None = None
+        self._unacked_markers = 0
+        self._markers_acked = trio.Event()
+        self._encoder_key: tuple[bool, bool] | None = None
+        self._item_encoder: ItemEncoder | None = None
+        self._batch_encoder: BatchEncoder | None = None
+        self._resume: tuple[int, Segment, int] | None = None
+        """(seqno, segment, offset): where the disk read after that seqno may start."""
+        self.progress = conn.stream_stats.vbucket(self.vbucket)
+        self.progress.upstream_high_seqno = vblog.high_seqno
+        self.progress.sent_seqno = self.progress.acked_seqno = req.start_seqno
+
+    # -- life cycle ------------------------------------------------------------
+
+    async def run(self) -> None:
+        reason = upr.StreamEndReason.OK
+        with self.scope:
+            try:
+                reason = await self._stream()
+            except LogReadError as exc:
+                # Set aside and fetched again; the stream ends as its vbucket changed.
+                await set_aside_damaged(self.conn.front, self.vblog, exc)
+                reason = upr.StreamEndReason.STATE_CHANGED
+        if self.scope.cancelled_caught and self.end_reason is not None:
+            reason = self.end_reason
+        self.end_reason = reason
+        self.state = StreamState.DEAD
+        if not self._closed_by_consumer:  # else the CLOSE_STREAM response was the end
+            await self.conn.send_counted(
+                upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
+            )
+        stats = self.conn.front.stats
+        stats.stream_ends_total[("upr_front", reason.name.lower())] += 1
+
+    def close(self, reason: upr.StreamEndReason) -> None:
+        if self.end_reason is None:
+            self.end_reason = reason
+            self.scope.cancel()
+
+    def close_by_consumer(self) -> None:
+        """CLOSE_STREAM: dead at once, and no STREAM_END follows (ep-engine
+        v3.0.0 src/upr-producer.cc ``closeStream``)."""
+        if self.end_reason is None:
+            self._closed_by_consumer = True
+            self.close(upr.StreamEndReason.CLOSED)
+            self.state = StreamState.DEAD
+
+    @property
+    def live(self) -> bool:
+        return self.state is not StreamState.DEAD
+
+    async def _stream(self) -> upr.StreamEndReason:
+        if self.conn.draft:
+            await self.conn.send_counted(upr.StreamStart(opaque=self.opaque, vbucket=self.vbucket))
+        vblog = self.vblog
+        while True:
+            if self.position >= self.end_seqno:
+                return upr.StreamEndReason.OK
+            # One yield per batch, before the room is measured: a read the page
+            # cache serves at once then takes it and sends with no wait between.
+            await trio.lowlevel.checkpoint()
+            budget = await self.conn.send_budget()
+            high = vblog.high_seqno
+            self.progress.upstream_high_seqno = high
+            upto = min(high, self.end_seqno)
+            last = await self._next(upto, budget)
+            if last is None:
+                continue  # the room went to the connection's disk reads: ask again
+            if last >= upto or not last:
+                self.position = max(self.position, upto)  # the rest were gaps
+                if self.position >= self.end_seqno:
+                    return upr.StreamEndReason.OK
+                self.state = StreamState.IN_MEMORY
+                self.progress.backfilling = False
+                if self.takeover:
+                    return await self.conn.front.take_over(self)
+                await vblog.wait_beyond(self.position)
+
+    async def _next(self, upto: int, budget: int) -> int | None:
+        """Read and send the next batch up to ``upto``, of at most ``budget`` bytes less
+        what the connection's disk reads in flight have taken: the seqno of its last
+        item (0: none, the rest up to ``upto`` are gaps), or None when those reads
+        took all the room.
+
+        Live streams read the in-memory tail, at once; a stream behind it reads
+        the disk (``VbLog.read_disk``: the bytes in a worker thread, decoded on
+        the loop a chunk at a time), its size taken from the connection's room
+        before the hand-off, so the other streams of the connection cannot
+        claim the same room meanwhile (the outbox limit still bounds what a
+        stalled consumer costs). On the fast path (``log_to_upr_fast``) a disk
+        read frames the items straight from the log's block bytes.
+        """
+        vblog = self.vblog
+        conn = self.conn
+        reads = disk_reads(conn)
+        asked = min(BATCH_BYTES, budget) - reads.taken
+        if asked <= 0:
+            await reads.returned()
+            return None
+        # ACK only once the vbucket is being handed over (upr-stream.cc
+        # ``takeoverSendPhase``), not while catching up.
+        extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not conn.draft else SF(0)
+        fast = not conn.draft and not extra and conn.recording is None
+        await vblog.segments_settled()  # no checkpoint between it and the read
+        if vblog.in_memory(self.position):
+            batch = vblog.read(self.position, upto, BATCH, asked)
+            if not batch:
+                return 0
+            if fast:
+                await self._send_encoded(self._fast_encoder().encode(batch))
+            else:
+                await self._send_batch(batch, extra)
+            return batch[-1].by_seqno
+        reads.taken += asked
+        try:
+            if fast:
+                cut = BatchCut(self._fast_encoder(), self.position, min(upto, vblog.high_seqno),
+                               DISK_BATCH, asked)  # fmt: skip
+                resume = self._resume
+                start = resume[1:] if resume is not None and resume[0] == self.position else None
+                stop = await vblog.read_disk(self.position, upto, cut, resume=start)
+                encoded = cut.finish()
+                # Where the next read may start, once this batch went out.
+                whole = stop is not None and cut.whole and encoded.items
+                self._resume = (encoded.last, *stop) if whole and stop is not None else None
+            else:
+                batch = await vblog.read_async(self.position, upto, DISK_BATCH, asked)
+        finally:
+            reads.taken -= asked
+            reads.wake()
+        if fast:
+            if encoded.items:
+                await self._send_encoded(encoded)
+            return encoded.last
+        if not batch:
+            return 0
+        await self._send_batch(batch, extra)
+        return batch[-1].by_seqno
+
+    def _encoder(self) -> ItemEncoder:
+        settings = self.conn.settings
+        key = (settings.expiry_opcode, settings.delete_times)
+        if self._encoder_key != key:  # CONTROL may change them mid-stream
+            self._encoder_key = key
+            self._item_encoder = ItemEncoder(
+                self.conn.dialect,
+                self.opaque,
+                self.vbucket,
+                expiry_opcode=key[0],
+                delete_times=key[1],
+            )
+        assert self._item_encoder is not None
+        return self._item_encoder
+
+    def _fast_encoder(self) -> BatchEncoder:
+        encoder = self._batch_encoder
+        settings = self.conn.settings
+        if (
+            encoder is None
+            or encoder.delete_times != settings.delete_times
+            or encoder.expiry_opcode != settings.expiry_opcode
+        ):
+            encoder = self._batch_encoder = BatchEncoder(
+                self.conn.dialect,
+                self.opaque,
+                self.vbucket,
+                expiry_opcode=settings.expiry_opcode,
+                delete_times=settings.delete_times,
+            )
+        return encoder
+
+    async def _send_batch(self, batch: list[LogItem], extra: upr.SnapshotFlags) -> None:
+        """Markers and items of one batch, encoded at once and sent joined (the event
+        path: the draft dialect, a takeover's send phase, a capture)."""
+        conn = self.conn
+        draft = conn.draft
+        encode = self._encoder().encode
+        messages: list[bytes] = []
+        items: list[LogItem | None] = []
+        kinds = [0, 0, 0]
+        markers = 0
+        for snap in cut_snapshots(batch, extra=extra):
+            messages.append(self._marker(snap.start, snap.end, snap.flags))
+            items.append(None)
+            markers += 1
+            for item in snap.items:
+                messages.append(encode(item))
+                items.append(item)
+                kinds[item.kind] += 1
+            if draft:
+                messages.append(self._encode(upr.SnapshotEnd(opaque=self.opaque,
+                                                             vbucket=self.vbucket)))  # fmt: skip
+                items.append(None)
+        if conn.recording is not None:
+            self._record(messages, items)
+        size = sum(map(len, messages))
+        if size > self.peak_batch_bytes:
+            self.peak_batch_bytes = size
+        done = 0
+
+        def sent(upto: int) -> None:
+            # Per write, not per batch: the window may hold the rest back, and
+            # items_sent / last_sent_seqno / items_remaining tell what went.
+            nonlocal done
+            for item in items[done:upto]:
+                if item is not None:
+                    self.items_sent += 1
+                    self.position = self.progress.sent_seqno = item.by_seqno
+            done = upto
+
+        await conn.send_messages(messages, items, self.vbucket, sent)
+        self.position = batch[-1].by_seqno
+        self.markers_sent += markers
+        counts = conn.stream_stats.items_sent
+        counts["marker"] += markers
+        for kind, count in zip(ItemKind, kinds, strict=True):
+            if count:
+                counts[_KIND_NAMES[kind]] += count
+        progress = self.progress
+        progress.sent_seqno = self.position
+        if not conn.window.enabled:
+            # Without flow control nothing is acknowledged: sent is as far as it goes.
+            progress.acked_seqno = self.position
+        conn.stream_stats.last_item_time = time.time()
+
+    async def _send_encoded(self, encoded: EncodedBatch) -> None:
+        """A batch framed in one pass (``log_to_upr_fast``): the bytes of ``_send_batch``,
+        and the counters and window accounting once per write instead of per message."""
+        conn = self.conn
+        encoder = self._fast_encoder()
+        if len(encoded.data) > self.peak_batch_bytes:
+            self.peak_batch_bytes = len(encoded.data)
+        progress = self.progress
+
+        def sent(count: int, last: int) -> None:
+            # Per write: the window may hold the rest back.
+            self.items_sent += count
+            self.position = progress.sent_seqno = last
+
+        await conn.send_encoded(encoded, self.vbucket, encoder.split, sent)
+        self.position = progress.sent_seqno = encoded.last
+        self.markers_sent += encoded.markers
+        counts = conn.stream_stats.items_sent
+        counts["marker"] += encoded.markers
+        mutations = encoded.items - encoded.deletions - encoded.expirations
+        if mutations:
+            counts["mutation"] += mutations
+        if encoded.deletions:
+            counts["deletion"] += encoded.deletions
+        if encoded.expirations:
+            counts["expiration"] += encoded.expirations
+        if not conn.window.enabled:
+            progress.acked_seqno = self.position
+        conn.stream_stats.last_item_time = time.time()
+
+    def _encode(self, event: upr.UprRequest) -> bytes:
+        return upr.encode(event, self.conn.dialect)
+
+    def _marker(self, start: int, end: int, flags: upr.SnapshotFlags) -> bytes:
+        if self.conn.draft:
+            return self._encode(upr.SnapshotStart(opaque=self.opaque, vbucket=self.vbucket))
+        if flags & SF.ACK:
+            if not self._unacked_markers:
+                self._markers_acked = trio.Event()
+            self._unacked_markers += 1
+        return self._encode(
+            upr.SnapshotMarker(start, end, flags, opaque=self.opaque, vbucket=self.vbucket)
+        )
+
+    def _record(self, messages: list[bytes], items: list[LogItem | None]) -> None:
+        """Capture what this batch sends (only with ``capture_dir``: decodes each message)."""
+        recording = self.conn.recording
+        assert recording is not None
+        now = time.time()
+        reader = FrameReader()
+        for data in messages:
+            reader.receive_data(data)
+        for frame in reader.frames():
+            recording.record(upr.decode_frame(frame, self.conn.dialect), self.vbucket, now)
+
+    # -- takeover --------------------------------------------------------------
+
+    async def catch_up(self) -> None:
+        """Send whatever the log holds beyond the position (takeover, before each state)."""
+        while self.position < min(self.vblog.high_seqno, self.end_seqno):
+            await trio.lowlevel.checkpoint()  # as in ``_stream``
+            budget = await self.conn.send_budget()
+            upto = min(self.vblog.high_seqno, self.end_seqno)
+            last = await self._next(upto, budget)
+            if last is not None and (last >= upto or not last):
+                self.position = max(self.position, upto)
+        if self._unacked_markers:
+            await self._markers_acked.wait()
+
+    async def set_state(self, state: VBucketState) -> None:
+        """SET_VBUCKET_STATE to the consumer; returns once it replied."""
+        await self.catch_up()
+        self.state = StreamState.TAKEOVER_WAIT
+        reply = self._state_reply = trio.Event()
+        await self.conn.send_counted(
+            upr.SetVbucketState(state, opaque=self.opaque, vbucket=self.vbucket)
+        )
+        self.conn.stream_stats.items_sent["state"] += 1
+        if not self.conn.draft:
+            await reply.wait()
+        self.state = StreamState.TAKEOVER_SEND
+
+    def on_response(self, event: upr.Response) -> None:
+        if event.command is upr.Command.SET_VBUCKET_STATE:
+            if self._state_reply is not None:
+                self._state_reply.set()
+        elif event.command is upr.Command.SNAPSHOT_MARKER and self._unacked_markers:
+            self._unacked_markers -= 1
+            if not self._unacked_markers:
+                self._markers_acked.set()
+
+    # -- statistics ------------------------------------------------------------
+
+    def items_remaining(self) -> int:
+        if not self.live:
+            return 0
+        return max(0, min(self.vblog.high_seqno, self.end_seqno) - self.position)
+
+    def stats(self, prefix: str) -> list[tuple[str, str]]:
+        values: list[tuple[str, object]] = [
+            ("opaque", self.opaque),
+            ("state", self.state.value),
+            ("start_seqno", self.start_seqno),
+            ("end_seqno", self.end_seqno),
+            ("last_sent_seqno", self.position),
+            ("items_sent", self.items_sent),
+            ("items_remaining", self.items_remaining()),
+            ("markers_sent", self.markers_sent),
+            ("takeover", str(self.takeover).lower()),
+        ]
+        if self.end_reason is not None:
+            values.append(("end_reason", self.end_reason.name.lower()))
+        return [(f"{prefix}stream_{self.vbucket}_{name}", str(value)) for name, value in values]
+
+    def takeover_stats(self) -> dict[str, str]:
+        remaining = self.items_remaining()
+        return {
+            "name": self.conn.name,
+            "status": self.state.value,
+            "estimate": str(remaining),
+            "backfillRemaining": "0",
+            "chk_items": str(remaining),
+            "vb_items": str(self.vblog.translator.live_keys),
+            "on_disk_deletes": "0",
+        }

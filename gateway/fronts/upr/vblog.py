@@ -1,0 +1,949 @@
+"""The durable log of one vbucket: segments on disk, a small index, a failover log.
+
+Theory of operation. Ingest feeds TAP messages to ``ingest``; the vbucket's
+``TapToUpr`` assigns seqnos and the records are framed into a write buffer.
+``write`` hands the buffer to the active segment file, ``publish`` makes
+the records visible to readers and wakes the streams waiting for them,
+``sync`` fsyncs the file (in a worker thread) and ``settle`` forgets the
+bytes it covered. With fsync "batch" the ingest publishes right after the
+write (``write_early``), before the fsync, as ep-engine 3.0 serves DCP
+streams from memory before its flusher persists them; with "always" (and
+for a takeover connection) it publishes only after the fsync. Either way
+the ingest acks TAP messages only after their fsync returned, so nothing
+the TAP node considers delivered is lost; a crash may take back records a
+consumer was served, and the log then opens with a new failover entry at
+its proven end (below), so that consumer rolls back.
+
+Files (``state_dir/vb-NNNN/``): segments named by the first seqno they may
+hold (``00000000000000000001.seg``), rolled at ``segment_bytes``, and
+``meta.msgpack`` (failover log, seqno reservation, purge seqno, clean flag,
+the list of segments, a pending re-fetch), crc-framed and replaced
+atomically whenever a segment is created and before a compaction deletes
+any.
+
+Failed writes. ``write`` appends the whole buffer or, when the file system
+refuses part-way (a file-size limit, a full disk), cuts the file back to
+its last whole record, keeps the buffer and raises ``LogWriteError``; a
+failed ``sync`` (after it the kernel may have dropped those pages) cuts
+back to the last published byte and puts the unpublished records back in
+the buffer, and the published ones are written again, the same bytes at
+the same offsets, by the next ``write``: what consumers saw stays true,
+seqnos included. Either way nothing of the batch is acked, and the next
+commit writes and fsyncs the same records again.
+
+Opening (``proof.prove_vbucket``) proves the log or refutes it.
+
+- Proven: records are replayed into a fresh ``TapToUpr`` (index and phase)
+  and a torn tail is cut. The history continues after a clean close. After
+  any other end (a crash, a kill) what consumers saw may not all be there
+  (records are served before their fsync): as ep-engine 3.0's warmup after
+  an unclean shutdown (``src/warmup.cc``), a new failover entry starts at
+  the proven end, so a consumer that saw more rolls back to it by 3.0's
+  rule (its snapshot ends above its entry's upper bound), and the next
+  seqno jumps past the reserved seqno, so no seqno is used twice.
+- Refuted (a segment or the directory missing, a damaged record before
+  the tail, a damaged or missing meta): the vbucket directory is renamed
+  into ``state_dir/set-aside/`` untouched (with ``why.txt``), and the
+  vbucket starts over empty: a failover log of one entry, a uuid it never
+  had, starting above every seqno it may have handed out, and a re-fetch
+  from the TAP node pending (``needs_refetch``: the ingest deregisters its
+  TAP name so the node backfills the vbucket). Consumers presenting an old
+  uuid roll back to 0 (3.0's rule for an unknown uuid) and receive the
+  node's data again; one warning names the files and what was wrong.
+
+Seqnos above anything handed out. Before ``publish`` exposes a seqno above
+``reserved``, ``reserved`` moves ``RESERVE_STEP`` past it in the meta and
+in the state directory's manifest (``manifest``), both fsynced. So after
+losing segments the meta still bounds what was published; after losing
+the meta (or the whole directory) the manifest does; with both gone, the
+highest seqno readable in the surviving or set-aside segments and the
+metas of logs set aside before give a lower bound only. The new history
+therefore never relies on seqnos alone: its uuid is drawn from the
+operating system's random source (whatever the test seed), excluding every
+uuid these sources name, so no (uuid, seqno) pair can name two versions,
+and every consumer of an old history rolls back to 0.
+
+Writers: the ingest and a takeover connection may both write one vbucket;
+a committer that publishes only synced records holds ``lock`` from
+``write`` to ``publish`` (see ``commit.commit``; ``write_early`` skips a
+locked log), and ``publish`` exposes only what was handed to the file,
+never items fed since. A segment rolls only when all of it is settled and
+no fsync of it is in flight (``syncing``).
+
+Memory: the index (key -> latest version), the sparse offsets, one write
+buffer, the last written and not yet published batch, and a tail of the
+latest published items (about ``tail_bytes`` of keys and values) from which
+streams that keep up are served without reading the disk; everything else
+stays on disk. ``disk_bytes`` is a running total of the segment files.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import mmap
+import os
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import trio
+
+from adapters.tap.events import TapStreamMessage
+from adapters.translate.log_records import LogItem, LogMark, LogRecord
+from adapters.translate.tap_to_upr import TapToUpr
+from adapters.upr.failover_log import UUID_BITS, FailoverLog
+from gateway.fronts.upr.config import UprFrontError
+from gateway.fronts.upr.proof import (
+    META_NAME,
+    Meta,
+    Problem,
+    VbProof,
+    prove_vbucket,
+    set_aside,
+    set_aside_bound,
+)
+from gateway.fronts.upr.segments import (
+    READ_CHUNK,
+    SPARSE_EVERY,
+    DiskPlan,
+    ItemSink,
+    LogReadError,
+    RecordSink,
+    Segment,
+    buffer_items,
+    close_block,
+    frame_mark,
+    fsync_dir,
+    pread,
+    pread_cached,
+    read_planned,
+    segment_name,
+    unreadable,
+    walk_records,
+    write_all,
+    write_atomic,
+)
+
+__all__ = ["SPARSE_EVERY", "LogWriteError", "Segment", "VbLog", "segment_name"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+RESERVE_STEP = 100_000
+FSYNC_POLICIES = ("always", "batch", "never")
+DEFAULT_TAIL_BYTES = 256 * 1024
+
+_uuids = random.SystemRandom()
+
+
+class LogWriteError(UprFrontError):
+    """Appending to a vbucket's log failed; the log is as it was before the attempt."""
+
+
+def fresh_uuid(taken: Iterable[int]) -> int:
+    """A vbucket uuid from the OS random source, never 0 and none of ``taken``."""
+    avoid = set(taken)
+    while True:
+        uuid = _uuids.getrandbits(UUID_BITS)
+        if uuid and uuid not in avoid:
+            return uuid
+
+
+DISK_READERS = 4
+"""Threads reading logs from disk at once, for all streams: few threads, few
+reads in flight (each a chunk of bytes; the decoding is done on the loop)."""
+_readers: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("log_disk_readers")
+
+
+def _disk_readers() -> trio.CapacityLimiter:
+    try:
+        return _readers.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(DISK_READERS)
+        _readers.set(limiter)
+        return limiter
+
+
+def _first(pair: tuple[int, int]) -> int:
+    return pair[0]
+
+
+def _seqno(item: LogItem) -> int:
+    return item.by_seqno
+
+
+class VbLog:
+    def __init__(
+        self,
+        root: Path,
+        vbucket: int,
+        *,
+        fsync: str = "batch",
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        expiry_tolerance: float = 1.0,
+        rng: random.Random | None = None,
+        tail_bytes: int = DEFAULT_TAIL_BYTES,
+    ) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+        self.root = root
+        self.vbucket = vbucket
+        self.dir = root / f"vb-{vbucket:04d}"
+        self.fsync = fsync
+        self.segment_bytes = segment_bytes
+        self.expiry_tolerance = expiry_tolerance
+        self.translator = TapToUpr(vbucket, expiry_tolerance=expiry_tolerance)
+        self._rng = rng or random.Random()
+        self.failover = FailoverLog(self._rng)
+        self.segments: list[Segment] = []
+        self.reserved = 0
+        self.purge_seqno = 0
+        self.high_seqno = 0
+        """Highest seqno published (readers see up to here)."""
+        self.torn_bytes = 0
+        self.continued = True
+        """Whether opening proved the history continues (no new failover entry)."""
+        self.problems: list[Problem] = []
+        """Why opening could not prove the log (empty: proven)."""
+        self.set_aside: Path | None = None
+        """Where opening moved the log it could not prove."""
+        self.refetch = False
+        """The log was set aside: the vbucket's whole contents are due from the TAP node."""
+        self.on_reserve: Callable[[VbLog], None] | None = None
+        """Called after the reservation moved up, before any seqno above the old one
+        is published (the log set records it in its manifest)."""
+        self.doomed: set[Path] = set()
+        """Segments a compaction is about to delete: the meta no longer lists them."""
+        self._swapping: trio.Event | None = None
+        """Set while a compaction swaps segment files under ``segments``."""
+        self._fd: int | None = None
+        self._broken: str | None = None
+        """Set when a failed write could not even be cut back: no more appends."""
+        self._buffer = bytearray()
+        self._block = -1
+        """Offset in the buffer of the block of items open at its end (-1: none)."""
+        self._unsynced = False
+        self._pending: list[tuple[int, int]] = []
+        """(seqno, offset-in-buffer) of buffered items due in the sparse index."""
+        self._pending_items = 0
+        self._buffer_high = 0
+        """Seqno of the last item in the buffer (0: none)."""
+        self._written = bytearray()
+        """Bytes handed to the file since the last ``settle`` (from ``_settled_size`` on):
+        written again if their fsync fails."""
+        self._settled_size = 0
+        """Where ``_written`` starts in the active segment (synced up to here)."""
+        self._rewrite = False
+        """A failed fsync left published bytes of ``_written`` to be written again."""
+        self._written_size = 0
+        self._written_high = 0
+        """Seqno of the last item handed to the file: what ``publish`` may expose."""
+        self._mark = (0, 0, 0)
+        """(sparse entries, count, last) of the active segment at the last publish."""
+        self.disk_bytes = 0
+        """Bytes of every segment file, kept as the log grows (no stat calls)."""
+        self.tail_bytes = tail_bytes
+        self._tail: list[LogItem] = []
+        """The latest published items, in seqno order: streams that keep up read
+        them from here, not from disk (about ``tail_bytes`` of keys and values)."""
+        self._tail_size = 0
+        self._tail_floor = 0
+        """Every published item above this seqno is in the tail."""
+        self._unwritten: list[LogItem] = []
+        self._unpublished: list[LogItem] = []
+        self.syncing = 0
+        """fsyncs of the active segment in flight (no roll until they return)."""
+        self.sync_failures = 0
+        """fsyncs of it that failed (counted in the worker thread, see ``commit``)."""
+        self.sync_failures_handled = 0
+        """Of those, the ones ``unwrite`` took back (it covers everything not settled)."""
+        self.sync_returned = trio.Event()
+        """Set, and replaced, whenever an fsync of it returns to the loop."""
+        self.lock = trio.Lock()
+        """Held from ``write`` to ``publish``: whoever writes this vbucket (the
+        ingest, a takeover connection) publishes only what it synced itself."""
+        self._changed = trio.Event()
+        self.items_total = 0
+        self.compacted_path: Path | None = None
+
+    # -- opening ---------------------------------------------------------------
+
+    @property
+    def meta_path(self) -> Path:
+        return self.dir / META_NAME
+
+    @property
+    def needs_refetch(self) -> bool:
+        """Set aside and not yet backfilled again from the TAP node."""
+        return self.refetch and not self.translator.backfilled
+
+    def open(
+        self,
+        *,
+        expected: str | None = None,
+        known_bound: int = 0,
+        known_uuids: Iterable[int] = (),
+    ) -> None:
+        """Prove the log on disk and open it, or set it aside and start over.
+
+        ``expected``: why this vbucket must have a log (then a missing
+        directory is a loss, not a new vbucket); ``known_bound`` and
+        ``known_uuids``: what the state directory's manifest remembers of it.
+        """
+        proof = prove_vbucket(
+            self.dir, self.vbucket, expected=expected, replay=self.translator.replay
+        )
+        self.problems = proof.problems
+        if proof.proven:
+            self._adopt(proof)
+        else:
+            self._start_over(proof, known_bound, set(known_uuids))
+        self._opened()
+
+    def open_over(
+        self, damaged: VbLog, problem: Problem, known_bound: int, known_uuids: Iterable[int]
+    ) -> None:
+        """Open as the successor of ``damaged`` (closed, found damaged while serving): its
+        directory is set aside and this log starts over, as ``open`` does for a log it
+        cannot prove."""
+        self.problems = [problem]
+        proof = VbProof(
+            self.vbucket, self.dir, exists=self.dir.is_dir(), meta=damaged.meta(),
+            problems=[problem], high_seen=damaged.high_seqno,
+        )  # fmt: skip
+        self._start_over(proof, known_bound, set(known_uuids))
+        self._opened()
+
+    def _opened(self) -> None:
+        self.high_seqno = self._written_high = self._tail_floor = self.translator.high_seqno
+        self._open_active()
+        self._reserve(self.high_seqno, force=True)
+        self.disk_bytes = sum(s.size for s in self.segments)
+
+    def _adopt(self, proof: VbProof) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for path in proof.leftovers + proof.strays:
+            # Covered by a finished compaction, or half-written temporaries.
+            path.unlink(missing_ok=True)
+        for path, good, _size in proof.torn:
+            with open(path, "r+b") as f:
+                f.truncate(good)
+                os.fsync(f.fileno())
+        self.torn_bytes = proof.torn_bytes
+        self.segments = proof.segments
+        meta = proof.meta
+        if meta is None:
+            self.failover.add(0)  # a new vbucket
+            return
+        self.failover = FailoverLog(self._rng, meta.failover)
+        self.reserved = meta.reserved
+        self.purge_seqno = meta.purge_seqno
+        self.refetch = meta.refetch
+        if not proof.torn and meta.clean:
+            return
+        # Not closed cleanly: consumers may have been served records that never
+        # reached the disk (fsync batch and never publish before their fsync). As
+        # ep-engine 3.0's warmup after an unclean shutdown (src/warmup.cc), a new
+        # failover entry starts at the proven end, so a consumer that saw more rolls
+        # back to it; new seqnos start past every one reserved, so none is reused.
+        t = self.translator
+        proven = max(t.high_seqno, self.failover.entries[0][1] if len(self.failover) else 0)
+        t.high_seqno = max(t.high_seqno, self.reserved)
+        uuid = self.failover.add(proven)
+        self.continued = False
+        if proof.torn:
+            path, good, size = proof.torn[0]
+            why = (
+                f"torn tail of {size - good} bytes cut from {path.parent.name}/{path.name} "
+                "(an append a crash interrupted before its fsync)"
+            )
+        else:
+            why = "not closed cleanly: records served before their fsync may be lost"
+        log.warning(
+            "vbucket %d: %s: new history %d at seqno %d, new items from seqno %d",
+            self.vbucket,
+            why,
+            uuid,
+            proven,
+            t.high_seqno + 1,
+        )
+
+    def _start_over(self, proof: VbProof, known_bound: int, known_uuids: set[int]) -> None:
+        bound, uuids = proof.bound()
+        earlier, earlier_uuids = set_aside_bound(self.root, self.vbucket)
+        bound = max(bound, known_bound, earlier)
+        uuids |= known_uuids | earlier_uuids
+        if proof.exists:
+            self.set_aside = set_aside(self.root, self.dir, [p.text for p in proof.problems])
+        self.dir.mkdir(parents=True)
+        fsync_dir(self.root)
+        self.translator = TapToUpr(
+            self.vbucket, high_seqno=bound, expiry_tolerance=self.expiry_tolerance
+        )
+        uuid = fresh_uuid(uuids)
+        self.failover = FailoverLog(self._rng, [(uuid, bound)])
+        self.segments = []
+        self.reserved = bound
+        self.purge_seqno = 0
+        self.refetch = True
+        self.continued = False
+        kept = (
+            f"files kept in {self.set_aside.relative_to(self.root)}"
+            if self.set_aside is not None
+            else "no files left to keep"
+        )
+        log.warning(
+            "vbucket %d: log not proven: %s; %s; new history %d from seqno %d "
+            "(consumers roll back to 0); re-fetching the vbucket from the TAP node",
+            self.vbucket,
+            "; ".join(p.text for p in proof.problems),
+            kept,
+            uuid,
+            bound,
+        )
+
+    def _open_active(self) -> None:
+        """Open the segment to append to, starting a new one when the last is full.
+
+        A failure leaves the previous state as it was (the next publish tries again).
+        """
+        if not self.segments or self.segments[-1].size >= self.segment_bytes:
+            # Not the translator's high seqno: buffered items may be ahead of the file.
+            first = self._written_high + 1
+            active = Segment(self.dir / segment_name(first), first)
+            active.path.touch()
+            fsync_dir(self.dir)
+            fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+            self.segments.append(active)
+        else:
+            active = self.segments[-1]
+            fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
+        self._written_size = self._settled_size = active.size
+        self._mark = (len(active.sparse), active.count, active.last)
+
+    def meta(self, *, clean: bool = False) -> Meta:
+        return Meta(
+            failover=list(self.failover.entries),
+            reserved=self.reserved,
+            purge_seqno=self.purge_seqno,
+            clean=clean,
+            segments=[s.first for s in self.segments if s.path not in self.doomed],
+            refetch=self.needs_refetch,
+            high=self.high_seqno if clean else 0,
+        )
+
+    def _write_meta(self, *, clean: bool) -> None:
+        write_atomic(self.meta_path, self.meta(clean=clean).pack())
+
+    def save_meta(self) -> None:
+        self._write_meta(clean=False)
+
+    def _reserve(self, upto: int, *, force: bool = False) -> None:
+        """Move the reservation past ``upto`` in the meta and the manifest, or raise
+        ``OSError`` with the reservation as it was (so the next call writes both)."""
+        if force or upto > self.reserved:
+            old = self.reserved
+            self.reserved = max(old, upto + RESERVE_STEP)
+            try:
+                self._write_meta(clean=False)
+                if self.on_reserve is not None:
+                    self.on_reserve(self)
+            except OSError:
+                self.reserved = old
+                raise
+
+    # -- appending -------------------------------------------------------------
+
+    def ingest(self, message: TapStreamMessage, now: float) -> list[LogRecord]:
+        """Translate and buffer one TAP message; nothing is visible before ``publish``."""
+        records = self.translator.feed(message, now)
+        for record in records:
+            if type(record) is LogItem:
+                self.append_item(record)
+            else:
+                self.append_mark(record)  # type: ignore[arg-type]
+        return records
+
+    def append_mark(self, mark: LogMark) -> None:
+        """Buffer one mark the translator made (the ingest's fast path calls this)."""
+        self._close_block()
+        self._buffer += frame_mark(mark)
+
+    def append_item(self, item: LogItem) -> None:
+        """Buffer one item the translator made (the event path)."""
+        self.append_items([item])
+
+    def append_items(self, items: list[LogItem]) -> None:
+        """Buffer items the translator made, in order (the ingest's fast path: once per
+        read and vbucket)."""
+        # Only every SPARSE_EVERY-th item of a segment is indexed.
+        first = -(self.segments[-1].count + self._pending_items) % SPARSE_EVERY
+        self._block = buffer_items(self._buffer, self._block, items, first, self._pending)
+        count = len(items)
+        self._pending_items += count
+        self._buffer_high = items[-1].by_seqno
+        self._unwritten += items
+        self.items_total += count
+
+    def _close_block(self) -> None:
+        close_block(self._buffer, self._block)
+        self._block = -1
+
+    @property
+    def unsynced(self) -> bool:
+        """Written to the file since the last ``settle`` (an fsync is due)."""
+        return self._unsynced
+
+    @property
+    def sync_in_doubt(self) -> bool:
+        """An fsync of this file failed and not all it dropped is written again yet: an
+        fsync returning 0 meanwhile proves nothing (Linux tells one fsync of the file)."""
+        return self.sync_failures_handled != self.sync_failures or self._rewrite
+
+    @property
+    def written_size(self) -> int:
+        """Bytes of the active segment handed to the file (what an fsync now covers)."""
+        return self._written_size
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._buffer) or self._unsynced or self._rewrite
+
+    def write(self) -> int:
+        """Hand buffered records to the file (the OS); how many bytes.
+
+        All or nothing: on a failure the file is cut back, the buffer kept,
+        and ``LogWriteError`` raised. Call with ``lock`` held until ``publish``.
+        """
+        if self._rewrite:
+            self._write_again()
+        if not self._buffer:
+            return 0
+        self._close_block()
+        if self._broken is not None:
+            raise LogWriteError(self._broken)
+        if not self._written and not self.syncing:
+            self._roll_if_full()  # a roll that failed at the last settle is retried first
+        assert self._fd is not None
+        segment = self.segments[-1]
+        base = self._written_size
+        size = len(self._buffer)
+        try:
+            write_all(self._fd, self._buffer)
+        except OSError as exc:
+            raise self._cut_back(base, f"cannot append {size} bytes", exc) from exc
+        for seqno, offset in self._pending:
+            segment.sparse.append((seqno, base + offset))
+        if self._pending_items:
+            segment.count += self._pending_items
+            segment.last = self._buffer_high
+            self._written_high = self._buffer_high
+        self._written_size += size
+        self.disk_bytes += size
+        self._written += self._buffer
+        self._buffer.clear()
+        self._pending.clear()
+        self._pending_items = 0
+        self._unpublished += self._unwritten
+        self._unwritten.clear()
+        self._unsynced = True
+        return size
+
+    def _write_again(self) -> None:
+        """After a failed fsync of published records: the same bytes at the same
+        offsets (the kernel may have dropped those pages), so what consumers saw,
+        seqnos included, is what becomes durable. ``LogWriteError`` if it fails."""
+        if self._broken is not None:
+            raise LogWriteError(self._broken)
+        path = self.segments[-1].path
+        try:
+            fd = os.open(path, os.O_WRONLY)  # not O_APPEND: pwrite must honour the offset
+            try:
+                view = memoryview(self._written)
+                offset = self._settled_size
+                while view:
+                    n = os.pwrite(fd, view, offset)
+                    view, offset = view[n:], offset + n
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise LogWriteError(
+                f"vbucket {self.vbucket}: cannot write {len(self._written)} published bytes "
+                f"again to {path.parent.name}/{path.name}: {exc.strerror or exc}; "
+                "nothing acknowledged, the next commit tries again"
+            ) from exc
+        self._rewrite = False
+        self._unsynced = True
+
+    def _cut_back(self, size: int, what: str, exc: OSError) -> LogWriteError:
+        """Truncate the active segment to ``size`` after a failed write or fsync."""
+        path = self.segments[-1].path
+        where = f"{path.parent.name}/{path.name}"
+        try:
+            assert self._fd is not None
+            os.ftruncate(self._fd, size)
+        except OSError as again:
+            self._broken = (
+                f"vbucket {self.vbucket}: {where} could not be cut back to {size} bytes "
+                f"after a failed write ({again.strerror or again}); restart to prove it again"
+            )
+            return LogWriteError(self._broken)
+        return LogWriteError(
+            f"vbucket {self.vbucket}: {what} to {where}: {exc.strerror or exc}; "
+            f"cut back to its last whole record ({size} bytes), nothing acknowledged"
+        )
+
+    def sync(self) -> None:
+        """fsync the active segment (may run in a worker thread); ``OSError`` if it fails.
+
+        On a failure call ``unwrite`` (on the trio thread) before anything else.
+        """
+        if self._fd is not None and self._unsynced:
+            os.fsync(self._fd)
+
+    def unwrite(self, exc: OSError) -> LogWriteError:
+        """After a failed fsync: cut the file back to what was published and put
+        the records written since back in the buffer, to be written again; what
+        was published stays so and is written again as it is (``_write_again``)."""
+        self.sync_failures_handled = self.sync_failures
+        self._close_block()  # its offset is about to move
+        segment = self.segments[-1]
+        published = segment.size
+        keep = published - self._settled_size
+        unpublished = self._written[keep:]
+        del self._written[keep:]
+        self._rewrite = keep > 0
+        if not unpublished:
+            self._unsynced = False
+            path = segment.path
+            return LogWriteError(
+                f"vbucket {self.vbucket}: fsync failed on {path.parent.name}/{path.name}: "
+                f"{exc.strerror or exc}; its {keep} bytes served already are written again "
+                "with the same seqnos, nothing acknowledged"
+            )
+        n_sparse, count, last = self._mark
+        moved = segment.sparse[n_sparse:]
+        del segment.sparse[n_sparse:]
+        shift = len(unpublished)
+        self._pending = [(s, offset - published) for s, offset in moved] + [
+            (s, offset + shift) for s, offset in self._pending
+        ]
+        if not self._pending_items:
+            self._buffer_high = self._written_high
+        self._pending_items += segment.count - count
+        segment.count, segment.last = count, last
+        self._buffer[0:0] = unpublished
+        self._unwritten[0:0] = self._unpublished
+        self._unpublished = []
+        self.disk_bytes -= shift
+        self._written_size = published
+        self._written_high = self.high_seqno
+        self._unsynced = False
+        return self._cut_back(published, "fsync failed", exc)
+
+    def publish(self, *, settle: bool = True) -> None:
+        """Make what was written readable, and wake waiting streams.
+
+        Only what ``write`` handed to the file: items still in the buffer
+        (fed since) have seqnos but are not in the file yet. ``settle``: what
+        was written is synced (or the policy is never to sync), see ``settle``;
+        the batch policy publishes before its fsync and settles after it.
+        """
+        high = self._written_high
+        if high > self.reserved:
+            try:
+                self._reserve(high)  # before any seqno above the old reservation is seen
+            except OSError as exc:
+                raise LogWriteError(
+                    f"vbucket {self.vbucket}: cannot reserve seqnos in {self.dir.name}/"
+                    f"{META_NAME}: {exc.strerror or exc}; nothing of the batch published"
+                ) from exc
+        segment = self.segments[-1]
+        segment.size = self._written_size
+        self._mark = (len(segment.sparse), segment.count, segment.last)
+        if self._unpublished:
+            self._to_tail(self._unpublished)
+            self._unpublished = []
+        if high != self.high_seqno:
+            self.high_seqno = high
+            self._wake()
+        if settle:
+            self.settle()
+
+    def settle(self, upto: int | None = None) -> None:
+        """The active segment is synced up to ``upto`` (default: all written), or
+        never will be: forget those bytes, and start a new segment when the active
+        one is full and no fsync of it is outstanding (so an fsync in flight is
+        always of the file it was meant for)."""
+        if self._rewrite:
+            return  # a failed fsync: written again and synced by a later commit
+        if upto is None or upto > self._written_size:
+            upto = self._written_size  # (cut back since by a failed fsync: settle what is left)
+        drop = upto - self._settled_size
+        if drop > 0:
+            del self._written[:drop]
+            self._settled_size = upto
+        self._unsynced = self._written_size > self._settled_size
+        if not self._unsynced and not self.syncing:
+            self._roll_if_full()
+
+    def write_early(self) -> int:
+        """Write and publish now, before any fsync (fsync batch: the ingest calls it
+        for each batch of frames). Skipped while a committer that publishes
+        only synced records holds ``lock``, or when the active segment is full (its
+        roll waits for the commit's fsync); a failure is left for the commit, which
+        writes the buffer again and raises. Bytes written."""
+        if not self._buffer or self.lock.locked() or self._written_size >= self.segment_bytes:
+            return 0
+        try:
+            written = self.write()
+            self.publish(settle=False)
+        except LogWriteError:
+            return 0
+        return written
+
+    def _roll_if_full(self) -> None:
+        if self.segments[-1].size < self.segment_bytes:
+            return
+        try:
+            self._open_active()
+            self._write_meta(clean=False)  # lists the new segment before anything is in it
+        except OSError as exc:
+            raise LogWriteError(
+                f"vbucket {self.vbucket}: cannot start a new segment in {self.dir.name}: "
+                f"{exc.strerror or exc}; the next write tries again"
+            ) from exc
+
+    def _to_tail(self, items: list[LogItem]) -> None:
+        tail = self._tail
+        tail += items
+        self._tail_size += sum(len(i.key) + len(i.value) for i in items)
+        if self._tail_size > self.tail_bytes and len(tail) > 1:
+            # Drop the older half at once: amortised O(1) per item.
+            cut = len(tail) // 2
+            self._tail_floor = tail[cut - 1].by_seqno
+            self._tail_size -= sum(len(i.key) + len(i.value) for i in tail[:cut])
+            del tail[:cut]
+
+    def drop_tail_upto(self, seqno: int) -> None:
+        """Forget cached items up to ``seqno`` (compaction rewrote that part of the log:
+        reads of it go to the compacted segments)."""
+        tail = self._tail
+        cut = bisect.bisect_right(tail, seqno, key=_seqno)
+        if cut:
+            self._tail_size -= sum(len(i.key) + len(i.value) for i in tail[:cut])
+            del tail[:cut]
+        self._tail_floor = max(self._tail_floor, seqno)
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_beyond(self, seqno: int) -> None:
+        """Until ``high_seqno`` exceeds ``seqno`` (returns at once if it does)."""
+        while self.high_seqno <= seqno:
+            await self._changed.wait()
+
+    def close(self) -> None:
+        """Clean close: everything written is synced and the meta says so.
+
+        When the last write fails the log is left as a crash would leave it
+        (no clean mark), and the next start proves it as such.
+        """
+        if self._fd is None:
+            return
+        try:
+            # A failed fsync left unhandled (a stop cancelled its commit) dropped pages a
+            # later fsync says nothing about: what is not settled is written again first.
+            self._rewrite = self._rewrite or bool(self._written)
+            self.write()
+            try:
+                self.sync()
+            except OSError as exc:
+                raise self.unwrite(exc) from exc
+            self.publish()
+            os.close(self._fd)
+            self._fd = None
+            self._write_meta(clean=True)
+        except (OSError, LogWriteError) as exc:
+            log.error("vbucket %d: closing the log failed: %s", self.vbucket, exc)
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Drop the file handle without the clean mark (a simulated crash in tests)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def retire(self, why: str) -> None:
+        """Drop the file handle for good (the log was set aside): a write raises
+        ``LogWriteError``, never touches the directory that replaced this one."""
+        self.abandon()
+        self._broken = why
+
+    # -- reading ---------------------------------------------------------------
+
+    def begin_segment_swap(self) -> None:
+        """A compaction is about to replace segment files: disk reads must wait."""
+        self._swapping = trio.Event()
+
+    @property
+    def swapping(self) -> bool:
+        return self._swapping is not None
+
+    def end_segment_swap(self) -> None:
+        """``segments`` describes the files on disk again."""
+        swapping, self._swapping = self._swapping, None
+        if swapping is not None:
+            swapping.set()
+
+    async def segments_settled(self) -> None:
+        """Wait until no compaction is swapping files. A reader calls it before
+        ``read`` (with no checkpoint between): while files are swapped,
+        ``segments`` still holds the old offsets, and a read could come back
+        short and be taken for a gap."""
+        while (swapping := self._swapping) is not None:
+            await swapping.wait()
+
+    def read(
+        self, after: int, upto: int, limit: int, max_bytes: int | None = None
+    ) -> list[LogItem]:
+        """Published items with ``after < by_seqno <= upto``, at most ``limit``.
+
+        ``max_bytes``: stop after the item that brings the keys and values
+        read to this many bytes (at least one item is always returned).
+        """
+        upto = min(upto, self.high_seqno)
+        if after >= upto:
+            return []
+        if after >= self._tail_floor and self._tail:
+            return self._read_tail(after, upto, limit, max_bytes)
+        for _attempt in range(3):
+            try:
+                plan = self._disk_plan(after, upto)
+            except FileNotFoundError:
+                continue  # a compaction replaced a segment meanwhile: look again
+            with plan:
+                return read_planned(plan, after, upto, limit, max_bytes)
+        raise RuntimeError(f"vbucket {self.vbucket}: log segments keep vanishing")
+
+    def in_memory(self, after: int) -> bool:
+        """Whether a read from ``after`` is served from the in-memory tail (or is empty)."""
+        return after >= self.high_seqno or (after >= self._tail_floor and bool(self._tail))
+
+    async def read_async(
+        self, after: int, upto: int, limit: int, max_bytes: int | None = None
+    ) -> list[LogItem]:
+        """``read``, with what must come from disk read by ``read_disk``. Call it right
+        after ``segments_settled``, with no checkpoint between."""
+        upto = min(upto, self.high_seqno)
+        if after >= upto:
+            return []
+        if after >= self._tail_floor and self._tail:
+            return self._read_tail(after, upto, limit, max_bytes)
+        out: list[LogItem] = []
+        left = max_bytes if max_bytes is not None else -1
+        await self.read_disk(after, upto, ItemSink(out, after, upto, limit, left))
+        return out
+
+    async def read_disk(
+        self,
+        after: int,
+        upto: int,
+        sink: RecordSink,
+        *,
+        chunk: int = READ_CHUNK,
+        resume: tuple[Segment, int] | None = None,
+    ) -> tuple[Segment, int] | None:
+        """Feed ``sink`` the records on disk from ``after`` (up to ``upto``: what is
+        published now) until it says the read is done or the log ends there.
+
+        The files are opened and the offsets found here, on the loop, and read
+        ``chunk`` bytes at a time: here if the page cache holds them
+        (``pread_cached``, which never waits for the disk), else in a worker
+        thread (I/O only, which releases the GIL). A compaction replacing the
+        files meanwhile changes nothing it reads. ``sink`` decodes each chunk
+        here, a bounded slice of work between two waits. Call it right after
+        ``segments_settled``, with no checkpoint between.
+
+        Returns where the read stopped (None: nothing read): the segment and the
+        offset after the last record walked. A later read from the seqno of the
+        last item fed, which the sink took to that record's end, may ``resume``
+        there instead of at the sparse index's record before it.
+        """
+        upto = min(upto, self.high_seqno)
+        if after >= upto:
+            return None
+        limiter = _disk_readers()
+        to_thread = trio.to_thread.run_sync
+        stop: tuple[Segment, int] | None = None
+        with self._disk_plan(after, upto, resume) as plan:
+            # Not abandoned on cancel: the files stay open until the thread is done.
+            for (fd, offset, size), segment in zip(plan.parts, plan.segments, strict=True):
+                want = chunk
+                while offset < size:
+                    length = min(want, size - offset)
+                    if stop is not None:
+                        await trio.lowlevel.checkpoint()  # a slice of work per chunk, at most
+                    data: bytes | mmap.mmap | None = pread_cached(fd, offset, length)
+                    if data is None:  # from the disk: in a worker thread
+                        data = await to_thread(pread, fd, offset, length, limiter=limiter)
+                    end, done = walk_records(data, offset, sink)
+                    stop = (segment, end)
+                    if done:
+                        return stop
+                    if end == offset:
+                        if want >= size - offset:
+                            where = f"{segment.path.parent.name}/{segment.path.name}"
+                            raise LogReadError(unreadable(where, offset, size))
+                        want *= 2  # a record bigger than the chunk
+                        continue
+                    want = chunk
+                    offset = end
+        return stop
+
+    def _disk_plan(
+        self, after: int, upto: int, resume: tuple[Segment, int] | None = None
+    ) -> DiskPlan:
+        """The segments that may hold ``after < seqno <= upto``, opened, each with the
+        offset to start at (the sparse index, or ``resume``) and its published size."""
+        plan = DiskPlan()
+        try:
+            for segment in self.segments:
+                if segment.last <= after or not segment.size:
+                    continue
+                if segment.first > upto:
+                    break
+                index = bisect.bisect_right(segment.sparse, after, key=_first) - 1
+                offset = segment.sparse[index][1] if index >= 0 else 0
+                if resume is not None and resume[0] is segment:  # not a compacted stand-in
+                    offset = max(offset, resume[1])
+                plan.parts.append((os.open(segment.path, os.O_RDONLY), offset, segment.size))
+                plan.segments.append(segment)
+        except BaseException:
+            plan.close()
+            raise
+        return plan
+
+    def _read_tail(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
+        tail = self._tail
+        start = bisect.bisect_right(tail, after, key=_seqno)
+        stop = bisect.bisect_right(tail, upto, key=_seqno, lo=start)
+        out = tail[start : min(stop, start + limit)]
+        if max_bytes is not None:
+            left = max_bytes
+            for n, item in enumerate(out):
+                left -= len(item.key) + len(item.value)
+                if left <= 0:
+                    return out[: n + 1]
+        return out
+
+    # -- figures ---------------------------------------------------------------
+
+    def bytes_on_disk(self) -> int:
+        """Bytes of the segment files (a running total: no file system calls)."""
+        return self.disk_bytes

@@ -1,0 +1,1 @@
+"""Process-wide runtime: logging, version, memory trimming, the trio loop and GC watch."""

@@ -1,0 +1,1 @@
+"""Operator tools beside the fronts: capture, verify, decode, load, stats and vbucket commands."""

@@ -1,0 +1,128 @@
+"""TAP clients served through the TAP front from a UPR reference node."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import trio
+
+from adapters.tap import (
+    ConnectFlags,
+    OpaqueCode,
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapDelete,
+    TapEvent,
+    TapMutation,
+    TapOpaque,
+)
+from gateway.tools.load import run_load
+from tests.gateway.node.test_node_tap_producer import filled_store
+from tests.support.tap_client import (
+    STREAM_TYPES,
+    TapClient,
+    connect_event,
+    is_opaque,
+    start_node,
+    wants_ack,
+)
+from tests.support.tapfront import Replica, node_state, start_front
+
+F = ConnectFlags
+VBUCKETS = 4
+
+
+def closes(events: list[TapEvent]) -> int:
+    return sum(
+        isinstance(e, TapOpaque) and e.opaque_code == OpaqueCode.CLOSE_BACKFILL for e in events
+    )
+
+
+async def read_until(client: TapClient, done: callable, replica: Replica) -> list[TapEvent]:  # type: ignore[valid-type]
+    """Collect (acking what asks for it) until ``done(all events so far)``."""
+    events: list[TapEvent] = []
+    while not done(events):
+        batch = await client.collect(lambda e: isinstance(e, STREAM_TYPES))
+        assert batch, "the front closed the connection"
+        events.extend(batch)
+        replica.apply(batch)
+    return events
+
+
+async def test_backfill_then_live_changes_match_the_node(nursery: trio.Nursery) -> None:
+    store = filled_store()
+    _, node_port = await start_node(nursery, store)
+    _, port = await start_front(nursery, node_port)
+    replica = Replica()
+    with trio.fail_after(20):
+        client = await TapClient.open(
+            port, connect_event(b"bf", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+        )
+        events = await read_until(client, lambda ev: closes(ev) == VBUCKETS, replica)
+        assert isinstance(events[0], TapOpaque)
+        assert events[0].opaque_code == OpaqueCode.ENABLE_AUTO_NACK
+        assert sorted(replica.resets) == list(range(VBUCKETS))
+        assert replica.items == node_state(store, range(VBUCKETS))
+        now = time.time()
+        for vb in range(VBUCKETS):
+            store.set(vb, b"live-%d" % vb, b"new", now=now)
+            store.delete(vb, b"key-1", now=now)
+        live = await catch_up(client, replica, store)
+        check_brackets(events + live)
+        assert any(isinstance(e, TapCheckpointStart) for e in live)
+        await client.aclose()
+
+
+async def catch_up(client: TapClient, replica: Replica, store: object) -> list[TapEvent]:
+    """Read batches (each ends with an ack request) until the replica equals the node."""
+    events: list[TapEvent] = []
+    while replica.items != node_state(store, range(VBUCKETS)):
+        batch = await client.collect(wants_ack)
+        assert batch, "the front closed the connection"
+        replica.apply(batch)
+        events.extend(batch)
+    return events
+
+
+def check_brackets(events: list[TapEvent]) -> None:
+    """Checkpoints open and close per vbucket, items only inside one or a backfill."""
+    open_bracket: dict[int, int | str] = {}
+    for event in events:
+        if isinstance(event, TapCheckpointStart):
+            assert event.vbucket not in open_bracket
+            open_bracket[event.vbucket] = event.checkpoint_id
+        elif isinstance(event, TapCheckpointEnd):
+            assert open_bracket.pop(event.vbucket) == event.checkpoint_id
+        elif (
+            isinstance(event, TapOpaque) and event.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM
+        ):
+            assert event.vbucket not in open_bracket
+            open_bracket[event.vbucket] = "backfill"
+        elif is_opaque(event, OpaqueCode.CLOSE_BACKFILL):
+            assert open_bracket.pop(event.vbucket) == "backfill"
+        elif isinstance(event, TapMutation | TapDelete):
+            assert event.vbucket in open_bracket, event
+
+
+async def test_live_checkpoints_wrap_items_under_concurrent_load(nursery: trio.Nursery) -> None:
+    node, node_port = await start_node(nursery, vbuckets=VBUCKETS)
+    _, port = await start_front(nursery, node_port)
+    replica = Replica()
+    with trio.fail_after(30):
+        client = await TapClient.open(
+            port, connect_event(b"load", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+        )
+        events: list[TapEvent] = []
+        async with trio.open_nursery() as writers:
+            writers.start_soon(
+                partial(run_load, "127.0.0.1", node_port, items=3000, delete_fraction=0.2)
+            )
+            while closes(events) < VBUCKETS:
+                batch = await client.collect(wants_ack)
+                replica.apply(batch)
+                events.extend(batch)
+        events += await catch_up(client, replica, node.store)
+        check_brackets(events)
+        assert replica.mutations >= 3000
+        await client.aclose()
