@@ -198,6 +198,7 @@ def translate_items(
     # ``TapProducer.next_stamp``, inline: the room taken above keeps every stamp
     # within the window; ``end_run`` hands the producer its state back.
     next_seqno, since, ack_interval = producer.begin_run()
+    control_flags = _ACK if ack_interval else 0  # a control message always asks for an ack
     append = out.append
     first_out = len(out)
     swapped = _SWAPPED
@@ -296,12 +297,11 @@ def translate_items(
                     break
                 seqno = next_seqno
                 next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
-                tap_flags = _ACK if ack_interval else 0
                 since = 0
                 append(
                     _START.pack(
                         _REQUEST, _OP_CHECKPOINT_START, _START_KEYLEN, 16, 0, translator.vbucket,
-                        _START_BODYLEN, seqno, 0, 0, tap_flags, DEFAULT_TTL, 0, 0, _START_KEY,
+                        _START_BODYLEN, seqno, 0, 0, control_flags, DEFAULT_TTL, 0, 0, _START_KEY,
                         checkpoint_id,
                     )
                 )  # fmt: skip
@@ -332,26 +332,21 @@ def translate_items(
                 # ``close_frame``, inline
                 translator.close_open()
                 checkpoint_id = snapshot.checkpoint_id
+                seqno = next_seqno
+                next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+                since = 0
                 if checkpoint_id is None:
-                    seqno = next_seqno
-                    next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
-                    tap_flags = _ACK if ack_interval else 0
-                    since = 0
                     append(
                         _OPAQUE.pack(
                             _REQUEST, _OP_OPAQUE, 0, 8, 0, translator.vbucket, 12, seqno, 0,
-                            4, tap_flags, DEFAULT_TTL, _CLOSE_BACKFILL,
+                            4, control_flags, DEFAULT_TTL, _CLOSE_BACKFILL,
                         )
                     )  # fmt: skip
                 else:
-                    seqno = next_seqno
-                    next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
-                    tap_flags = _ACK if ack_interval else 0
-                    since = 0
                     append(
                         _END.pack(
                             _REQUEST, _OP_CHECKPOINT_END, _END_KEYLEN, 16, 0, translator.vbucket,
-                            _END_BODYLEN, seqno, 0, 0, tap_flags, DEFAULT_TTL, 0, 0, _END_KEY,
+                            _END_BODYLEN, seqno, 0, 0, control_flags, DEFAULT_TTL, 0, 0, _END_KEY,
                             checkpoint_id,
                         )
                     )  # fmt: skip
