@@ -99,6 +99,7 @@ from adapters.translate.log_records import LogItem, LogMark, LogRecord
 from adapters.translate.tap_to_upr import TapToUpr
 from adapters.upr.failover_log import UUID_BITS, FailoverLog
 from gateway.fronts.upr.config import UprFrontError
+from gateway.fronts.upr.fsync_epoch import FsyncEpoch
 from gateway.fronts.upr.proof import (
     META_NAME,
     Meta,
@@ -263,14 +264,8 @@ class VbLog:
         """Every published item above this seqno is in the tail."""
         self._unpublished: list[_Chunk] = []
         """Writes of items handed to the file, not yet published."""
-        self.syncing = 0
-        """fsyncs of the active segment in flight (no roll until they return)."""
-        self.sync_failures = 0
-        """fsyncs of it that failed (counted in the worker thread, see ``commit``)."""
-        self.sync_failures_handled = 0
-        """Of those, the ones ``unwrite`` took back (it covers everything not settled)."""
-        self.sync_returned = trio.Event()
-        """Set, and replaced, whenever an fsync of it returns to the loop."""
+        self.fsyncs = FsyncEpoch()
+        """The active segment's fsyncs in flight and failed (``fsync_epoch``)."""
         self.lock = trio.Lock()
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
@@ -427,6 +422,7 @@ class VbLog:
             fsync_dir(self.dir)
             fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
             self.segments.append(active)
+            self.fsyncs = FsyncEpoch()  # a roll waits for the old file's fsyncs
         else:
             active = self.segments[-1]
             fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
@@ -514,7 +510,17 @@ class VbLog:
     def sync_in_doubt(self) -> bool:
         """An fsync of this file failed and not all it dropped is written again yet: an
         fsync returning 0 meanwhile proves nothing (Linux tells one fsync of the file)."""
-        return self.sync_failures_handled != self.sync_failures or self._rewrite
+        return self.fsyncs.unhandled or self._rewrite
+
+    @property
+    def syncing(self) -> int:
+        """fsyncs of the active segment in flight (no roll until they return)."""
+        return self.fsyncs.in_flight
+
+    @property
+    def sync_returned(self) -> trio.Event:
+        """Set, and replaced, whenever an fsync of the active segment returns."""
+        return self.fsyncs.returned
 
     @property
     def written_size(self) -> int:
@@ -531,6 +537,11 @@ class VbLog:
         All or nothing: on a failure the file is cut back, the buffer kept,
         and ``LogWriteError`` raised. Call with ``lock`` held until ``publish``.
         """
+        if self.fsyncs.orphaned:
+            # A failed fsync nobody took back (its commit was cancelled): the pages it
+            # dropped are among those not settled, so all of them are written again.
+            self._rewrite = self._rewrite or bool(self._written)
+            self.fsyncs.handled()
         if self._rewrite:
             self._write_again()
         if not self._buffer:
@@ -620,7 +631,7 @@ class VbLog:
         """After a failed fsync: cut the file back to what was published and put
         the records written since back in the buffer, to be written again; what
         was published stays so and is written again as it is (``_write_again``)."""
-        self.sync_failures_handled = self.sync_failures
+        self.fsyncs.handled()
         self._close_block()  # its offset is about to move
         segment = self.segments[-1]
         published = segment.size
