@@ -84,9 +84,7 @@ and the serving fast path frames UPR messages from block bytes anyway.
 
 from __future__ import annotations
 
-import bisect
 import logging
-import mmap
 import os
 import random
 from collections.abc import Callable, Iterable
@@ -98,8 +96,10 @@ from adapters.tap.events import TapStreamMessage
 from adapters.translate.log_records import LogItem, LogMark, LogRecord
 from adapters.translate.tap_to_upr import TapToUpr
 from adapters.upr.failover_log import UUID_BITS, FailoverLog
+from gateway.fronts.upr import log_reader
 from gateway.fronts.upr.config import UprFrontError
 from gateway.fronts.upr.fsync_epoch import FsyncEpoch
+from gateway.fronts.upr.log_tail import Chunk, LogTail
 from gateway.fronts.upr.proof import (
     META_NAME,
     Meta,
@@ -112,21 +112,14 @@ from gateway.fronts.upr.proof import (
 from gateway.fronts.upr.segments import (
     READ_CHUNK,
     SPARSE_EVERY,
-    DiskPlan,
     ItemSink,
-    LogReadError,
     RecordSink,
     Segment,
     buffer_items,
     close_block,
     frame_mark,
     fsync_dir,
-    pread,
-    pread_cached,
-    read_planned,
     segment_name,
-    unreadable,
-    walk_records,
     write_all,
     write_atomic,
 )
@@ -154,33 +147,6 @@ def fresh_uuid(taken: Iterable[int]) -> int:
         uuid = _uuids.getrandbits(UUID_BITS)
         if uuid and uuid not in avoid:
             return uuid
-
-
-DISK_READERS = 4
-"""Threads reading logs from disk at once, for all streams: few threads, few
-reads in flight (each a chunk of bytes; the decoding is done on the loop)."""
-_readers: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("log_disk_readers")
-
-
-def _disk_readers() -> trio.CapacityLimiter:
-    try:
-        return _readers.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(DISK_READERS)
-        _readers.set(limiter)
-        return limiter
-
-
-def _first(pair: tuple[int, int]) -> int:
-    return pair[0]
-
-
-def _last(chunk: tuple[int, int, bytes]) -> int:
-    return chunk[1]
-
-
-_Chunk = tuple[int, int, bytes]
-"""(first item seqno, last item seqno, the framed records of one write)."""
 
 
 class VbLog:
@@ -256,13 +222,9 @@ class VbLog:
         self.disk_bytes = 0
         """Bytes of every segment file, kept as the log grows (no stat calls)."""
         self.tail_bytes = tail_bytes
-        self._tail: list[_Chunk] = []
-        """The latest published writes, in seqno order: streams that keep up read
-        them from here, not from disk (about ``tail_bytes`` of records)."""
-        self._tail_size = 0
-        self._tail_floor = 0
-        """Every published item above this seqno is in the tail."""
-        self._unpublished: list[_Chunk] = []
+        self.tail = LogTail(tail_bytes)
+        """The latest published writes: streams that keep up read them from here."""
+        self._unpublished: list[Chunk] = []
         """Writes of items handed to the file, not yet published."""
         self.fsyncs = FsyncEpoch()
         """The active segment's fsyncs in flight and failed (``fsync_epoch``)."""
@@ -322,7 +284,7 @@ class VbLog:
         self._opened()
 
     def _opened(self) -> None:
-        self.high_seqno = self._written_high = self._tail_floor = self.translator.high_seqno
+        self.high_seqno = self._written_high = self.tail.floor = self.translator.high_seqno
         self._open_active()
         self._reserve(self.high_seqno, force=True)
         self.disk_bytes = sum(s.size for s in self.segments)
@@ -689,7 +651,7 @@ class VbLog:
         segment.size = self._written_size
         self._mark = (len(segment.sparse), segment.count, segment.last)
         if self._unpublished:
-            self._to_tail(self._unpublished)
+            self.tail.add(self._unpublished)
             self._unpublished = []
         if high != self.high_seqno:
             self.high_seqno = high
@@ -741,27 +703,10 @@ class VbLog:
                 f"{exc.strerror or exc}; the next write tries again"
             ) from exc
 
-    def _to_tail(self, chunks: list[_Chunk]) -> None:
-        tail = self._tail
-        tail += chunks
-        self._tail_size += sum(len(c[2]) for c in chunks)
-        if self._tail_size > self.tail_bytes:
-            # Drop the older half at once (amortised O(1) per write); a write bigger
-            # than the whole tail is read back from the file (the page cache).
-            cut = max(1, len(tail) // 2)
-            self._tail_floor = tail[cut - 1][1]
-            self._tail_size -= sum(len(c[2]) for c in tail[:cut])
-            del tail[:cut]
-
     def drop_tail_upto(self, seqno: int) -> None:
         """Forget cached items up to ``seqno`` (compaction rewrote that part of the log:
         reads of it go to the compacted segments)."""
-        tail = self._tail
-        cut = bisect.bisect_right(tail, seqno, key=_last)
-        if cut:
-            self._tail_size -= sum(len(c[2]) for c in tail[:cut])
-            del tail[:cut]
-        self._tail_floor = max(self._tail_floor, seqno)
+        self.tail.drop_upto(seqno)
 
     def _wake(self) -> None:
         self._changed.set()
@@ -844,20 +789,13 @@ class VbLog:
         upto = min(upto, self.high_seqno)
         if after >= upto:
             return []
-        if after >= self._tail_floor and self._tail:
+        if self.tail.holds(after):
             return self._read_tail(after, upto, limit, max_bytes)
-        for _attempt in range(3):
-            try:
-                plan = self._disk_plan(after, upto)
-            except FileNotFoundError:
-                continue  # a compaction replaced a segment meanwhile: look again
-            with plan:
-                return read_planned(plan, after, upto, limit, max_bytes)
-        raise RuntimeError(f"vbucket {self.vbucket}: log segments keep vanishing")
+        return log_reader.read_items(self.segments, after, upto, limit, max_bytes, self.vbucket)
 
     def in_memory(self, after: int) -> bool:
         """Whether a read from ``after`` is served from the in-memory tail (or is empty)."""
-        return after >= self.high_seqno or (after >= self._tail_floor and bool(self._tail))
+        return after >= self.high_seqno or self.tail.holds(after)
 
     async def read_async(
         self, after: int, upto: int, limit: int, max_bytes: int | None = None
@@ -867,7 +805,7 @@ class VbLog:
         upto = min(upto, self.high_seqno)
         if after >= upto:
             return []
-        if after >= self._tail_floor and self._tail:
+        if self.tail.holds(after):
             return self._read_tail(after, upto, limit, max_bytes)
         out: list[LogItem] = []
         left = max_bytes if max_bytes is not None else -1
@@ -884,14 +822,9 @@ class VbLog:
         resume: tuple[Segment, int] | None = None,
     ) -> tuple[Segment, int] | None:
         """Feed ``sink`` the records on disk from ``after`` (up to ``upto``: what is
-        published now) until it says the read is done or the log ends there.
-
-        The files are opened and the offsets found here, on the loop, and read
-        ``chunk`` bytes at a time: here if the page cache holds them
-        (``pread_cached``, which never waits for the disk), else in a worker
-        thread (I/O only, which releases the GIL). A compaction replacing the
-        files meanwhile changes nothing it reads. ``sink`` decodes each chunk
-        here, a bounded slice of work between two waits. Call it right after
+        published now) until it says the read is done or the log ends there
+        (``log_reader.read_disk``: the bytes off the loop unless the page cache
+        holds them, decoded here a chunk at a time). Call it right after
         ``segments_settled``, with no checkpoint between.
 
         Returns where the read stopped (None: nothing read): the segment and the
@@ -902,56 +835,9 @@ class VbLog:
         upto = min(upto, self.high_seqno)
         if after >= upto:
             return None
-        limiter = _disk_readers()
-        to_thread = trio.to_thread.run_sync
-        stop: tuple[Segment, int] | None = None
-        with self._disk_plan(after, upto, resume) as plan:
-            # Not abandoned on cancel: the files stay open until the thread is done.
-            for (fd, offset, size), segment in zip(plan.parts, plan.segments, strict=True):
-                want = chunk
-                while offset < size:
-                    length = min(want, size - offset)
-                    if stop is not None:
-                        await trio.lowlevel.checkpoint()  # a slice of work per chunk, at most
-                    data: bytes | mmap.mmap | None = pread_cached(fd, offset, length)
-                    if data is None:  # from the disk: in a worker thread
-                        data = await to_thread(pread, fd, offset, length, limiter=limiter)
-                    end, done = walk_records(data, offset, sink)
-                    stop = (segment, end)
-                    if done:
-                        return stop
-                    if end == offset:
-                        if want >= size - offset:
-                            where = f"{segment.path.parent.name}/{segment.path.name}"
-                            raise LogReadError(unreadable(where, offset, size))
-                        want *= 2  # a record bigger than the chunk
-                        continue
-                    want = chunk
-                    offset = end
-        return stop
-
-    def _disk_plan(
-        self, after: int, upto: int, resume: tuple[Segment, int] | None = None
-    ) -> DiskPlan:
-        """The segments that may hold ``after < seqno <= upto``, opened, each with the
-        offset to start at (the sparse index, or ``resume``) and its published size."""
-        plan = DiskPlan()
-        try:
-            for segment in self.segments:
-                if segment.last <= after or not segment.size:
-                    continue
-                if segment.first > upto:
-                    break
-                index = bisect.bisect_right(segment.sparse, after, key=_first) - 1
-                offset = segment.sparse[index][1] if index >= 0 else 0
-                if resume is not None and resume[0] is segment:  # not a compacted stand-in
-                    offset = max(offset, resume[1])
-                plan.parts.append((os.open(segment.path, os.O_RDONLY), offset, segment.size))
-                plan.segments.append(segment)
-        except BaseException:
-            plan.close()
-            raise
-        return plan
+        return await log_reader.read_disk(
+            self.segments, after, upto, sink, chunk=chunk, resume=resume
+        )
 
     def _read_tail(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
         out: list[LogItem] = []
@@ -962,13 +848,7 @@ class VbLog:
     def read_memory(self, after: int, upto: int, sink: RecordSink) -> None:
         """Feed ``sink`` the tail's records from ``after`` (up to ``upto``) until it says
         the read is done, as ``read_disk`` feeds it the file's. Only when ``in_memory``."""
-        tail = self._tail
-        upto = min(upto, self.high_seqno)
-        start = bisect.bisect_right(tail, after, key=_last)
-        for n in range(start, len(tail)):
-            first, _last_seqno, data = tail[n]
-            if first > upto or walk_records(data, 0, sink)[1]:
-                return
+        self.tail.read(after, min(upto, self.high_seqno), sink)
 
     # -- figures ---------------------------------------------------------------
 
