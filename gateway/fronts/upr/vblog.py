@@ -93,6 +93,7 @@ from pathlib import Path
 import trio
 
 from adapters.tap.events import TapStreamMessage
+from adapters.translate.log_history import RESERVE_STEP, LogHistory
 from adapters.translate.log_records import LogItem, LogMark, LogRecord
 from adapters.translate.tap_to_upr import TapToUpr
 from adapters.upr.failover_log import UUID_BITS, FailoverLog
@@ -124,12 +125,11 @@ from gateway.fronts.upr.segments import (
     write_atomic,
 )
 
-__all__ = ["SPARSE_EVERY", "LogWriteError", "Segment", "VbLog", "segment_name"]
+__all__ = ["RESERVE_STEP", "SPARSE_EVERY", "LogWriteError", "Segment", "VbLog", "segment_name"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
-RESERVE_STEP = 100_000
 FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_TAIL_BYTES = 256 * 1024
 
@@ -171,21 +171,16 @@ class VbLog:
         self.expiry_tolerance = expiry_tolerance
         self.translator = TapToUpr(vbucket, expiry_tolerance=expiry_tolerance)
         self._rng = rng or random.Random()
-        self.failover = FailoverLog(self._rng)
+        self.history = LogHistory(self._rng)
+        """Failover log, reservation, purge seqno (``log_history``, no I/O)."""
         self.segments: list[Segment] = []
-        self.reserved = 0
-        self.purge_seqno = 0
         self.high_seqno = 0
         """Highest seqno published (readers see up to here)."""
         self.torn_bytes = 0
-        self.continued = True
-        """Whether opening proved the history continues (no new failover entry)."""
         self.problems: list[Problem] = []
         """Why opening could not prove the log (empty: proven)."""
         self.set_aside: Path | None = None
         """Where opening moved the log it could not prove."""
-        self.refetch = False
-        """The log was set aside: the vbucket's whole contents are due from the TAP node."""
         self.on_reserve: Callable[[VbLog], None] | None = None
         """Called after the reservation moved up, before any seqno above the old one
         is published (the log set records it in its manifest)."""
@@ -236,6 +231,30 @@ class VbLog:
         self.compacted_path: Path | None = None
 
     # -- opening ---------------------------------------------------------------
+
+    @property
+    def failover(self) -> FailoverLog:
+        return self.history.failover
+
+    @property
+    def reserved(self) -> int:
+        return self.history.reserved
+
+    @property
+    def purge_seqno(self) -> int:
+        return self.history.purge_seqno
+
+    @purge_seqno.setter
+    def purge_seqno(self, seqno: int) -> None:
+        self.history.purge_seqno = seqno
+
+    @property
+    def refetch(self) -> bool:
+        return self.history.refetch
+
+    @property
+    def continued(self) -> bool:
+        return self.history.continued
 
     @property
     def meta_path(self) -> Path:
@@ -302,24 +321,16 @@ class VbLog:
         self.segments = proof.segments
         meta = proof.meta
         if meta is None:
-            self.failover.add(0)  # a new vbucket
+            self.history.begin()  # a new vbucket
             return
-        self.failover = FailoverLog(self._rng, meta.failover)
-        self.reserved = meta.reserved
-        self.purge_seqno = meta.purge_seqno
-        self.refetch = meta.refetch
+        self.history.restore(meta.failover, meta.reserved, meta.purge_seqno, meta.refetch)
         if not proof.torn and meta.clean:
             return
         # Not closed cleanly: consumers may have been served records that never
-        # reached the disk (fsync batch and never publish before their fsync). As
-        # ep-engine 3.0's warmup after an unclean shutdown (src/warmup.cc), a new
-        # failover entry starts at the proven end, so a consumer that saw more rolls
-        # back to it; new seqnos start past every one reserved, so none is reused.
+        # reached the disk (fsync batch and never publish before their fsync): a new
+        # failover entry at the proven end, new seqnos past every one reserved.
         t = self.translator
-        proven = max(t.high_seqno, self.failover.entries[0][1] if len(self.failover) else 0)
-        t.high_seqno = max(t.high_seqno, self.reserved)
-        uuid = self.failover.add(proven)
-        self.continued = False
+        uuid, proven, t.high_seqno = self.history.reconcile_unclean(t.high_seqno)
         if proof.torn:
             path, good, size = proof.torn[0]
             why = (
@@ -350,12 +361,8 @@ class VbLog:
             self.vbucket, high_seqno=bound, expiry_tolerance=self.expiry_tolerance
         )
         uuid = fresh_uuid(uuids)
-        self.failover = FailoverLog(self._rng, [(uuid, bound)])
+        self.history.start_over(bound, uuid)
         self.segments = []
-        self.reserved = bound
-        self.purge_seqno = 0
-        self.refetch = True
-        self.continued = False
         kept = (
             f"files kept in {self.set_aside.relative_to(self.root)}"
             if self.set_aside is not None
@@ -414,15 +421,16 @@ class VbLog:
     def _reserve(self, upto: int, *, force: bool = False) -> None:
         """Move the reservation past ``upto`` in the meta and the manifest, or raise
         ``OSError`` with the reservation as it was (so the next call writes both)."""
-        if force or upto > self.reserved:
-            old = self.reserved
-            self.reserved = max(old, upto + RESERVE_STEP)
+        due = self.history.reservation_due(upto, force=force)
+        if due is not None:
+            old = self.history.reserved
+            self.history.reserved = due
             try:
                 self._write_meta(clean=False)
                 if self.on_reserve is not None:
                     self.on_reserve(self)
             except OSError:
-                self.reserved = old
+                self.history.reserved = old
                 raise
 
     # -- appending -------------------------------------------------------------
