@@ -2,7 +2,7 @@
 
 A stream that reads a published record the disk no longer gives back whole
 gets ``LogReadError`` (``segments``). The log cannot be proven any more, so
-it goes the way start-up sends a log it cannot prove (``VbLog._start_over``,
+it goes the way start-up sends a log it cannot prove (``log_open.start_over``,
 ``LogSet.start_over``): its directory is set aside untouched with
 ``why.txt``, the vbucket starts over with a uuid it never had, and the
 ingest reconnects to fetch it whole again from the TAP node. Every stream of
@@ -57,7 +57,7 @@ async def _when_idle(front: UprFront, vblog: VbLog, exc: LogReadError) -> None:
 def _start_over(front: UprFront, vblog: VbLog, exc: LogReadError) -> None:
     """With nothing writing ``vblog``, and no checkpoint until the ingest is told."""
     vb = vblog.vbucket
-    # The one warning line is ``VbLog._start_over``'s (vbucket, file, offset, why).
+    # The one warning line is ``log_open.start_over``'s (vbucket, file, offset, why).
     front.logs.start_over(vblog, Problem("segment_damaged", f"found while serving: {exc}"))
     front.stats.upr_log.log_damage_total[vb] += 1
     front.ingest.restart(f"vbucket {vb} is fetched again")

@@ -31,37 +31,8 @@ the same offsets, by the next ``write``: what consumers saw stays true,
 seqnos included. Either way nothing of the batch is acked, and the next
 commit writes and fsyncs the same records again.
 
-Opening (``proof.prove_vbucket``) proves the log or refutes it.
-
-- Proven: records are replayed into a fresh ``TapToUpr`` (index and phase)
-  and a torn tail is cut. The history continues after a clean close. After
-  any other end (a crash, a kill) what consumers saw may not all be there
-  (records are served before their fsync): as ep-engine 3.0's warmup after
-  an unclean shutdown (``src/warmup.cc``), a new failover entry starts at
-  the proven end, so a consumer that saw more rolls back to it by 3.0's
-  rule (its snapshot ends above its entry's upper bound), and the next
-  seqno jumps past the reserved seqno, so no seqno is used twice.
-- Refuted (a segment or the directory missing, a damaged record before
-  the tail, a damaged or missing meta): the vbucket directory is renamed
-  into ``state_dir/set-aside/`` untouched (with ``why.txt``), and the
-  vbucket starts over empty: a failover log of one entry, a uuid it never
-  had, starting above every seqno it may have handed out, and a re-fetch
-  from the TAP node pending (``needs_refetch``: the ingest deregisters its
-  TAP name so the node backfills the vbucket). Consumers presenting an old
-  uuid roll back to 0 (3.0's rule for an unknown uuid) and receive the
-  node's data again; one warning names the files and what was wrong.
-
-Seqnos above anything handed out. Before ``publish`` exposes a seqno above
-``reserved``, ``reserved`` moves ``RESERVE_STEP`` past it in the meta and
-in the state directory's manifest (``manifest``), both fsynced. So after
-losing segments the meta still bounds what was published; after losing
-the meta (or the whole directory) the manifest does; with both gone, the
-highest seqno readable in the surviving or set-aside segments and the
-metas of logs set aside before give a lower bound only. The new history
-therefore never relies on seqnos alone: its uuid is drawn from the
-operating system's random source (whatever the test seed), excluding every
-uuid these sources name, so no (uuid, seqno) pair can name two versions,
-and every consumer of an old history rolls back to 0.
+Opening proves the log on disk or sets it aside and starts over
+(``log_open``); the history it continues or begins is ``log_history``'s.
 
 Writers: the ingest and a takeover connection may both write one vbucket;
 a committer that publishes only synced records holds ``lock`` from
@@ -96,10 +67,11 @@ from adapters.tap.events import TapStreamMessage
 from adapters.translate.log_history import RESERVE_STEP, LogHistory
 from adapters.translate.log_records import LogItem, LogMark, LogRecord
 from adapters.translate.tap_to_upr import TapToUpr
-from adapters.upr.failover_log import UUID_BITS, FailoverLog
+from adapters.upr.failover_log import FailoverLog
 from gateway.fronts.upr import log_reader
 from gateway.fronts.upr.config import UprFrontError
 from gateway.fronts.upr.fsync_epoch import FsyncEpoch
+from gateway.fronts.upr.log_open import adopt, start_over
 from gateway.fronts.upr.log_tail import Chunk, LogTail
 from gateway.fronts.upr.proof import (
     META_NAME,
@@ -107,8 +79,6 @@ from gateway.fronts.upr.proof import (
     Problem,
     VbProof,
     prove_vbucket,
-    set_aside,
-    set_aside_bound,
 )
 from gateway.fronts.upr.segments import (
     READ_CHUNK,
@@ -133,20 +103,9 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_TAIL_BYTES = 256 * 1024
 
-_uuids = random.SystemRandom()
-
 
 class LogWriteError(UprFrontError):
     """Appending to a vbucket's log failed; the log is as it was before the attempt."""
-
-
-def fresh_uuid(taken: Iterable[int]) -> int:
-    """A vbucket uuid from the OS random source, never 0 and none of ``taken``."""
-    avoid = set(taken)
-    while True:
-        uuid = _uuids.getrandbits(UUID_BITS)
-        if uuid and uuid not in avoid:
-            return uuid
 
 
 class VbLog:
@@ -283,9 +242,9 @@ class VbLog:
         )
         self.problems = proof.problems
         if proof.proven:
-            self._adopt(proof)
+            adopt(self, proof)
         else:
-            self._start_over(proof, known_bound, set(known_uuids))
+            start_over(self, proof, known_bound, set(known_uuids))
         self._opened()
 
     def open_over(
@@ -299,7 +258,7 @@ class VbLog:
             self.vbucket, self.dir, exists=self.dir.is_dir(), meta=damaged.meta(),
             problems=[problem], high_seen=damaged.high_seqno,
         )  # fmt: skip
-        self._start_over(proof, known_bound, set(known_uuids))
+        start_over(self, proof, known_bound, set(known_uuids))
         self._opened()
 
     def _opened(self) -> None:
@@ -307,76 +266,6 @@ class VbLog:
         self._open_active()
         self._reserve(self.high_seqno, force=True)
         self.disk_bytes = sum(s.size for s in self.segments)
-
-    def _adopt(self, proof: VbProof) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for path in proof.leftovers + proof.strays:
-            # Covered by a finished compaction, or half-written temporaries.
-            path.unlink(missing_ok=True)
-        for path, good, _size in proof.torn:
-            with open(path, "r+b") as f:
-                f.truncate(good)
-                os.fsync(f.fileno())
-        self.torn_bytes = proof.torn_bytes
-        self.segments = proof.segments
-        meta = proof.meta
-        if meta is None:
-            self.history.begin()  # a new vbucket
-            return
-        self.history.restore(meta.failover, meta.reserved, meta.purge_seqno, meta.refetch)
-        if not proof.torn and meta.clean:
-            return
-        # Not closed cleanly: consumers may have been served records that never
-        # reached the disk (fsync batch and never publish before their fsync): a new
-        # failover entry at the proven end, new seqnos past every one reserved.
-        t = self.translator
-        uuid, proven, t.high_seqno = self.history.reconcile_unclean(t.high_seqno)
-        if proof.torn:
-            path, good, size = proof.torn[0]
-            why = (
-                f"torn tail of {size - good} bytes cut from {path.parent.name}/{path.name} "
-                "(an append a crash interrupted before its fsync)"
-            )
-        else:
-            why = "not closed cleanly: records served before their fsync may be lost"
-        log.warning(
-            "vbucket %d: %s: new history %d at seqno %d, new items from seqno %d",
-            self.vbucket,
-            why,
-            uuid,
-            proven,
-            t.high_seqno + 1,
-        )
-
-    def _start_over(self, proof: VbProof, known_bound: int, known_uuids: set[int]) -> None:
-        bound, uuids = proof.bound()
-        earlier, earlier_uuids = set_aside_bound(self.root, self.vbucket)
-        bound = max(bound, known_bound, earlier)
-        uuids |= known_uuids | earlier_uuids
-        if proof.exists:
-            self.set_aside = set_aside(self.root, self.dir, [p.text for p in proof.problems])
-        self.dir.mkdir(parents=True)
-        fsync_dir(self.root)
-        self.translator = TapToUpr(
-            self.vbucket, high_seqno=bound, expiry_tolerance=self.expiry_tolerance
-        )
-        uuid = fresh_uuid(uuids)
-        self.history.start_over(bound, uuid)
-        self.segments = []
-        kept = (
-            f"files kept in {self.set_aside.relative_to(self.root)}"
-            if self.set_aside is not None
-            else "no files left to keep"
-        )
-        log.warning(
-            "vbucket %d: log not proven: %s; %s; new history %d from seqno %d "
-            "(consumers roll back to 0); re-fetching the vbucket from the TAP node",
-            self.vbucket,
-            "; ".join(p.text for p in proof.problems),
-            kept,
-            uuid,
-            bound,
-        )
 
     def _open_active(self) -> None:
         """Open the segment to append to, starting a new one when the last is full.
