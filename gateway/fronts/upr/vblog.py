@@ -21,15 +21,10 @@ the list of segments, a pending re-fetch), crc-framed and replaced
 atomically whenever a segment is created and before a compaction deletes
 any.
 
-Failed writes. ``write`` appends the whole buffer or, when the file system
-refuses part-way (a file-size limit, a full disk), cuts the file back to
-its last whole record, keeps the buffer and raises ``LogWriteError``; a
-failed ``sync`` (after it the kernel may have dropped those pages) cuts
-back to the last published byte and puts the unpublished records back in
-the buffer, and the published ones are written again, the same bytes at
-the same offsets, by the next ``write``: what consumers saw stays true,
-seqnos included. Either way nothing of the batch is acked, and the next
-commit writes and fsyncs the same records again.
+Failed writes (``segment_file``): a failed append is cut back and its
+buffer kept; after a failed fsync (``unwrite``) the unpublished records go
+back to the buffer and the published ones are written again as they are,
+seqnos included. Nothing of the batch is acked either way.
 
 Opening proves the log on disk or sets it aside and starts over
 (``log_open``); the history it continues or begins is ``log_history``'s.
@@ -45,12 +40,9 @@ Memory: the index (key -> latest version), the sparse offsets, one write
 buffer, the last written and not yet published batch, and a tail of the
 latest published records (about ``tail_bytes`` of them) from which streams
 that keep up are served without reading the disk; everything else stays on
-disk. ``disk_bytes`` is a running total of the segment files. The tail
-holds the records as written to the file, one bytes object per write with
-its seqno range, and is read as the disk is (``walk_records``): a few
-hundred thousand ``LogItem``s kept alive would be walked by every full
-garbage collection (a pause of tens of milliseconds for every connection),
-and the serving fast path frames UPR messages from block bytes anyway.
+disk. ``disk_bytes`` is a running total of the segment files. The index
+and the tail (``log_tail``) hold bytes and plain tuples of ints only, which
+the garbage collector does not walk.
 """
 
 from __future__ import annotations
