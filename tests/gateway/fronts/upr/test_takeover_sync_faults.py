@@ -14,6 +14,7 @@ nothing of them): the active state must wait for those fsyncs.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -30,7 +31,7 @@ from adapters.mcbp.constants import VBucketState
 from adapters.tap import TapFlags, TapMutation, TapVbucketSet, encode
 from gateway.fronts.upr.takeover import HANDED_OVER
 from gateway.fronts.upr.vblog import VbLog
-from tests.gateway.fronts.upr.support import UprClient, start_front, until
+from tests.gateway.fronts.upr.support import StreamLog, UprClient, start_front, until
 
 TAKEOVER_VBUCKETS = 0x08
 VB = 0
@@ -60,6 +61,8 @@ class TapNode:
         self.pending_acked = trio.Event()
         self.ask_active = trio.Event()
         self.active_acked = trio.Event()
+        self.active_unacked = trio.Event()
+        """The gateway closed the takeover connection without acking VBUCKET_SET(active)."""
 
     async def serve(self, stream: trio.SocketStream) -> None:
         reader = FrameReader()
@@ -70,23 +73,29 @@ class TapNode:
             await self.send_more.wait()
             await stream.send_all(_mutations(10, 5))
             await trio.sleep_forever()
-        await self._ask(stream, reader, VBucketState.PENDING, 1)
+        assert await self._ask(stream, reader, VBucketState.PENDING, 1)
         self.pending_acked.set()
         await self.ask_active.wait()
-        await self._ask(stream, reader, VBucketState.ACTIVE, 2)
-        self.active_acked.set()
+        if await self._ask(stream, reader, VBucketState.ACTIVE, 2):
+            self.active_acked.set()
+        else:
+            self.active_unacked.set()
         await stream.aclose()
 
     async def _ask(
         self, stream: trio.SocketStream, reader: FrameReader, state: VBucketState, opaque: int
-    ) -> None:
+    ) -> bool:
+        """Whether the gateway acked the state before it closed the connection."""
         await stream.send_all(
             encode(TapVbucketSet(state, VB, opaque=opaque, tap_flags=TapFlags.ACK))
         )
-        while True:
-            frame = await _frame(stream, reader)
-            if not frame.is_request and frame.opaque == opaque:
-                return
+        try:
+            while True:
+                frame = await _frame(stream, reader)
+                if not frame.is_request and frame.opaque == opaque:
+                    return True
+        except (AssertionError, trio.BrokenResourceError):
+            return False
 
 
 class HeldSyncs:
@@ -95,11 +104,14 @@ class HeldSyncs:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.hold = threading.Event()
         self.release = threading.Event()
+        self.fail = threading.Event()
         self.waiting = 0
         self._lock = threading.Lock()
         real = VbLog.sync
 
         def sync(vblog: VbLog) -> None:
+            if self.fail.is_set() and vblog.unsynced:
+                raise OSError(errno.EIO, "Input/output error (injected)")
             if self.hold.is_set() and vblog.unsynced:
                 with self._lock:
                     self.waiting += 1
@@ -178,3 +190,54 @@ async def test_active_waits_for_the_fsync_of_records_served_early(
     finally:
         await again.aclose()
     assert refused.status == Status.NOT_MY_VBUCKET
+
+
+async def test_a_hand_off_whose_records_cannot_be_synced_fails_before_active(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every fsync fails from the node's last items on: the consumer is never told
+    active, the stream ends STATE_CHANGED, the TAP node's VBUCKET_SET(active) is never
+    acked and the vbucket is not recorded as handed over."""
+    held = HeldSyncs(monkeypatch)
+    node = TapNode()
+    listeners = await nursery.start(partial(trio.serve_tcp, node.serve, 0, host="127.0.0.1"))
+    node_port = listeners[0].socket.getsockname()[1]
+    front, port, _ = await start_front(nursery, tmp_path, node_port, vbuckets=(VB,), fsync="batch")
+    vblog = front.logs.logs[VB]
+    with trio.fail_after(10):
+        await until(lambda: vblog.high_seqno == 10 and not vblog.unsynced)
+    client = await UprClient.connect(port)
+    logs: list[StreamLog] = []
+    try:
+        with trio.fail_after(20):
+            assert (await client.open(b"taker")).status == 0
+            opened = await client.stream_request(VB, flags=upr.StreamFlags.TAKEOVER)
+            assert opened.status == 0
+
+            async def read() -> None:
+                logs.append(await client.read_stream(opened.opaque))
+
+            nursery.start_soon(read)
+            await node.pending_acked.wait()
+            held.fail.set()
+            node.send_more.set()
+            await until(lambda: vblog.high_seqno == 15)
+            node.ask_active.set()
+            await node.active_unacked.wait()
+            await until(lambda: bool(logs))
+    finally:
+        await client.aclose()
+    log = logs[0]
+    assert log.states() == [upr.VBucketState.PENDING]
+    assert log.end is not None and log.end.reason == upr.StreamEndReason.STATE_CHANGED
+    assert not (vblog.dir / HANDED_OVER).exists()
+    assert VB not in front.taken_over
+    failed = [
+        r.getMessage()
+        for r in caplog.records
+        if "takeover from the TAP node failed" in r.getMessage()
+    ]
+    assert len(failed) == 1 and "could not be made durable" in failed[0], failed
