@@ -82,7 +82,7 @@ from gateway.tools.capture.mapping import TapRecording
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Ingest", "UpstreamError", "commit"]
+__all__ = ["Ingest", "TapUpstreamError", "commit"]
 
 RECEIVE_SIZE = 256 * 1024
 STEP_FRAMES = 512
@@ -101,7 +101,7 @@ StateHook = Callable[[int, VBucketState], Awaitable[None]]
 """Called with a VBUCKET_SET before it is acked (takeover hand-off)."""
 
 
-class UpstreamError(GatewayError):
+class TapUpstreamError(GatewayError):
     """The TAP upstream refused or broke the stream."""
 
 
@@ -479,7 +479,7 @@ class Ingest:
             return
         if isinstance(event, TapResponse):
             text = event.text.decode("utf-8", "replace")
-            raise UpstreamError(
+            raise TapUpstreamError(
                 f"upstream answered 0x{event.status:02x} to {event.opcode.name}: {text}"
             )
         if isinstance(event, TapConnect):
