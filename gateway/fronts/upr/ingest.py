@@ -39,9 +39,10 @@ name first (DEREGISTER_TAP_CLIENT drops every cursor and position) and
 omits that vbucket's checkpoint: the node backfills it from date 0, while
 the other vbuckets resume by their checkpoints or are reconciled.
 
-Takeover requests from consumer streams go through ``takeover`` (see
-``UprFront.take_over``): VBUCKET_SET messages are held, unacked, until
-the consumer has answered the matching SET_VBUCKET_STATE.
+Takeover requests from consumer streams go through ``takeover``: a
+connection of its own per vbucket, whose VBUCKET_SET messages are held,
+unacked, until the consumer has answered the matching SET_VBUCKET_STATE.
+A vbucket handed over (``handed_over``) is left out of every CONNECT.
 """
 
 from __future__ import annotations

@@ -28,7 +28,10 @@ replied. Before SET_VBUCKET_STATE(active) goes out:
    meanwhile, are tried again a few times; then the hand-off fails with an
    error naming the vbucket, the stream ends STATE_CHANGED and the TAP
    message is never acked. So a crash after the hand-off never leaves the
-   log behind what the new active node was sent;
+   log behind what the new active node was sent. (Before, only the TAP
+   ack waited for the fsync: a crash then cost no data, as the new active
+   node holds it and the TAP node's copy is dead, but the restarted log
+   ended below what that node had been sent, and was served again);
 2. the vbucket is recorded as handed over: ``vb-NNNN/handed-over`` (one
    line saying when and to whom), created 0600, fsynced, renamed into
    place and its directory fsynced. A file of its own, written once: the
