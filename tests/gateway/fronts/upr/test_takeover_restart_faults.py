@@ -13,6 +13,7 @@ so in one line, and the other vbuckets carry on.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import signal
@@ -27,6 +28,7 @@ import trio
 
 from adapters import upr
 from adapters.mcbp import Status
+from gateway.fronts.upr.checklog import check_state_dir
 from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.stat_groups import collect
 from gateway.fronts.upr.takeover import HANDED_OVER
@@ -129,6 +131,10 @@ async def test_a_vbucket_handed_over_is_not_served_or_ingested_after_a_kill(
             await proc.wait()
     record = state_dir / f"vb-{TAKEN:04d}" / HANDED_OVER
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    report = io.StringIO()
+    assert check_state_dir(state_dir, report) == 0
+    said = [line for line in report.getvalue().splitlines() if "handed over" in line]
+    assert len(said) == 1 and said[0].startswith(f"vb {TAKEN}: proven"), report.getvalue()
 
     connected: list[list[int]] = []
     real_event = Ingest.connect_event
