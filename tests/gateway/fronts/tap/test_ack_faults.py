@@ -28,7 +28,7 @@ from pathlib import Path
 import trio
 
 from adapters.mcbp import Status
-from adapters.tap import ConnectFlags, TapEvent, TapMutation
+from adapters.tap import ConnectFlags, TapEvent, TapMutation, TapOpcode, TapResponse, encode
 from gateway.node.store import Store
 from tests.gateway.fronts.tap.faults import (
     VBUCKETS,
@@ -161,6 +161,10 @@ async def _out_of_order(nursery: trio.Nursery, name: bytes, first: bytes) -> Non
 
 async def test_acks_out_of_order_and_late_change_nothing(nursery: trio.Nursery) -> None:
     await _out_of_order(nursery, b"odd", b"")
+
+
+async def test_an_ack_for_a_number_never_sent_is_ignored(nursery: trio.Nursery) -> None:
+    await _out_of_order(nursery, b"stray", encode(TapResponse(TapOpcode.MUTATION, 0x7FFF_FFFF, 0)))
 
 
 async def test_a_client_that_never_acks_fills_the_window_and_nothing_more(
