@@ -25,7 +25,8 @@ settlement made for an older one settles the TAP side (positions) only;
 
 Sans-IO: the caller stamps messages with its ``TapProducer``, hands what the
 peer answers to ``acked``/``answered``, and sends what a released settlement
-carries.
+carries. The reference node's TAP producer settles a registered client's
+positions the same way (it has no upstream: positions only).
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class Settlements(Generic[P]):
         self._pending: dict[int, Settlement[P]] = {}
         """By the sequence number of the message each waits on, in stamping order."""
         self._ready: list[Settlement[P]] = []
+        self.last_acked = 0
+        """The sequence number of the last message an ack released (0: none yet)."""
 
     def new_upstream(self) -> None:
         """A new upstream connection: what was gathered for the last one settles the
@@ -169,6 +172,9 @@ class Settlements(Generic[P]):
     def _released(self, first: int, count: int) -> list[Settlement[P]]:
         """The settlements held on the ``count`` messages acked from ``first`` on."""
         released: list[Settlement[P]] = []
+        if count:
+            # Sequence numbers run 1 .. SEQNO_MODULUS, then 1 again.
+            self.last_acked = (first + count - 2) % SEQNO_MODULUS + 1
         pending = self._pending
         # Settlements wait in the order of their messages' sequence numbers.
         while count and pending:

@@ -163,7 +163,8 @@ class UpstreamStreams:
                 if not producer.can_send:
                     await peer.wait_for_room()
                     continue
-                marker = snapshot_marker(upstream.buffer, upstream.offset)
+                reader = upstream.reader
+                marker = snapshot_marker(reader.buffer, reader.offset)
                 if marker is not None and await self._marker_fast(upstream, *marker):
                     continue
             frame = upstream.next_frame()
@@ -179,16 +180,17 @@ class UpstreamStreams:
         touched: dict[int, UprToTap] = {}
         closed: list[int] = []
         peer = self.peer
+        reader = upstream.reader
         offset, credit, mutations, deletions, markers, closing = translate_items(
-            upstream.buffer,
-            upstream.offset,
+            reader.buffer,
+            reader.offset,
             self._fast_streams,
             peer.producer,
             peer.batch,
             touched,
             closed,
         )
-        upstream.offset = offset
+        reader.advance(offset)
         if not credit:
             return None
         upstream.window.unacked_bytes += credit
@@ -246,7 +248,8 @@ class UpstreamStreams:
         data = marker_frame(vb.translator, peer.producer, start, end, flags)
         if data is None:
             return False
-        upstream.offset += _MARKER_SIZE
+        reader = upstream.reader
+        reader.advance(reader.offset + _MARKER_SIZE)
         upstream.window.unacked_bytes += _MARKER_SIZE
         peer.settlements.settling.credit += _MARKER_SIZE
         vb.took_marker(start, end, flags)

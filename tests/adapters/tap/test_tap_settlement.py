@@ -164,3 +164,16 @@ def test_acks_release_exactly_the_batches_they_cover_in_order(
         assert released_credit == expected
     held = sum(c for last, c in ends if last > acked)
     assert released_credit + held == sum(c for _, c in ends)
+
+
+def test_last_acked_follows_the_acks() -> None:
+    producer = TapProducer(support_ack=True, ack_interval=10, max_unacked=100)
+    ledger: Settlements[tuple[int, int]] = Settlements(producer, support_ack=True, registered=True)
+    _stamp(producer, 5)
+    assert ledger.last_acked == 0
+    ledger.acked([2])
+    assert ledger.last_acked == 2
+    ledger.acked([1])  # late: covered already
+    assert ledger.last_acked == 2
+    ledger.answered(5, Status.SUCCESS, 0.0, b"", TapOpcode.MUTATION)
+    assert ledger.last_acked == 5

@@ -98,7 +98,8 @@ def holds(vblog: VbLog | None, store: Store, vb: int) -> bool:
     """The log's index holds the node's versions of ``vb``."""
     if vblog is None or vblog.high_seqno != vblog.translator.high_seqno:
         return False
-    index = vblog.translator.index
+    t = vblog.translator
+    index = {k: v for k in t.index if (v := t.version(k)) is not None}
     want = store_state(store, vb)
     return {k: v.cas for k, v in index.items()} == {k: cas for k, (cas, _) in want.items()}
 
