@@ -2,7 +2,7 @@
 
 A stream that reads a published record the disk no longer gives back whole
 gets ``LogReadError`` (``segments``). The log cannot be proven any more, so
-it goes the way start-up sends a log it cannot prove (``VbLog._start_over``,
+it goes the way start-up sends a log it cannot prove (``log_open.start_over``,
 ``LogSet.start_over``): its directory is set aside untouched with
 ``why.txt``, the vbucket starts over with a uuid it never had, and the
 ingest reconnects to fetch it whole again from the TAP node. Every stream of
@@ -64,7 +64,7 @@ async def _start_over(front: UprFront, vblog: VbLog, exc: LogReadError) -> None:
     """With nothing writing ``vblog`` (its lock held): the rename and fsyncs in a worker
     thread, then the ingest and the streams told at once, with no checkpoint between."""
     vb = vblog.vbucket
-    # The one warning line is ``VbLog._start_over``'s (vbucket, file, offset, why).
+    # The one warning line is ``log_open.start_over``'s (vbucket, file, offset, why).
     problem = Problem("segment_damaged", f"found while serving: {exc}")
     await front.logs.start_over_async(vblog, problem)
     front.stats.upr_log.log_damage_total[vb] += 1

@@ -23,7 +23,7 @@ from adapters.tap import (
 )
 from adapters.translate.log_records import LogItem
 from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder
-from gateway.fronts.upr import compaction
+from gateway.fronts.upr import compaction, log_reader
 from gateway.fronts.upr import vblog as vblog_module
 from gateway.fronts.upr.compaction import compact_log
 from gateway.fronts.upr.ingest import commit
@@ -194,11 +194,11 @@ def test_reads_from_the_in_memory_tail_equal_reads_from_disk(tmp_path: Path) -> 
     vblog = VbLog(tmp_path, 0, tail_bytes=1500, segment_bytes=2000)  # a few writes
     vblog.open()
     fill(vblog, 6, keys=7)
-    assert vblog._tail and vblog._tail_floor > 0  # part cached, part evicted
+    assert vblog.tail and vblog.tail.floor > 0  # part cached, part evicted
     vblog.close()
     disk = VbLog(tmp_path, 0)
     disk.open()  # a fresh log holds nothing in memory: every read goes to disk
-    assert not disk._tail
+    assert not disk.tail
     high = vblog.high_seqno
     for after in range(high + 1):
         for limit, max_bytes in ((1000, None), (3, None), (1000, 25)):
@@ -239,7 +239,7 @@ def test_the_index_and_the_tail_hold_no_object_the_collector_walks(tmp_path: Pat
     gc.collect()  # plain tuples are untracked by the first collection they survive
     index = vblog.translator.index
     assert len(index) == 50 and not any(gc.is_tracked(v) for v in index.values())
-    assert vblog._tail and not any(gc.is_tracked(chunk) for chunk in vblog._tail)
+    assert vblog.tail and not any(gc.is_tracked(chunk) for chunk in vblog.tail.chunks)
     vblog.close()
 
 
@@ -287,7 +287,7 @@ async def test_disk_reads_in_a_worker_thread_equal_reads_on_the_loop(
     """``read_async`` reads what the page cache holds on the loop, the rest in a
     worker thread: the same items as ``read`` either way."""
     if not cached:
-        monkeypatch.setattr(vblog_module, "pread_cached", lambda *_: None)
+        monkeypatch.setattr(log_reader, "pread_cached", lambda *_: None)
     vblog = VbLog(tmp_path, 0, tail_bytes=300, segment_bytes=2000)
     vblog.open()
     fill(vblog, 6, keys=7)
@@ -319,15 +319,15 @@ async def test_a_disk_read_in_flight_reads_the_files_it_opened_while_a_compactio
     middle = first[len(first) * 3 // 4].by_seqno
     planned = threading.Event()
     compacted = threading.Event()
-    real_read = vblog_module.pread
+    real_read = log_reader.pread
 
     def held_read(*args: int) -> bytes:
         planned.set()
         assert compacted.wait(10)
         return real_read(*args)
 
-    monkeypatch.setattr(vblog_module, "pread", held_read)
-    monkeypatch.setattr(vblog_module, "pread_cached", lambda *_: None)  # not in the page cache
+    monkeypatch.setattr(log_reader, "pread", held_read)
+    monkeypatch.setattr(log_reader, "pread_cached", lambda *_: None)  # not in the page cache
     got: list[LogItem] = []
 
     async def reader() -> None:
