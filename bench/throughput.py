@@ -100,8 +100,10 @@ UPR_FSYNC = ["batch"]
 
 
 def gateway_upr_front(upstream: int, state_dir: str):  # type: ignore[no-untyped-def]
+    profile = os.environ.get("BENCH_PROFILE")  # a file: the UPR front's run under cProfile
     command = [
-        sys.executable, "-m", "gateway", "serve", "--tap-upstream", f"127.0.0.1:{upstream}",
+        sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "gateway",
+        "serve", "--tap-upstream", f"127.0.0.1:{upstream}",
         "--upr-listen", "127.0.0.1:0", "--state-dir", state_dir, "--no-metrics",
         "--fsync", UPR_FSYNC[0],
     ]  # fmt: skip

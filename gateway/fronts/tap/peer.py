@@ -118,6 +118,7 @@ class TapPeer:
         """Set by an ack or the end of a backoff: room may have come in the ack window."""
         self.last_send = trio.current_time()
         self.captured_out: TapRecording | None = None
+        self._stray_acks = 0
 
     # -- writing -------------------------------------------------------------
 
@@ -198,6 +199,10 @@ class TapPeer:
             self.stats.latency.observe(max(0.0, time.time() - settlement.arrival))
 
     def update_ack_stats(self) -> None:
+        if self.producer.stray_acks != self._stray_acks:
+            # Ignored, as 2.x did ("Explicit ack of nonexisting entry"), but said.
+            self._stray_acks = self.producer.stray_acks
+            log.warning("%s: ignored an ack of a sequence number never sent", self.name)
         stats = self.stats
         stats.acks_pending = self.producer.unacked
         stats.nacks_total = self.producer.nacks_total

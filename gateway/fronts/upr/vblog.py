@@ -72,9 +72,14 @@ no fsync of it is in flight (``syncing``).
 
 Memory: the index (key -> latest version), the sparse offsets, one write
 buffer, the last written and not yet published batch, and a tail of the
-latest published items (about ``tail_bytes`` of keys and values) from which
-streams that keep up are served without reading the disk; everything else
-stays on disk. ``disk_bytes`` is a running total of the segment files.
+latest published records (about ``tail_bytes`` of them) from which streams
+that keep up are served without reading the disk; everything else stays on
+disk. ``disk_bytes`` is a running total of the segment files. The tail
+holds the records as written to the file, one bytes object per write with
+its seqno range, and is read as the disk is (``walk_records``): a few
+hundred thousand ``LogItem``s kept alive would be walked by every full
+garbage collection (a pause of tens of milliseconds for every connection),
+and the serving fast path frames UPR messages from block bytes anyway.
 """
 
 from __future__ import annotations
@@ -169,8 +174,12 @@ def _first(pair: tuple[int, int]) -> int:
     return pair[0]
 
 
-def _seqno(item: LogItem) -> int:
-    return item.by_seqno
+def _last(chunk: tuple[int, int, bytes]) -> int:
+    return chunk[1]
+
+
+_Chunk = tuple[int, int, bytes]
+"""(first item seqno, last item seqno, the framed records of one write)."""
 
 
 class VbLog:
@@ -229,6 +238,8 @@ class VbLog:
         self._pending_items = 0
         self._buffer_high = 0
         """Seqno of the last item in the buffer (0: none)."""
+        self._buffer_first = 0
+        """Seqno of the first item in the buffer (valid while ``_pending_items``)."""
         self._written = bytearray()
         """Bytes handed to the file since the last ``settle`` (from ``_settled_size`` on):
         written again if their fsync fails."""
@@ -244,14 +255,14 @@ class VbLog:
         self.disk_bytes = 0
         """Bytes of every segment file, kept as the log grows (no stat calls)."""
         self.tail_bytes = tail_bytes
-        self._tail: list[LogItem] = []
-        """The latest published items, in seqno order: streams that keep up read
-        them from here, not from disk (about ``tail_bytes`` of keys and values)."""
+        self._tail: list[_Chunk] = []
+        """The latest published writes, in seqno order: streams that keep up read
+        them from here, not from disk (about ``tail_bytes`` of records)."""
         self._tail_size = 0
         self._tail_floor = 0
         """Every published item above this seqno is in the tail."""
-        self._unwritten: list[LogItem] = []
-        self._unpublished: list[LogItem] = []
+        self._unpublished: list[_Chunk] = []
+        """Writes of items handed to the file, not yet published."""
         self.syncing = 0
         """fsyncs of the active segment in flight (no roll until they return)."""
         self.sync_failures = 0
@@ -264,6 +275,7 @@ class VbLog:
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
         self._changed = trio.Event()
+        self._watchers: list[Callable[[], None]] = []
         self.items_total = 0
         self.compacted_path: Path | None = None
 
@@ -484,9 +496,10 @@ class VbLog:
         first = -(self.segments[-1].count + self._pending_items) % SPARSE_EVERY
         self._block = buffer_items(self._buffer, self._block, items, first, self._pending)
         count = len(items)
+        if not self._pending_items:
+            self._buffer_first = items[0].by_seqno
         self._pending_items += count
         self._buffer_high = items[-1].by_seqno
-        self._unwritten += items
         self.items_total += count
 
     def _close_block(self) -> None:
@@ -542,14 +555,13 @@ class VbLog:
             segment.count += self._pending_items
             segment.last = self._buffer_high
             self._written_high = self._buffer_high
+            self._unpublished.append((self._buffer_first, self._buffer_high, bytes(self._buffer)))
         self._written_size += size
         self.disk_bytes += size
         self._written += self._buffer
         self._buffer.clear()
         self._pending.clear()
         self._pending_items = 0
-        self._unpublished += self._unwritten
-        self._unwritten.clear()
         self._unsynced = True
         return size
 
@@ -637,7 +649,8 @@ class VbLog:
         self._pending_items += segment.count - count
         segment.count, segment.last = count, last
         self._buffer[0:0] = unpublished
-        self._unwritten[0:0] = self._unpublished
+        if self._unpublished:
+            self._buffer_first = self._unpublished[0][0]
         self._unpublished = []
         self.disk_bytes -= shift
         self._written_size = published
@@ -718,30 +731,40 @@ class VbLog:
                 f"{exc.strerror or exc}; the next write tries again"
             ) from exc
 
-    def _to_tail(self, items: list[LogItem]) -> None:
+    def _to_tail(self, chunks: list[_Chunk]) -> None:
         tail = self._tail
-        tail += items
-        self._tail_size += sum(len(i.key) + len(i.value) for i in items)
-        if self._tail_size > self.tail_bytes and len(tail) > 1:
-            # Drop the older half at once: amortised O(1) per item.
-            cut = len(tail) // 2
-            self._tail_floor = tail[cut - 1].by_seqno
-            self._tail_size -= sum(len(i.key) + len(i.value) for i in tail[:cut])
+        tail += chunks
+        self._tail_size += sum(len(c[2]) for c in chunks)
+        if self._tail_size > self.tail_bytes:
+            # Drop the older half at once (amortised O(1) per write); a write bigger
+            # than the whole tail is read back from the file (the page cache).
+            cut = max(1, len(tail) // 2)
+            self._tail_floor = tail[cut - 1][1]
+            self._tail_size -= sum(len(c[2]) for c in tail[:cut])
             del tail[:cut]
 
     def drop_tail_upto(self, seqno: int) -> None:
         """Forget cached items up to ``seqno`` (compaction rewrote that part of the log:
         reads of it go to the compacted segments)."""
         tail = self._tail
-        cut = bisect.bisect_right(tail, seqno, key=_seqno)
+        cut = bisect.bisect_right(tail, seqno, key=_last)
         if cut:
-            self._tail_size -= sum(len(i.key) + len(i.value) for i in tail[:cut])
+            self._tail_size -= sum(len(c[2]) for c in tail[:cut])
             del tail[:cut]
         self._tail_floor = max(self._tail_floor, seqno)
 
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+        for wake in self._watchers:
+            wake()
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` (at once, on the loop) whenever ``high_seqno`` grows, until the
+        returned call stops it: a connection's one serving task hears of every
+        vbucket it follows without a task waiting per stream."""
+        self._watchers.append(wake)
+        return lambda: self._watchers.remove(wake)
 
     async def wait_beyond(self, seqno: int) -> None:
         """Until ``high_seqno`` exceeds ``seqno`` (returns at once if it does)."""
@@ -930,17 +953,21 @@ class VbLog:
         return plan
 
     def _read_tail(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
-        tail = self._tail
-        start = bisect.bisect_right(tail, after, key=_seqno)
-        stop = bisect.bisect_right(tail, upto, key=_seqno, lo=start)
-        out = tail[start : min(stop, start + limit)]
-        if max_bytes is not None:
-            left = max_bytes
-            for n, item in enumerate(out):
-                left -= len(item.key) + len(item.value)
-                if left <= 0:
-                    return out[: n + 1]
+        out: list[LogItem] = []
+        left = max_bytes if max_bytes is not None else -1
+        self.read_memory(after, upto, ItemSink(out, after, upto, limit, left))
         return out
+
+    def read_memory(self, after: int, upto: int, sink: RecordSink) -> None:
+        """Feed ``sink`` the tail's records from ``after`` (up to ``upto``) until it says
+        the read is done, as ``read_disk`` feeds it the file's. Only when ``in_memory``."""
+        tail = self._tail
+        upto = min(upto, self.high_seqno)
+        start = bisect.bisect_right(tail, after, key=_last)
+        for n in range(start, len(tail)):
+            first, _last_seqno, data = tail[n]
+            if first > upto or walk_records(data, 0, sink)[1]:
+                return
 
     # -- figures ---------------------------------------------------------------
 
