@@ -9,6 +9,11 @@ directory, its upstream a reference node that stays up.
   ``TapConnMap::newProducer``); the front keeps the acked positions in
   ``tap-front-state.msgpack``, which may be older than the kill, never newer
   than the acks.
+- A client that resumes with the CHECKPOINT flag and the id of the last
+  checkpoint it closed (2.5.1 src/checkpoint.cc: a checkpoint id names one
+  range of one vbucket's history, ids only grow) must get everything after
+  that checkpoint: an id handed out after the last save must not name
+  another range after the restart.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 import msgpack
 import trio
 
-from adapters.tap import ConnectFlags
+from adapters.tap import ConnectFlags, TapCheckpointEnd, TapEvent
 from gateway.fronts.tap.registry import STATE_FILE
 from gateway.node.store import Store
 from tests.gateway.fronts.tap.faults import (
@@ -128,3 +133,69 @@ async def test_killed_gateway_a_registered_client_resumes_from_its_acks(
     assert replica.items == node_state(store, range(VBUCKETS))
     # The vbuckets with a saved position resumed rather than backfilled again.
     assert len(set(resets(resumed))) < VBUCKETS
+
+
+async def test_killed_gateway_never_reuses_a_checkpoint_id_a_client_holds(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    store = Store(VBUCKETS)
+    _, node_port = await start_node(nursery, store)
+    state_dir = tmp_path / "gateway"
+    flags = F.SUPPORT_ACK | F.CHECKPOINT
+    # No periodic save before the kill: the ids handed out are newer than the file.
+    gateway, port = await start_gateway(node_port, state_dir, 3600)
+    try:
+        with trio.fail_after(60):
+            tap = await TapClient.open(port, connect_event(b"holder", flags))
+            holder = HoldingClient(tap)
+            nursery.start_soon(holder.run)
+            await _wait_streaming(holder)
+            write_keys(store, b"seen", 40)
+            await holder.wait_for(lambda: holder.mutations >= 40 and _closed(holder.events))
+            last_closed = _closed(holder.events)
+            await kill(gateway)
+            await holder.wait_for(lambda: holder.closed)
+            missed = write_keys(store, b"missed", 40)  # while the gateway is down
+
+            gateway, port = await start_gateway(node_port, state_dir, 3600)
+            # Another client takes checkpoints from the restarted gateway meanwhile.
+            tap = await TapClient.open(port, connect_event(b"other", flags))
+            other = HoldingClient(tap)
+            nursery.start_soon(other.run)
+            await _wait_streaming(other)
+            for round_ in range(1, 5):
+                write_keys(store, b"later-%d" % round_, 40)
+                await other.wait_for(lambda n=40 * round_: other.mutations >= n)
+            # ... until it closed ids as high as the holder's (the same ids, unless
+            # the restart moved past them).
+            await other.wait_for(lambda: _reached(_closed(other.events), last_closed))
+            # The holder comes back with the checkpoints it closed.
+            back = await TapClient.open(
+                port,
+                connect_event(b"holder", flags, checkpoints=tuple(sorted(last_closed.items()))),
+            )
+            returned = HoldingClient(back)
+            nursery.start_soon(returned.run)
+            await _wait_streaming(returned)
+            final = write_keys(store, b"final", VBUCKETS)
+            await returned.wait_for(lambda: set(final) <= set(mutation_keys(returned.events)))
+            events = returned.events
+            await back.aclose()
+    finally:
+        await kill(gateway)
+    assert set(missed) <= set(mutation_keys(events)), "resumed past items it never received"
+    versions_in_order(holder.events + events)
+
+
+async def _wait_streaming(client: HoldingClient) -> None:
+    """Until the stream's opening messages arrived (its streams are requested)."""
+    await client.wait_for(lambda: len(client.events) >= 2)
+
+
+def _closed(events: list[TapEvent]) -> dict[int, int]:
+    """The last checkpoint id each vbucket closed."""
+    return {e.vbucket: e.checkpoint_id for e in events if isinstance(e, TapCheckpointEnd)}
+
+
+def _reached(closed: dict[int, int], ids: dict[int, int]) -> bool:
+    return all(closed.get(vb, 0) >= cp for vb, cp in ids.items())
