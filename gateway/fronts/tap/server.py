@@ -193,7 +193,7 @@ class TapFront:
                 nursery.start_soon(self._save_periodically)
                 task_status.started(bound_port(listeners))
         finally:
-            self.registry.save()
+            self.registry.save(clean=True)
 
     async def _save_periodically(self) -> None:
         while True:

@@ -9,6 +9,7 @@ at-least-once), and nothing it acked or was promised is lost.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import trio
@@ -82,8 +83,17 @@ class HoldingClient:
         self.changed = trio.Event()
         self.closed = False
         self._sending = trio.Lock()
+        self.acked_upto = 0
+        """How many of ``events`` the acks sent so far cover."""
 
     async def run(self) -> None:
+        # The test closed it, or an ack met the gateway's close.
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            await self._read()
+        self.closed = True
+        self.changed.set()
+
+    async def _read(self) -> None:
         while (frame := await self.tap.next_frame()) is not None:
             event = decode_frame(frame)
             self.events.append(event)
@@ -97,10 +107,9 @@ class HoldingClient:
                         self.held.append(frame)
                     else:
                         await self.tap.send(classic_reply(frame))
+                        self.acked_upto = len(self.events)
             self.changed.set()
             self.changed = trio.Event()
-        self.closed = True
-        self.changed.set()
 
     async def release(self, replies: bytes | None = None) -> None:
         """Stop holding: send every held ack in order (or ``replies`` instead)."""
