@@ -231,13 +231,18 @@ class LogStream:
         fast = not conn.draft and not extra and conn.recording is None
         await vblog.segments_settled()  # no checkpoint between it and the read
         if vblog.in_memory(self.position):
+            if fast:  # framed from the tail's record bytes, as from the disk's
+                cut = BatchCut(self.fast_encoder(), self.position, upto, BATCH, asked)
+                vblog.read_memory(self.position, upto, cut)
+                encoded = cut.finish()
+                if not encoded.items:
+                    return 0
+                await self._send_encoded(encoded)
+                return encoded.last
             batch = vblog.read(self.position, upto, BATCH, asked)
             if not batch:
                 return 0
-            if fast:
-                await self._send_encoded(self.fast_encoder().encode(batch))
-            else:
-                await self._send_batch(batch, extra)
+            await self._send_batch(batch, extra)
             return batch[-1].by_seqno
         reads.taken += asked
         try:
