@@ -8,8 +8,12 @@ them, tagged with the request's opaque:
 - each batch is cut into snapshots (``cut_snapshots``): DISK for what came
   in a TAP backfill, MEMORY for live items, CHECKPOINT on a snapshot that
   begins a TAP checkpoint; each marker brackets exactly the items under it;
-- between batches, once caught up, the stream sleeps until the log
-  publishes more;
+- once caught up, the stream sleeps until the log publishes more; on the
+  fast path (released dialect, no takeover, no capture) it hands itself to
+  its connection's ``LiveServer`` (``gateway.fronts.upr.serving``), which
+  serves every caught-up stream of the connection in one pass and one send
+  per publish round, and gives it back when it falls behind the in-memory
+  tail or reaches its end seqno;
 - it ends with STREAM_END: OK once everything up to the end seqno is sent
   (items beyond it are never sent), STATE_CHANGED when the vbucket is
   taken over by another stream; after the consumer's CLOSE_STREAM nothing
