@@ -7,8 +7,11 @@ BACKFILL)) and checkpoints (CHECKPOINT_START id ... CHECKPOINT_END id).
 vbucket and returns the records to append to the durable log: ``LogItem``s
 (with kind, the TAP checkpoint, whether it came in the backfill) and
 ``LogMark``s for the stream structure. The only state is a small index,
-key -> ``KeyVersion`` (latest seqno, cas, rev_seqno, expiration, deleted),
-the current phase and checkpoint, and the high seqno.
+key -> (latest seqno, cas, rev_seqno, expiration, deleted), the current
+phase and checkpoint, and the high seqno. The index holds plain tuples of
+ints (``version`` names the fields): CPython stops tracking such a tuple at
+the first collection it survives, where a named tuple, a subclass, is walked
+by every full collection for as long as it lives (one per key).
 
 - Duplicates: a TAP producer resends what was not acknowledged (after a
   reconnect, a resume by checkpoint, a retransmit). A mutation or delete
@@ -61,11 +64,18 @@ _tuple_new = tuple.__new__
 
 
 class KeyVersion(NamedTuple):
+    """A key's latest version, as ``TapToUpr.version`` names an index entry."""
+
     seqno: int
     cas: int
     rev_seqno: int
     expiration: int
     deleted: bool
+
+
+Version = tuple[int, int, int, int, bool]
+"""An index entry: the fields of ``KeyVersion`` in a plain tuple (see the module)."""
+_SEQNO, _CAS, _REV, _EXPIRATION, _DELETED = range(5)
 
 
 class TapToUpr:
@@ -81,7 +91,7 @@ class TapToUpr:
         self.vbucket = vbucket
         self.high_seqno = high_seqno
         self.expiry_tolerance = expiry_tolerance
-        self.index: dict[bytes, KeyVersion] = {}
+        self.index: dict[bytes, Version] = {}
         self.in_backfill = False
         self.backfilled = False
         """A backfill completed at least once (the log holds a whole vbucket)."""
@@ -96,7 +106,12 @@ class TapToUpr:
 
     @property
     def live_keys(self) -> int:
-        return sum(1 for v in self.index.values() if not v.deleted)
+        return sum(1 for v in self.index.values() if not v[_DELETED])
+
+    def version(self, key: bytes) -> KeyVersion | None:
+        """The latest version of ``key`` logged (None: never, or purged)."""
+        found = self.index.get(key)
+        return None if found is None else KeyVersion(*found)
 
     # -- feeding -------------------------------------------------------------
 
@@ -141,7 +156,7 @@ class TapToUpr:
     def _opaque(self, message: TapOpaque, now: float) -> list[LogRecord]:
         code = message.opaque_code
         if code == OpaqueCode.INITIAL_VBUCKET_STREAM:
-            reset = any(not v.deleted for v in self.index.values())
+            reset = any(not v[_DELETED] for v in self.index.values())
             self.in_backfill = True
             self.resetting = set() if reset else None
             self.reset_interrupted = False
@@ -194,8 +209,8 @@ class TapToUpr:
         if self.resetting is not None:
             self.resetting.add(key)
         old = self.index.get(key)
-        rev = rev_seqno if rev_seqno is not None else (old.rev_seqno + 1 if old else 1)
-        if old is not None and not old.deleted and old.cas == cas and old.rev_seqno == rev:
+        rev = rev_seqno if rev_seqno is not None else (old[_REV] + 1 if old else 1)
+        if old is not None and not old[_DELETED] and old[_CAS] == cas and old[_REV] == rev:
             self.duplicates += 1
             return None
         if not tap_flags & _NETWORK_BYTE_ORDER:
@@ -208,8 +223,8 @@ class TapToUpr:
             checkpoint, first = self.checkpoint_id or 0, self._checkpoint_start
         self._checkpoint_start = False
         self.high_seqno = seqno = self.high_seqno + 1
+        self.index[key] = (seqno, cas, rev, expiration, False)
         # tuple.__new__: a named tuple's own constructor is a Python call (per item).
-        self.index[key] = _tuple_new(KeyVersion, (seqno, cas, rev, expiration, False))
         return _tuple_new(LogItem, (
             seqno, _MUTATION, key, value, rev, cas, flags, expiration, 0, datatype,
             checkpoint, backfill, first, now, 0,
@@ -224,19 +239,19 @@ class TapToUpr:
         if self.resetting is not None:
             self.resetting.add(key)
         old = self.index.get(key)
-        rev = rev_seqno if rev_seqno is not None else (old.rev_seqno + 1 if old else 1)
-        if old is not None and old.deleted and old.cas == cas and old.rev_seqno == rev:
+        rev = rev_seqno if rev_seqno is not None else (old[_REV] + 1 if old else 1)
+        if old is not None and old[_DELETED] and old[_CAS] == cas and old[_REV] == rev:
             self.duplicates += 1
             return None
         return self._tombstone(key, old, cas, rev, now)
 
     def _tombstone(
-        self, key: bytes, old: KeyVersion | None, cas: int, rev: int, now: float
+        self, key: bytes, old: Version | None, cas: int, rev: int, now: float
     ) -> LogItem:
         expired = (
             old is not None
-            and not old.deleted
-            and 0 < old.expiration <= now + self.expiry_tolerance
+            and not old[_DELETED]
+            and 0 < old[_EXPIRATION] <= now + self.expiry_tolerance
         )
         checkpoint, backfill, first = self._origin()
         item = LogItem(
@@ -256,12 +271,12 @@ class TapToUpr:
             now,
             int(now),
         )
-        self.index[key] = KeyVersion(item.by_seqno, cas, rev, 0, True)
+        self.index[key] = (item.by_seqno, cas, rev, 0, True)
         return item
 
     def _delete_all(self, doomed: Callable[[bytes], bool], now: float) -> list[LogRecord]:
-        victims = [(key, v) for key, v in self.index.items() if not v.deleted and doomed(key)]
-        return [self._tombstone(key, v, v.cas, v.rev_seqno + 1, now) for key, v in victims]
+        victims = [(key, v) for key, v in self.index.items() if not v[_DELETED] and doomed(key)]
+        return [self._tombstone(key, v, v[_CAS], v[_REV] + 1, now) for key, v in victims]
 
     # -- restoring -----------------------------------------------------------
 
@@ -270,12 +285,12 @@ class TapToUpr:
         if isinstance(record, LogItem):
             if record.by_seqno > self.high_seqno:
                 self.high_seqno = record.by_seqno
-            self.index[record.key] = KeyVersion(
+            self.index[record.key] = (
                 record.by_seqno,
                 record.cas,
                 record.rev_seqno,
                 record.expiration,
-                record.deleted,
+                record.kind is not _MUTATION,
             )
             return
         kind, value = record.kind, record.value
@@ -298,5 +313,5 @@ class TapToUpr:
     def forget(self, key: bytes, seqno: int) -> None:
         """Compaction purged the tombstone at ``seqno``: drop the key if it is still that."""
         version = self.index.get(key)
-        if version is not None and version.deleted and version.seqno == seqno:
+        if version is not None and version[_DELETED] and version[_SEQNO] == seqno:
             del self.index[key]

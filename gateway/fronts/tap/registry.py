@@ -62,7 +62,7 @@ class VbResume:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class StateImage:
     """The state file's bytes as of one moment; later moments have higher generations."""
 
     generation: int
@@ -81,7 +81,7 @@ class Registry:
     """The first checkpoint id of a vbucket not in ``next_ids``."""
     dirty: bool = False
     # Saves come from the loop (a session ending) and from a worker thread (the
-    # periodic save): one writer at a time, and an older snapshot never
+    # periodic save): one writer at a time, and an older image never
     # replaces a newer one.
     _generation: int = 0
     _written: int = 0
@@ -179,7 +179,7 @@ class Registry:
 
     # -- persistence ----------------------------------------------------------
 
-    def snapshot(self, *, clean: bool = False) -> Snapshot | None:
+    def image(self, *, clean: bool = False) -> StateImage | None:
         """The state file's contents if anything changed since the last one (else None);
         ``clean`` only for the last one, after every stream stopped."""
         if self.path is None or not self.dirty:
@@ -202,25 +202,25 @@ class Registry:
                 "clean": clean,
             }
         )
-        return Snapshot(self._generation, packed)
+        return StateImage(self._generation, packed)
 
-    def write(self, snapshot: Snapshot) -> None:
-        """Replace the state file with ``snapshot`` atomically (callable from a thread)."""
+    def write(self, image: StateImage) -> None:
+        """Replace the state file with ``image`` atomically (callable from a thread)."""
         assert self.path is not None
         with self._writing:
-            if snapshot.generation <= self._written:
-                return  # a newer snapshot is already on disk
+            if image.generation <= self._written:
+                return  # a newer image is already on disk
             temporary = self.path.with_suffix(".tmp")
             with open(temporary, "wb") as handle:
-                handle.write(snapshot.data)
+                handle.write(image.data)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temporary, self.path)
-            self._written = snapshot.generation
+            self._written = image.generation
 
     def save(self, *, clean: bool = False) -> None:
         """Write the state now (``clean``: on shutdown, nothing will change after it)."""
         self.dirty = self.dirty or clean
-        data = self.snapshot(clean=clean)
+        data = self.image(clean=clean)
         if data is not None:
             self.write(data)

@@ -198,7 +198,7 @@ class TapFront:
     async def _save_periodically(self) -> None:
         while True:
             await trio.sleep(self.config.save_interval)
-            data = self.registry.snapshot()
+            data = self.registry.image()
             if data is not None:
                 await trio.to_thread.run_sync(self.registry.write, data)
 

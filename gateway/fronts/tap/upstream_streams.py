@@ -163,7 +163,8 @@ class UpstreamStreams:
                 if not producer.can_send:
                     await peer.wait_for_room()
                     continue
-                marker = snapshot_marker(upstream.buffer, upstream.offset)
+                reader = upstream.reader
+                marker = snapshot_marker(reader.buffer, reader.offset)
                 if marker is not None and await self._marker_fast(upstream, *marker):
                     continue
             frame = upstream.next_frame()
@@ -179,20 +180,21 @@ class UpstreamStreams:
         touched: dict[int, UprToTap] = {}
         closed: list[int] = []
         peer = self.peer
+        reader = upstream.reader
         offset, credit, mutations, deletions, markers, closing = translate_items(
-            upstream.buffer,
-            upstream.offset,
+            reader.buffer,
+            reader.offset,
             self._fast_streams,
             peer.producer,
             peer.batch,
             touched,
             closed,
         )
-        upstream.offset = offset
+        reader.advance(offset)
         if not credit:
             return None
         upstream.window.unacked_bytes += credit
-        settling = peer.settling
+        settling = peer.settlements.settling
         settling.credit += credit
         if not settling.arrival and (mutations or deletions):
             settling.arrival = time.time()
@@ -229,7 +231,7 @@ class UpstreamStreams:
                 self.registry.checkpoint_closed(vb.vbucket, checkpoint_id, vb.position())
                 self.stats.items_sent["marker"] += 1
             peer.batch.append(data)
-        peer.settling.touched[vb.vbucket] = vb
+        peer.settlements.settling.touched[vb.vbucket] = vb
         vb.item_done()
 
     async def _marker_fast(
@@ -246,13 +248,14 @@ class UpstreamStreams:
         data = marker_frame(vb.translator, peer.producer, start, end, flags)
         if data is None:
             return False
-        upstream.offset += _MARKER_SIZE
+        reader = upstream.reader
+        reader.advance(reader.offset + _MARKER_SIZE)
         upstream.window.unacked_bytes += _MARKER_SIZE
-        peer.settling.credit += _MARKER_SIZE
+        peer.settlements.settling.credit += _MARKER_SIZE
         vb.took_marker(start, end, flags)
         peer.batch.append(data)
         self.stats.items_sent["marker"] += 1
-        peer.settling.touched[vb.vbucket] = vb
+        peer.settlements.settling.touched[vb.vbucket] = vb
         vb.item_done()
         return True
 
@@ -281,7 +284,7 @@ class UpstreamStreams:
         if vb is None:
             raise UprUpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
         peer = self.peer
-        settling = peer.settling
+        settling = peer.settlements.settling
         if counts(event):
             upstream.window.unacked_bytes += frame.size
             settling.credit += frame.size
@@ -296,8 +299,9 @@ class UpstreamStreams:
                 await peer.emit(message, vb)
         reply = vb.reply_due(event)
         if reply is not None:
-            peer.settling.replies.append(upr.encode(reply, upstream.dialect))
-            peer.end_settlement()
+            # Looked up again: a flush while emitting may have ended the settlement.
+            peer.settlements.settling.replies.append(upr.encode(reply, upstream.dialect))
+            peer.settlements.end()
         self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
@@ -312,7 +316,7 @@ class UpstreamStreams:
             await peer.wait_for_room()
         peer.batch.append(stamped_item(item, vb.translator, peer.producer))
         self.stats.items_sent["mutation" if type(item) is upr.Mutation else "deletion"] += 1
-        peer.settling.touched[vb.vbucket] = vb
+        peer.settlements.settling.touched[vb.vbucket] = vb
         if closes:
             for message in vb.translator.close():
                 await peer.emit(message, vb)

@@ -119,39 +119,39 @@ async def _sync_and_settle(logs: list[VbLog], early: bool) -> LogWriteError | No
     """fsync ``logs`` up to what each has written now, then publish (unless published
     already) and settle them; the first failure."""
     failure: LogWriteError | None = None
-    due = [(v, v.written_size, v.sync_failures) for v in logs]
-    for vblog in logs:
-        vblog.syncing += 1
+    due = [(v, v.fsyncs, v.written_size, v.fsyncs.begin()) for v in logs]
     try:
         failed = await sync_logs(logs)
     finally:
-        for vblog in logs:
-            vblog.syncing -= 1
-            vblog.sync_returned.set()
-            vblog.sync_returned = trio.Event()
-    for vblog, fsync_error in failed:
-        if early:
-            # Not while a committer that publishes only synced records is between its
-            # write and its publish: it would find its fsynced bytes cut back. Shielded:
-            # a failure left unhandled would leave every later fsync of it in doubt.
-            with trio.CancelScope(shield=True):
+        for _vblog, epoch, _upto, _since in due:
+            epoch.end()
+    taken_back = 0
+    try:
+        for vblog, fsync_error in failed:
+            if early:
+                # Not while a committer that publishes only synced records is between
+                # its write and its publish: it would find its fsynced bytes cut back.
                 await vblog.lock.acquire()
-            try:
+                try:
+                    error = vblog.unwrite(fsync_error)
+                finally:
+                    vblog.lock.release()
+            else:
                 error = vblog.unwrite(fsync_error)
-            finally:
-                vblog.lock.release()
-        else:
-            error = vblog.unwrite(fsync_error)
-        failure = failure or error
-    for vblog, upto, failures in due:
+            taken_back += 1
+            failure = failure or error
+    finally:
+        # Cancelled before taking a failure back: the log's next write does (see
+        # ``fsync_epoch``), or every later fsync of the file would stay in doubt.
+        for vblog, _error in failed[taken_back:]:
+            vblog.fsyncs.orphan()
+    for vblog, epoch, upto, since in due:
         if any(vblog is f for f, _ in failed):
             continue
         # Linux tells a failed writeback to one fsync of the file only: once every fsync
         # of it that overlapped this one has returned, a failure among them (or one not
         # yet taken back) means this 0 proves nothing. Settle nothing, ack nothing.
-        while vblog.syncing:
-            await vblog.sync_returned.wait()
-        if vblog.sync_failures != failures or vblog.sync_in_doubt:
+        if await epoch.overlapped_failure(since) or vblog.sync_in_doubt:
             path = vblog.segments[-1].path
             failure = failure or LogWriteError(
                 f"vbucket {vblog.vbucket}: an fsync of {path.parent.name}/{path.name} "
@@ -197,7 +197,7 @@ def _sync_all(logs: list[VbLog]) -> list[tuple[VbLog, OSError]]:
         try:
             vblog.sync()
         except OSError as exc:
-            vblog.sync_failures += 1  # before this thread returns (see _sync_and_settle)
+            vblog.fsyncs.failed()  # before this thread returns (see _sync_and_settle)
             failed.append((vblog, exc))
     return failed
 

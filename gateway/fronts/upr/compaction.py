@@ -57,8 +57,8 @@ def _compact_files(
             latest = index.get(record.key)
             if latest is None:
                 continue
-            if latest.seqno != record.by_seqno:
-                if latest.seqno < unproven:
+            if latest[0] != record.by_seqno:  # the index's seqno (``TapToUpr.version``)
+                if latest[0] < unproven:
                     continue
                 # Its successor may be served but not synced yet (fsync batch): a power
                 # loss would take it, so this version stays until that one is sealed.

@@ -195,7 +195,10 @@ class LogStream:
                 self.progress.backfilling = False
                 if self.takeover:
                     return await self.conn.front.take_over(self)
-                await vblog.wait_beyond(self.position)
+                if self.conn.draft or self.conn.recording is not None:
+                    await vblog.wait_beyond(self.position)  # the event path, from here
+                else:
+                    await self.conn.live.follow(self)  # until it needs this task again
 
     async def _next(self, upto: int, budget: int) -> int | None:
         """Read and send the next batch up to ``upto``, of at most ``budget`` bytes less
@@ -224,18 +227,23 @@ class LogStream:
         fast = not conn.draft and not extra and conn.recording is None
         await vblog.segments_settled()  # no checkpoint between it and the read
         if vblog.in_memory(self.position):
+            if fast:  # framed from the tail's record bytes, as from the disk's
+                cut = BatchCut(self.fast_encoder(), self.position, upto, BATCH, asked)
+                vblog.read_memory(self.position, upto, cut)
+                encoded = cut.finish()
+                if not encoded.items:
+                    return 0
+                await self._send_encoded(encoded)
+                return encoded.last
             batch = vblog.read(self.position, upto, BATCH, asked)
             if not batch:
                 return 0
-            if fast:
-                await self._send_encoded(self._fast_encoder().encode(batch))
-            else:
-                await self._send_batch(batch, extra)
+            await self._send_batch(batch, extra)
             return batch[-1].by_seqno
         reads.taken += asked
         try:
             if fast:
-                cut = BatchCut(self._fast_encoder(), self.position, min(upto, vblog.high_seqno),
+                cut = BatchCut(self.fast_encoder(), self.position, min(upto, vblog.high_seqno),
                                DISK_BATCH, asked)  # fmt: skip
                 resume = self._resume
                 start = resume[1:] if resume is not None and resume[0] == self.position else None
@@ -273,7 +281,7 @@ class LogStream:
         assert self._item_encoder is not None
         return self._item_encoder
 
-    def _fast_encoder(self) -> BatchEncoder:
+    def fast_encoder(self) -> BatchEncoder:
         encoder = self._batch_encoder
         settings = self.conn.settings
         if (
@@ -347,18 +355,22 @@ class LogStream:
     async def _send_encoded(self, encoded: EncodedBatch) -> None:
         """A batch framed in one pass (``log_to_upr_fast``): the bytes of ``_send_batch``,
         and the counters and window accounting once per write instead of per message."""
-        conn = self.conn
-        encoder = self._fast_encoder()
         if len(encoded.data) > self.peak_batch_bytes:
             self.peak_batch_bytes = len(encoded.data)
+        await self.conn.send_encoded(encoded, self.vbucket, self.fast_encoder().split,
+                                     self.sent_part)  # fmt: skip
+        self.sent_whole(encoded)
+
+    def sent_part(self, count: int, last: int) -> None:
+        """``count`` items of a batch went, up to seqno ``last`` (per write: the window
+        may hold the rest back)."""
+        self.items_sent += count
+        self.position = self.progress.sent_seqno = last
+
+    def sent_whole(self, encoded: EncodedBatch) -> None:
+        """The whole of a framed batch went: its counts."""
+        conn = self.conn
         progress = self.progress
-
-        def sent(count: int, last: int) -> None:
-            # Per write: the window may hold the rest back.
-            self.items_sent += count
-            self.position = progress.sent_seqno = last
-
-        await conn.send_encoded(encoded, self.vbucket, encoder.split, sent)
         self.position = progress.sent_seqno = encoded.last
         self.markers_sent += encoded.markers
         counts = conn.stream_stats.items_sent

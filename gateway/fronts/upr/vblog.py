@@ -31,37 +31,8 @@ the same offsets, by the next ``write``: what consumers saw stays true,
 seqnos included. Either way nothing of the batch is acked, and the next
 commit writes and fsyncs the same records again.
 
-Opening (``proof.prove_vbucket``) proves the log or refutes it.
-
-- Proven: records are replayed into a fresh ``TapToUpr`` (index and phase)
-  and a torn tail is cut. The history continues after a clean close. After
-  any other end (a crash, a kill) what consumers saw may not all be there
-  (records are served before their fsync): as ep-engine 3.0's warmup after
-  an unclean shutdown (``src/warmup.cc``), a new failover entry starts at
-  the proven end, so a consumer that saw more rolls back to it by 3.0's
-  rule (its snapshot ends above its entry's upper bound), and the next
-  seqno jumps past the reserved seqno, so no seqno is used twice.
-- Refuted (a segment or the directory missing, a damaged record before
-  the tail, a damaged or missing meta): the vbucket directory is renamed
-  into ``state_dir/set-aside/`` untouched (with ``why.txt``), and the
-  vbucket starts over empty: a failover log of one entry, a uuid it never
-  had, starting above every seqno it may have handed out, and a re-fetch
-  from the TAP node pending (``needs_refetch``: the ingest deregisters its
-  TAP name so the node backfills the vbucket). Consumers presenting an old
-  uuid roll back to 0 (3.0's rule for an unknown uuid) and receive the
-  node's data again; one warning names the files and what was wrong.
-
-Seqnos above anything handed out. Before ``publish`` exposes a seqno above
-``reserved``, ``reserved`` moves ``RESERVE_STEP`` past it in the meta and
-in the state directory's manifest (``manifest``), both fsynced. So after
-losing segments the meta still bounds what was published; after losing
-the meta (or the whole directory) the manifest does; with both gone, the
-highest seqno readable in the surviving or set-aside segments and the
-metas of logs set aside before give a lower bound only. The new history
-therefore never relies on seqnos alone: its uuid is drawn from the
-operating system's random source (whatever the test seed), excluding every
-uuid these sources name, so no (uuid, seqno) pair can name two versions,
-and every consumer of an old history rolls back to 0.
+Opening proves the log on disk or sets it aside and starts over
+(``log_open``); the history it continues or begins is ``log_history``'s.
 
 Writers: the ingest and a takeover connection may both write one vbucket;
 a committer that publishes only synced records holds ``lock`` from
@@ -72,16 +43,19 @@ no fsync of it is in flight (``syncing``).
 
 Memory: the index (key -> latest version), the sparse offsets, one write
 buffer, the last written and not yet published batch, and a tail of the
-latest published items (about ``tail_bytes`` of keys and values) from which
-streams that keep up are served without reading the disk; everything else
-stays on disk. ``disk_bytes`` is a running total of the segment files.
+latest published records (about ``tail_bytes`` of them) from which streams
+that keep up are served without reading the disk; everything else stays on
+disk. ``disk_bytes`` is a running total of the segment files. The tail
+holds the records as written to the file, one bytes object per write with
+its seqno range, and is read as the disk is (``walk_records``): a few
+hundred thousand ``LogItem``s kept alive would be walked by every full
+garbage collection (a pause of tens of milliseconds for every connection),
+and the serving fast path frames UPR messages from block bytes anyway.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
-import mmap
 import os
 import random
 from collections.abc import Callable, Iterable
@@ -90,87 +64,48 @@ from pathlib import Path
 import trio
 
 from adapters.tap.events import TapStreamMessage
+from adapters.translate.log_history import RESERVE_STEP, LogHistory
 from adapters.translate.log_records import LogItem, LogMark, LogRecord
 from adapters.translate.tap_to_upr import TapToUpr
-from adapters.upr.failover_log import UUID_BITS, FailoverLog
+from adapters.upr.failover_log import FailoverLog
+from gateway.fronts.upr import log_reader
 from gateway.fronts.upr.config import UprFrontError
+from gateway.fronts.upr.fsync_epoch import FsyncEpoch
+from gateway.fronts.upr.log_open import adopt, start_over
+from gateway.fronts.upr.log_tail import Chunk, LogTail
 from gateway.fronts.upr.proof import (
     META_NAME,
     Meta,
     Problem,
     VbProof,
     prove_vbucket,
-    set_aside,
-    set_aside_bound,
 )
 from gateway.fronts.upr.segments import (
     READ_CHUNK,
     SPARSE_EVERY,
-    DiskPlan,
     ItemSink,
-    LogReadError,
     RecordSink,
     Segment,
     buffer_items,
     close_block,
     frame_mark,
     fsync_dir,
-    pread,
-    pread_cached,
-    read_planned,
     segment_name,
-    unreadable,
-    walk_records,
     write_all,
     write_atomic,
 )
 
-__all__ = ["SPARSE_EVERY", "LogWriteError", "Segment", "VbLog", "segment_name"]
+__all__ = ["RESERVE_STEP", "SPARSE_EVERY", "LogWriteError", "Segment", "VbLog", "segment_name"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
-RESERVE_STEP = 100_000
 FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_TAIL_BYTES = 256 * 1024
-
-_uuids = random.SystemRandom()
 
 
 class LogWriteError(UprFrontError):
     """Appending to a vbucket's log failed; the log is as it was before the attempt."""
-
-
-def fresh_uuid(taken: Iterable[int]) -> int:
-    """A vbucket uuid from the OS random source, never 0 and none of ``taken``."""
-    avoid = set(taken)
-    while True:
-        uuid = _uuids.getrandbits(UUID_BITS)
-        if uuid and uuid not in avoid:
-            return uuid
-
-
-DISK_READERS = 4
-"""Threads reading logs from disk at once, for all streams: few threads, few
-reads in flight (each a chunk of bytes; the decoding is done on the loop)."""
-_readers: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("log_disk_readers")
-
-
-def _disk_readers() -> trio.CapacityLimiter:
-    try:
-        return _readers.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(DISK_READERS)
-        _readers.set(limiter)
-        return limiter
-
-
-def _first(pair: tuple[int, int]) -> int:
-    return pair[0]
-
-
-def _seqno(item: LogItem) -> int:
-    return item.by_seqno
 
 
 class VbLog:
@@ -195,21 +130,16 @@ class VbLog:
         self.expiry_tolerance = expiry_tolerance
         self.translator = TapToUpr(vbucket, expiry_tolerance=expiry_tolerance)
         self._rng = rng or random.Random()
-        self.failover = FailoverLog(self._rng)
+        self.history = LogHistory(self._rng)
+        """Failover log, reservation, purge seqno (``log_history``, no I/O)."""
         self.segments: list[Segment] = []
-        self.reserved = 0
-        self.purge_seqno = 0
         self.high_seqno = 0
         """Highest seqno published (readers see up to here)."""
         self.torn_bytes = 0
-        self.continued = True
-        """Whether opening proved the history continues (no new failover entry)."""
         self.problems: list[Problem] = []
         """Why opening could not prove the log (empty: proven)."""
         self.set_aside: Path | None = None
         """Where opening moved the log it could not prove."""
-        self.refetch = False
-        """The log was set aside: the vbucket's whole contents are due from the TAP node."""
         self.on_reserve: Callable[[VbLog], None] | None = None
         """Called after the reservation moved up, before any seqno above the old one
         is published (the log set records it in its manifest)."""
@@ -229,6 +159,8 @@ class VbLog:
         self._pending_items = 0
         self._buffer_high = 0
         """Seqno of the last item in the buffer (0: none)."""
+        self._buffer_first = 0
+        """Seqno of the first item in the buffer (valid while ``_pending_items``)."""
         self._written = bytearray()
         """Bytes handed to the file since the last ``settle`` (from ``_settled_size`` on):
         written again if their fsync fails."""
@@ -244,30 +176,45 @@ class VbLog:
         self.disk_bytes = 0
         """Bytes of every segment file, kept as the log grows (no stat calls)."""
         self.tail_bytes = tail_bytes
-        self._tail: list[LogItem] = []
-        """The latest published items, in seqno order: streams that keep up read
-        them from here, not from disk (about ``tail_bytes`` of keys and values)."""
-        self._tail_size = 0
-        self._tail_floor = 0
-        """Every published item above this seqno is in the tail."""
-        self._unwritten: list[LogItem] = []
-        self._unpublished: list[LogItem] = []
-        self.syncing = 0
-        """fsyncs of the active segment in flight (no roll until they return)."""
-        self.sync_failures = 0
-        """fsyncs of it that failed (counted in the worker thread, see ``commit``)."""
-        self.sync_failures_handled = 0
-        """Of those, the ones ``unwrite`` took back (it covers everything not settled)."""
-        self.sync_returned = trio.Event()
-        """Set, and replaced, whenever an fsync of it returns to the loop."""
+        self.tail = LogTail(tail_bytes)
+        """The latest published writes: streams that keep up read them from here."""
+        self._unpublished: list[Chunk] = []
+        """Writes of items handed to the file, not yet published."""
+        self.fsyncs = FsyncEpoch()
+        """The active segment's fsyncs in flight and failed (``fsync_epoch``)."""
         self.lock = trio.Lock()
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
         self._changed = trio.Event()
+        self._watchers: list[Callable[[], None]] = []
         self.items_total = 0
         self.compacted_path: Path | None = None
 
     # -- opening ---------------------------------------------------------------
+
+    @property
+    def failover(self) -> FailoverLog:
+        return self.history.failover
+
+    @property
+    def reserved(self) -> int:
+        return self.history.reserved
+
+    @property
+    def purge_seqno(self) -> int:
+        return self.history.purge_seqno
+
+    @purge_seqno.setter
+    def purge_seqno(self, seqno: int) -> None:
+        self.history.purge_seqno = seqno
+
+    @property
+    def refetch(self) -> bool:
+        return self.history.refetch
+
+    @property
+    def continued(self) -> bool:
+        return self.history.continued
 
     @property
     def meta_path(self) -> Path:
@@ -296,9 +243,9 @@ class VbLog:
         )
         self.problems = proof.problems
         if proof.proven:
-            self._adopt(proof)
+            adopt(self, proof)
         else:
-            self._start_over(proof, known_bound, set(known_uuids))
+            start_over(self, proof, known_bound, set(known_uuids))
         self._opened()
 
     def open_over(
@@ -312,96 +259,14 @@ class VbLog:
             self.vbucket, self.dir, exists=self.dir.is_dir(), meta=damaged.meta(),
             problems=[problem], high_seen=damaged.high_seqno,
         )  # fmt: skip
-        self._start_over(proof, known_bound, set(known_uuids))
+        start_over(self, proof, known_bound, set(known_uuids))
         self._opened()
 
     def _opened(self) -> None:
-        self.high_seqno = self._written_high = self._tail_floor = self.translator.high_seqno
+        self.high_seqno = self._written_high = self.tail.floor = self.translator.high_seqno
         self._open_active()
         self._reserve(self.high_seqno, force=True)
         self.disk_bytes = sum(s.size for s in self.segments)
-
-    def _adopt(self, proof: VbProof) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for path in proof.leftovers + proof.strays:
-            # Covered by a finished compaction, or half-written temporaries.
-            path.unlink(missing_ok=True)
-        for path, good, _size in proof.torn:
-            with open(path, "r+b") as f:
-                f.truncate(good)
-                os.fsync(f.fileno())
-        self.torn_bytes = proof.torn_bytes
-        self.segments = proof.segments
-        meta = proof.meta
-        if meta is None:
-            self.failover.add(0)  # a new vbucket
-            return
-        self.failover = FailoverLog(self._rng, meta.failover)
-        self.reserved = meta.reserved
-        self.purge_seqno = meta.purge_seqno
-        self.refetch = meta.refetch
-        if not proof.torn and meta.clean:
-            return
-        # Not closed cleanly: consumers may have been served records that never
-        # reached the disk (fsync batch and never publish before their fsync). As
-        # ep-engine 3.0's warmup after an unclean shutdown (src/warmup.cc), a new
-        # failover entry starts at the proven end, so a consumer that saw more rolls
-        # back to it; new seqnos start past every one reserved, so none is reused.
-        t = self.translator
-        proven = max(t.high_seqno, self.failover.entries[0][1] if len(self.failover) else 0)
-        t.high_seqno = max(t.high_seqno, self.reserved)
-        uuid = self.failover.add(proven)
-        self.continued = False
-        if proof.torn:
-            path, good, size = proof.torn[0]
-            why = (
-                f"torn tail of {size - good} bytes cut from {path.parent.name}/{path.name} "
-                "(an append a crash interrupted before its fsync)"
-            )
-        else:
-            why = "not closed cleanly: records served before their fsync may be lost"
-        log.warning(
-            "vbucket %d: %s: new history %d at seqno %d, new items from seqno %d",
-            self.vbucket,
-            why,
-            uuid,
-            proven,
-            t.high_seqno + 1,
-        )
-
-    def _start_over(self, proof: VbProof, known_bound: int, known_uuids: set[int]) -> None:
-        bound, uuids = proof.bound()
-        earlier, earlier_uuids = set_aside_bound(self.root, self.vbucket)
-        bound = max(bound, known_bound, earlier)
-        uuids |= known_uuids | earlier_uuids
-        if proof.exists:
-            self.set_aside = set_aside(self.root, self.dir, [p.text for p in proof.problems])
-        self.dir.mkdir(parents=True)
-        fsync_dir(self.root)
-        self.translator = TapToUpr(
-            self.vbucket, high_seqno=bound, expiry_tolerance=self.expiry_tolerance
-        )
-        uuid = fresh_uuid(uuids)
-        self.failover = FailoverLog(self._rng, [(uuid, bound)])
-        self.segments = []
-        self.reserved = bound
-        self.purge_seqno = 0
-        self.refetch = True
-        self.continued = False
-        kept = (
-            f"files kept in {self.set_aside.relative_to(self.root)}"
-            if self.set_aside is not None
-            else "no files left to keep"
-        )
-        log.warning(
-            "vbucket %d: log not proven: %s; %s; new history %d from seqno %d "
-            "(consumers roll back to 0); re-fetching the vbucket from the TAP node",
-            self.vbucket,
-            "; ".join(p.text for p in proof.problems),
-            kept,
-            uuid,
-            bound,
-        )
 
     def _open_active(self) -> None:
         """Open the segment to append to, starting a new one when the last is full.
@@ -416,6 +281,7 @@ class VbLog:
             fsync_dir(self.dir)
             fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
             self.segments.append(active)
+            self.fsyncs = FsyncEpoch()  # a roll waits for the old file's fsyncs
         else:
             active = self.segments[-1]
             fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
@@ -445,15 +311,16 @@ class VbLog:
     def _reserve(self, upto: int, *, force: bool = False) -> None:
         """Move the reservation past ``upto`` in the meta and the manifest, or raise
         ``OSError`` with the reservation as it was (so the next call writes both)."""
-        if force or upto > self.reserved:
-            old = self.reserved
-            self.reserved = max(old, upto + RESERVE_STEP)
+        due = self.history.reservation_due(upto, force=force)
+        if due is not None:
+            old = self.history.reserved
+            self.history.reserved = due
             try:
                 self._write_meta(clean=False)
                 if self.on_reserve is not None:
                     self.on_reserve(self)
             except OSError:
-                self.reserved = old
+                self.history.reserved = old
                 raise
 
     # -- appending -------------------------------------------------------------
@@ -484,9 +351,10 @@ class VbLog:
         first = -(self.segments[-1].count + self._pending_items) % SPARSE_EVERY
         self._block = buffer_items(self._buffer, self._block, items, first, self._pending)
         count = len(items)
+        if not self._pending_items:
+            self._buffer_first = items[0].by_seqno
         self._pending_items += count
         self._buffer_high = items[-1].by_seqno
-        self._unwritten += items
         self.items_total += count
 
     def _close_block(self) -> None:
@@ -502,7 +370,17 @@ class VbLog:
     def sync_in_doubt(self) -> bool:
         """An fsync of this file failed and not all it dropped is written again yet: an
         fsync returning 0 meanwhile proves nothing (Linux tells one fsync of the file)."""
-        return self.sync_failures_handled != self.sync_failures or self._rewrite
+        return self.fsyncs.unhandled or self._rewrite
+
+    @property
+    def syncing(self) -> int:
+        """fsyncs of the active segment in flight (no roll until they return)."""
+        return self.fsyncs.in_flight
+
+    @property
+    def sync_returned(self) -> trio.Event:
+        """Set, and replaced, whenever an fsync of the active segment returns."""
+        return self.fsyncs.returned
 
     @property
     def written_size(self) -> int:
@@ -519,6 +397,11 @@ class VbLog:
         All or nothing: on a failure the file is cut back, the buffer kept,
         and ``LogWriteError`` raised. Call with ``lock`` held until ``publish``.
         """
+        if self.fsyncs.orphaned:
+            # A failed fsync nobody took back (its commit was cancelled): the pages it
+            # dropped are among those not settled, so all of them are written again.
+            self._rewrite = self._rewrite or bool(self._written)
+            self.fsyncs.handled()
         if self._rewrite:
             self._write_again()
         if not self._buffer:
@@ -542,14 +425,13 @@ class VbLog:
             segment.count += self._pending_items
             segment.last = self._buffer_high
             self._written_high = self._buffer_high
+            self._unpublished.append((self._buffer_first, self._buffer_high, bytes(self._buffer)))
         self._written_size += size
         self.disk_bytes += size
         self._written += self._buffer
         self._buffer.clear()
         self._pending.clear()
         self._pending_items = 0
-        self._unpublished += self._unwritten
-        self._unwritten.clear()
         self._unsynced = True
         return size
 
@@ -609,7 +491,7 @@ class VbLog:
         """After a failed fsync: cut the file back to what was published and put
         the records written since back in the buffer, to be written again; what
         was published stays so and is written again as it is (``_write_again``)."""
-        self.sync_failures_handled = self.sync_failures
+        self.fsyncs.handled()
         self._close_block()  # its offset is about to move
         segment = self.segments[-1]
         published = segment.size
@@ -637,7 +519,8 @@ class VbLog:
         self._pending_items += segment.count - count
         segment.count, segment.last = count, last
         self._buffer[0:0] = unpublished
-        self._unwritten[0:0] = self._unpublished
+        if self._unpublished:
+            self._buffer_first = self._unpublished[0][0]
         self._unpublished = []
         self.disk_bytes -= shift
         self._written_size = published
@@ -666,7 +549,7 @@ class VbLog:
         segment.size = self._written_size
         self._mark = (len(segment.sparse), segment.count, segment.last)
         if self._unpublished:
-            self._to_tail(self._unpublished)
+            self.tail.add(self._unpublished)
             self._unpublished = []
         if high != self.high_seqno:
             self.high_seqno = high
@@ -718,30 +601,23 @@ class VbLog:
                 f"{exc.strerror or exc}; the next write tries again"
             ) from exc
 
-    def _to_tail(self, items: list[LogItem]) -> None:
-        tail = self._tail
-        tail += items
-        self._tail_size += sum(len(i.key) + len(i.value) for i in items)
-        if self._tail_size > self.tail_bytes and len(tail) > 1:
-            # Drop the older half at once: amortised O(1) per item.
-            cut = len(tail) // 2
-            self._tail_floor = tail[cut - 1].by_seqno
-            self._tail_size -= sum(len(i.key) + len(i.value) for i in tail[:cut])
-            del tail[:cut]
-
     def drop_tail_upto(self, seqno: int) -> None:
         """Forget cached items up to ``seqno`` (compaction rewrote that part of the log:
         reads of it go to the compacted segments)."""
-        tail = self._tail
-        cut = bisect.bisect_right(tail, seqno, key=_seqno)
-        if cut:
-            self._tail_size -= sum(len(i.key) + len(i.value) for i in tail[:cut])
-            del tail[:cut]
-        self._tail_floor = max(self._tail_floor, seqno)
+        self.tail.drop_upto(seqno)
 
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+        for wake in self._watchers:
+            wake()
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` (at once, on the loop) whenever ``high_seqno`` grows, until the
+        returned call stops it: a connection's one serving task hears of every
+        vbucket it follows without a task waiting per stream."""
+        self._watchers.append(wake)
+        return lambda: self._watchers.remove(wake)
 
     async def wait_beyond(self, seqno: int) -> None:
         """Until ``high_seqno`` exceeds ``seqno`` (returns at once if it does)."""
@@ -820,20 +696,13 @@ class VbLog:
         upto = min(upto, self.high_seqno)
         if after >= upto:
             return []
-        if after >= self._tail_floor and self._tail:
+        if self.tail.holds(after):
             return self._read_tail(after, upto, limit, max_bytes)
-        for _attempt in range(3):
-            try:
-                plan = self._disk_plan(after, upto)
-            except FileNotFoundError:
-                continue  # a compaction replaced a segment meanwhile: look again
-            with plan:
-                return read_planned(plan, after, upto, limit, max_bytes)
-        raise RuntimeError(f"vbucket {self.vbucket}: log segments keep vanishing")
+        return log_reader.read_items(self.segments, after, upto, limit, max_bytes, self.vbucket)
 
     def in_memory(self, after: int) -> bool:
         """Whether a read from ``after`` is served from the in-memory tail (or is empty)."""
-        return after >= self.high_seqno or (after >= self._tail_floor and bool(self._tail))
+        return after >= self.high_seqno or self.tail.holds(after)
 
     async def read_async(
         self, after: int, upto: int, limit: int, max_bytes: int | None = None
@@ -843,7 +712,7 @@ class VbLog:
         upto = min(upto, self.high_seqno)
         if after >= upto:
             return []
-        if after >= self._tail_floor and self._tail:
+        if self.tail.holds(after):
             return self._read_tail(after, upto, limit, max_bytes)
         out: list[LogItem] = []
         left = max_bytes if max_bytes is not None else -1
@@ -860,14 +729,9 @@ class VbLog:
         resume: tuple[Segment, int] | None = None,
     ) -> tuple[Segment, int] | None:
         """Feed ``sink`` the records on disk from ``after`` (up to ``upto``: what is
-        published now) until it says the read is done or the log ends there.
-
-        The files are opened and the offsets found here, on the loop, and read
-        ``chunk`` bytes at a time: here if the page cache holds them
-        (``pread_cached``, which never waits for the disk), else in a worker
-        thread (I/O only, which releases the GIL). A compaction replacing the
-        files meanwhile changes nothing it reads. ``sink`` decodes each chunk
-        here, a bounded slice of work between two waits. Call it right after
+        published now) until it says the read is done or the log ends there
+        (``log_reader.read_disk``: the bytes off the loop unless the page cache
+        holds them, decoded here a chunk at a time). Call it right after
         ``segments_settled``, with no checkpoint between.
 
         Returns where the read stopped (None: nothing read): the segment and the
@@ -878,69 +742,20 @@ class VbLog:
         upto = min(upto, self.high_seqno)
         if after >= upto:
             return None
-        limiter = _disk_readers()
-        to_thread = trio.to_thread.run_sync
-        stop: tuple[Segment, int] | None = None
-        with self._disk_plan(after, upto, resume) as plan:
-            # Not abandoned on cancel: the files stay open until the thread is done.
-            for (fd, offset, size), segment in zip(plan.parts, plan.segments, strict=True):
-                want = chunk
-                while offset < size:
-                    length = min(want, size - offset)
-                    if stop is not None:
-                        await trio.lowlevel.checkpoint()  # a slice of work per chunk, at most
-                    data: bytes | mmap.mmap | None = pread_cached(fd, offset, length)
-                    if data is None:  # from the disk: in a worker thread
-                        data = await to_thread(pread, fd, offset, length, limiter=limiter)
-                    end, done = walk_records(data, offset, sink)
-                    stop = (segment, end)
-                    if done:
-                        return stop
-                    if end == offset:
-                        if want >= size - offset:
-                            where = f"{segment.path.parent.name}/{segment.path.name}"
-                            raise LogReadError(unreadable(where, offset, size))
-                        want *= 2  # a record bigger than the chunk
-                        continue
-                    want = chunk
-                    offset = end
-        return stop
-
-    def _disk_plan(
-        self, after: int, upto: int, resume: tuple[Segment, int] | None = None
-    ) -> DiskPlan:
-        """The segments that may hold ``after < seqno <= upto``, opened, each with the
-        offset to start at (the sparse index, or ``resume``) and its published size."""
-        plan = DiskPlan()
-        try:
-            for segment in self.segments:
-                if segment.last <= after or not segment.size:
-                    continue
-                if segment.first > upto:
-                    break
-                index = bisect.bisect_right(segment.sparse, after, key=_first) - 1
-                offset = segment.sparse[index][1] if index >= 0 else 0
-                if resume is not None and resume[0] is segment:  # not a compacted stand-in
-                    offset = max(offset, resume[1])
-                plan.parts.append((os.open(segment.path, os.O_RDONLY), offset, segment.size))
-                plan.segments.append(segment)
-        except BaseException:
-            plan.close()
-            raise
-        return plan
+        return await log_reader.read_disk(
+            self.segments, after, upto, sink, chunk=chunk, resume=resume
+        )
 
     def _read_tail(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
-        tail = self._tail
-        start = bisect.bisect_right(tail, after, key=_seqno)
-        stop = bisect.bisect_right(tail, upto, key=_seqno, lo=start)
-        out = tail[start : min(stop, start + limit)]
-        if max_bytes is not None:
-            left = max_bytes
-            for n, item in enumerate(out):
-                left -= len(item.key) + len(item.value)
-                if left <= 0:
-                    return out[: n + 1]
+        out: list[LogItem] = []
+        left = max_bytes if max_bytes is not None else -1
+        self.read_memory(after, upto, ItemSink(out, after, upto, limit, left))
         return out
+
+    def read_memory(self, after: int, upto: int, sink: RecordSink) -> None:
+        """Feed ``sink`` the tail's records from ``after`` (up to ``upto``) until it says
+        the read is done, as ``read_disk`` feeds it the file's. Only when ``in_memory``."""
+        self.tail.read(after, min(upto, self.high_seqno), sink)
 
     # -- figures ---------------------------------------------------------------
 

@@ -145,7 +145,7 @@ def test_upstream_reset_reconciles_without_reusing_history() -> None:
         (b"fresh", ItemKind.MUTATION, 5),
         (b"gone", ItemKind.DELETION, 6),
     ]
-    assert t.index[b"same"].seqno == 1 and t.resetting is None
+    assert t.version(b"same").seqno == 1 and t.resetting is None
 
 
 def test_flush_deletes_every_live_key() -> None:
@@ -281,5 +281,5 @@ def test_reset_reconciles_to_the_new_backfill(before: dict, after: dict) -> None
     }
     for key, n in after.items():
         if before.get(key) == n:
-            assert t.index[key].seqno == seqno_before[key]  # unchanged: same seqno
+            assert t.version(key).seqno == seqno_before[key]  # unchanged: same seqno
     assert all(i.by_seqno > high for i in items(second))

@@ -206,19 +206,19 @@ def test_saves_from_the_loop_and_a_thread_never_collide_nor_go_back(tmp_path: Pa
     thread): neither fails, and the file ends with the newest positions."""
     registry = Registry.open(tmp_path)
     registry.register("client")
-    snapshots = []
+    images = []
     for seqno in range(1, 41):
         registry.advance("client", 0, VbResume(7, seqno, seqno, seqno))
-        snapshot = registry.snapshot()
-        assert snapshot is not None
-        snapshots.append(snapshot)
+        image = registry.image()
+        assert image is not None
+        images.append(image)
     # Writers racing in every order: oldest last included.
     barrier = threading.Barrier(8)
 
     def write_some(start: int) -> None:
         barrier.wait()
-        for snapshot in reversed(snapshots[start::8]):
-            registry.write(snapshot)
+        for image in reversed(images[start::8]):
+            registry.write(image)
 
     threads = [threading.Thread(target=write_some, args=(i,)) for i in range(8)]
     for thread in threads:

@@ -119,7 +119,8 @@ def caught_up(front: UprFront, store: Store, *, live_only: bool = False) -> bool
         vblog = front.logs.get(vb)
         if vblog is None or vblog.high_seqno != vblog.translator.high_seqno:
             return False
-        index = vblog.translator.index
+        t = vblog.translator
+        index = {k: v for k in t.index if (v := t.version(k)) is not None}
         want = store_state(store, vb)
         if live_only:
             index = {k: v for k, v in index.items() if not v.deleted}

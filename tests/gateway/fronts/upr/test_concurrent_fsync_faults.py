@@ -16,10 +16,12 @@ included) is what becomes durable.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from adapters.tap import TapMutation
 from gateway.fronts.upr.commit import commit
@@ -94,5 +96,60 @@ async def test_an_fsync_overlapping_a_failed_one_of_the_same_file_acks_nothing(
     again.open()
     keys = {i.key for i in again.read(0, MAX, MAX)}
     assert {i.key for i in served} <= keys
+    assert again.continued
+    again.close()
+
+
+async def test_a_commit_cancelled_before_taking_its_failed_fsync_back_leaves_no_doubt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group commit's fsync fails while a takeover committer holds the log's lock,
+    and a stop cancels the group commit before it can take the failure back
+    (``fsync_epoch``: orphaned). The next commit writes everything not settled
+    again, its fsync proves the file, and it acks: no later fsync stays in doubt."""
+    vblog = VbLog(tmp_path, 0)
+    vblog.open()
+    feed(vblog, b"synced", 5, 1)
+    await commit({0: vblog}, sync=True, early=True)
+    synced = vblog.segments[-1].size
+    real_sync = VbLog.sync
+    in_fsync, locked = threading.Event(), threading.Event()
+
+    def failing_sync(log: VbLog) -> None:  # in the worker thread
+        in_fsync.set()
+        assert locked.wait(10)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(VbLog, "sync", failing_sync)
+    feed(vblog, b"group", 5, 100)
+    with trio.CancelScope() as stop:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(commit, {0: vblog}, sync=True, early=True))
+            with trio.fail_after(10):
+                await trio.to_thread.run_sync(in_fsync.wait)
+            await vblog.lock.acquire()  # a takeover committer, between write and publish
+            locked.set()
+            with trio.fail_after(10):
+                while not vblog.fsyncs.failures or vblog.syncing:
+                    await vblog.sync_returned.wait()
+            await trio.testing.wait_all_tasks_blocked()  # the commit waits for the lock
+            stop.cancel()
+    vblog.lock.release()
+    assert vblog.fsyncs.orphaned and vblog.sync_in_doubt
+    served = vblog.read(0, MAX, MAX)
+    assert {b"group-%d" % i for i in range(5)} <= {i.key for i in served}
+    with open(vblog.segments[-1].path, "r+b") as f:  # the pages the failure dropped
+        f.truncate(synced)
+    monkeypatch.setattr(VbLog, "sync", real_sync)
+    feed(vblog, b"later", 1, 300)
+    await commit({0: vblog}, sync=True, early=True)  # acks: raises nothing
+    assert not vblog.sync_in_doubt and not vblog.unsynced
+    feed(vblog, b"after", 1, 400)
+    await commit({0: vblog}, sync=True, early=False)
+    vblog.close()
+    again = VbLog(tmp_path, 0)
+    again.open()
+    keys = {i.key for i in again.read(0, MAX, MAX)}
+    assert {i.key for i in served} | {b"later-0", b"after-0"} <= keys
     assert again.continued
     again.close()

@@ -222,7 +222,7 @@ async def test_sigkill_with_fsyncs_held_rolls_the_consumer_back_and_loses_nothin
         assert proof.proven, proof.problems
         proven[vb] = translator.high_seqno
         for item in store.items_since(vb, 0, acked[vb].seqno):
-            assert translator.index[item.key].cas == item.cas, (vb, item)
+            assert translator.version(item.key).cas == item.cas, (vb, item)
     # With the page cache lost, the consumer was served items the disk never got.
     lost = [vb for vb in range(VBUCKETS) if seen[vb][0] > proven[vb]]
     assert lost if power_loss else not lost, (seen, proven)

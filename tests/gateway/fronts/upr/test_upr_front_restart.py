@@ -116,7 +116,7 @@ async def test_torn_tail_starts_a_new_history_past_every_used_seqno(
     assert not vblog.continued and vblog.torn_bytes == 11
     # The new entry starts at the proven end, new seqnos past every one reserved.
     assert vblog.failover.entries[1][0] == uuid and vblog.failover.entries[0][1] == high
-    assert vblog.translator.index[b"after-crash"].seqno > reserved
+    assert vblog.translator.version(b"after-crash").seqno > reserved
     # A consumer of the old history resumes without rollback (nothing it saw is gone).
     client = await open_producer(port2)
     reply = await client.stream_request(0, high, MAX_SEQNO, uuid=uuid, opaque=1)
@@ -255,9 +255,10 @@ async def test_sigkilled_gateway_process_loses_nothing_acked(
     logs.open_existing()
     checked = 0
     for vb, position in registration.positions.items():
-        index = logs.logs[vb].translator.index
+        translator = logs.logs[vb].translator
         for item in store.items_since(vb, 0, position.seqno):
-            assert index[item.key].cas == item.cas, (vb, item)
+            version = translator.version(item.key)
+            assert version is not None and version.cas == item.cas, (vb, item)
             checked += 1
     logs.abandon()
     assert checked

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -22,7 +23,7 @@ from adapters.tap import (
 )
 from adapters.translate.log_records import LogItem
 from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder
-from gateway.fronts.upr import compaction
+from gateway.fronts.upr import compaction, log_reader
 from gateway.fronts.upr import vblog as vblog_module
 from gateway.fronts.upr.compaction import compact_log
 from gateway.fronts.upr.ingest import commit
@@ -97,13 +98,13 @@ async def test_old_tombstones_are_purged_and_raise_the_purge_seqno(tmp_path: Pat
     vblog.open()
     cas = fill(vblog, 5)
     vblog.ingest(TapDelete(b"k1", cas=cas + 1, rev_seqno=50), NOW)
-    tomb = vblog.translator.index[b"k1"].seqno
+    tomb = vblog.translator.version(b"k1").seqno
     fill_more = fill(vblog, 10)
     assert fill_more
     await compact_log(vblog, NOW + 7200, purge_interval=3600)
     assert vblog.purge_seqno == 0  # k1 was written again later: nothing purged
     vblog.ingest(TapDelete(b"k2", cas=10**6, rev_seqno=60), NOW)
-    tomb = vblog.translator.index[b"k2"].seqno
+    tomb = vblog.translator.version(b"k2").seqno
     fill_other = [
         TapMutation(b"x%d" % i, b"y" * 100, cas=10**6 + i + 1, rev_seqno=1) for i in range(40)
     ]
@@ -190,14 +191,14 @@ def test_publish_exposes_only_written_items(tmp_path: Path) -> None:
 
 
 def test_reads_from_the_in_memory_tail_equal_reads_from_disk(tmp_path: Path) -> None:
-    vblog = VbLog(tmp_path, 0, tail_bytes=300, segment_bytes=2000)
+    vblog = VbLog(tmp_path, 0, tail_bytes=1500, segment_bytes=2000)  # a few writes
     vblog.open()
     fill(vblog, 6, keys=7)
-    assert vblog._tail and vblog._tail_floor > 0  # part cached, part evicted
+    assert vblog.tail and vblog.tail.floor > 0  # part cached, part evicted
     vblog.close()
     disk = VbLog(tmp_path, 0)
     disk.open()  # a fresh log holds nothing in memory: every read goes to disk
-    assert not disk._tail
+    assert not disk.tail
     high = vblog.high_seqno
     for after in range(high + 1):
         for limit, max_bytes in ((1000, None), (3, None), (1000, 25)):
@@ -205,6 +206,41 @@ def test_reads_from_the_in_memory_tail_equal_reads_from_disk(tmp_path: Path) -> 
             assert got == disk.read(after, high, limit, max_bytes), (after, limit, max_bytes)
             assert got == disk.read(after, high, 1000)[: len(got)]
     disk.close()
+
+
+async def test_the_tail_frames_what_the_disk_frames(tmp_path: Path) -> None:
+    """A live stream's fast path frames UPR messages from the tail's record bytes
+    (``read_memory``) as a stream behind it does from the file's: the same bytes."""
+    vblog = VbLog(tmp_path, 0, tail_bytes=10**6)
+    vblog.open()
+    fill(vblog, 8, keys=9)
+    high = vblog.high_seqno
+    assert vblog.in_memory(0)
+    for after in range(0, high, 5):
+        for limit, budget in ((1, -1), (7, -1), (1000, 60), (1000, -1)):
+            memory = BatchCut(BatchEncoder(upr.DCP, 1, 0), after, high, limit, budget)
+            vblog.read_memory(after, high, memory)
+            disk = BatchCut(BatchEncoder(upr.DCP, 1, 0), after, high, limit, budget)
+            await vblog.read_disk(after, high, disk)
+            assert memory.finish() == disk.finish(), (after, limit, budget)
+    vblog.close()
+
+
+def test_the_index_and_the_tail_hold_no_object_the_collector_walks(tmp_path: Path) -> None:
+    """Per key and per item the log keeps only what CPython's collector does not track
+    (plain tuples of ints, bytes): a full collection's pause does not grow with
+    the keys or the items cached."""
+    vblog = VbLog(tmp_path, 0, tail_bytes=10**6)
+    vblog.open()
+    fill(vblog, 20, keys=50)
+    vblog.ingest(TapDelete(b"k1", cas=10**6, rev_seqno=99), NOW)
+    vblog.write()
+    vblog.publish()
+    gc.collect()  # plain tuples are untracked by the first collection they survive
+    index = vblog.translator.index
+    assert len(index) == 50 and not any(gc.is_tracked(v) for v in index.values())
+    assert vblog.tail and not any(gc.is_tracked(chunk) for chunk in vblog.tail.chunks)
+    vblog.close()
 
 
 async def test_a_reader_waits_while_a_compaction_swaps_segment_files(
@@ -251,7 +287,7 @@ async def test_disk_reads_in_a_worker_thread_equal_reads_on_the_loop(
     """``read_async`` reads what the page cache holds on the loop, the rest in a
     worker thread: the same items as ``read`` either way."""
     if not cached:
-        monkeypatch.setattr(vblog_module, "pread_cached", lambda *_: None)
+        monkeypatch.setattr(log_reader, "pread_cached", lambda *_: None)
     vblog = VbLog(tmp_path, 0, tail_bytes=300, segment_bytes=2000)
     vblog.open()
     fill(vblog, 6, keys=7)
@@ -283,15 +319,15 @@ async def test_a_disk_read_in_flight_reads_the_files_it_opened_while_a_compactio
     middle = first[len(first) * 3 // 4].by_seqno
     planned = threading.Event()
     compacted = threading.Event()
-    real_read = vblog_module.pread
+    real_read = log_reader.pread
 
     def held_read(*args: int) -> bytes:
         planned.set()
         assert compacted.wait(10)
         return real_read(*args)
 
-    monkeypatch.setattr(vblog_module, "pread", held_read)
-    monkeypatch.setattr(vblog_module, "pread_cached", lambda *_: None)  # not in the page cache
+    monkeypatch.setattr(log_reader, "pread", held_read)
+    monkeypatch.setattr(log_reader, "pread_cached", lambda *_: None)  # not in the page cache
     got: list[LogItem] = []
 
     async def reader() -> None:
