@@ -1,6 +1,8 @@
-"""The TAP front's upstream UPR connection cut (both sockets closed) while a
-support-ack client holds unacked messages: mid backfill (one DISK snapshot)
-and mid live snapshot (a MEMORY snapshot, a checkpoint open on the TAP side).
+"""The TAP front's upstream UPR connection cut (both sockets closed), or its
+node restarted, while a support-ack client holds unacked messages: mid
+backfill (one DISK snapshot) and mid live snapshot (a MEMORY snapshot, a
+checkpoint open on the TAP side). (A node SIGKILLed mid-backfill:
+test_tap_front_upstream_kill.)
 
 The client's TAP connection is the gateway's, not the upstream's: it stays
 open, the messages it had not acked stay in the ack window until it acks them
@@ -12,9 +14,13 @@ no vbucket started over, the checkpoint brackets whole.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import trio
 
 from adapters.tap import ConnectFlags, TapCheckpointStart
+from gateway.io.listen import bound_port
+from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
 from tests.gateway.fronts.tap.faults import (
     VBUCKETS,
@@ -103,3 +109,58 @@ async def test_upstream_cut_mid_live_snapshot_with_unacked_messages(
     replica = Replica()
     replica.apply(client.events)
     assert replica.items == node_state(store, range(VBUCKETS))
+
+
+async def test_node_restarted_mid_live_snapshot_with_unacked_messages(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    store = Store(VBUCKETS, data_dir=tmp_path / "node")
+    config = NodeConfig(vbuckets=VBUCKETS, tap_noop_interval=0.5)
+    node_scope = trio.CancelScope()
+    stopped = trio.Event()
+
+    async def run_node(store: Store, port: int, *, task_status: trio.TaskStatus[int]) -> None:
+        try:
+            with node_scope:
+                async with trio.open_nursery() as inner:
+                    listeners = await inner.start(Node(store, config).serve, "127.0.0.1", port)
+                    task_status.started(bound_port(listeners))
+        finally:
+            stopped.set()  # its listener and connections are closed: the port is free
+
+    node_port = await nursery.start(run_node, store, 0)
+    front, port = await start_front(
+        nursery, node_port, buffer_size=1024 * 1024, max_unacked=100, ack_interval=20
+    )
+    with trio.fail_after(30):
+        tap = await TapClient.open(port, connect_event(b"held", F.SUPPORT_ACK | F.CHECKPOINT))
+        client = HoldingClient(tap, hold_at=150)
+        nursery.start_soon(client.run)
+        await until(lambda: "held" in front.sessions)
+        session = front.sessions.get("held")
+        await until(lambda: session.upstream is not None and session.streams.vbuckets)
+        write_keys(store, b"live", 800, size=1000)
+        await client.wait_for(lambda: client.holding and client.held)
+        await until(lambda: not session.producer.can_send)
+        assert any(
+            vb.translator.last_seqno < vb.translator.snap_end for vb in session.vbuckets.values()
+        )
+        node_scope.cancel()  # the node goes away mid-snapshot
+        await stopped.wait()
+        store.close()
+        store = Store(VBUCKETS, data_dir=tmp_path / "node")
+        more = write_keys(store, b"after", 40)
+        node_scope = trio.CancelScope()
+        stopped = trio.Event()
+        await nursery.start(run_node, store, node_port)
+        await client.release()
+        await client.wait_for(lambda: client.mutations >= 840)
+        assert front.sessions.get("held") is session, "the TAP client lost its connection"
+        assert sum(front.stats.upstream_reconnects_total.values()) >= 1
+    got = mutation_keys(client.events)
+    assert len(got) == len(set(got)) == 840 and set(more) <= set(got)  # no gap, no duplicate
+    assert not resets(client.events)
+    versions_in_order(client.events)
+    check_brackets(client.events)
+    node_scope.cancel()
+    store.close()
