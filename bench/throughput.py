@@ -99,9 +99,28 @@ UPR_FSYNC = ["batch"]
 """The UPR front's ``--fsync`` policy in these runs (``--upr-fsync``)."""
 
 
+NO_DIRECT_WRITES = """
+import runpy
+from gateway.io import connection
+init = connection.PacketConnection.__init__
+def no_direct(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self._direct = False
+connection.PacketConnection.__init__ = no_direct
+runpy.run_module("gateway", run_name="__main__", alter_sys=True)
+"""
+"""The gateway with ``PacketConnection``'s direct writes off (``BENCH_DIRECT=0``)."""
+
+
 def gateway_upr_front(upstream: int, state_dir: str):  # type: ignore[no-untyped-def]
+    profile = os.environ.get("BENCH_PROFILE")  # a file: the UPR front's run under cProfile
+    if os.environ.get("BENCH_DIRECT") == "0":  # every send queued for the writer task
+        start = ["-c", NO_DIRECT_WRITES]
+    else:
+        start = [*(["-m", "cProfile", "-o", profile] if profile else []), "-m", "gateway"]
     command = [
-        sys.executable, "-m", "gateway", "serve", "--tap-upstream", f"127.0.0.1:{upstream}",
+        sys.executable, *start,
+        "serve", "--tap-upstream", f"127.0.0.1:{upstream}",
         "--upr-listen", "127.0.0.1:0", "--state-dir", state_dir, "--no-metrics",
         "--fsync", UPR_FSYNC[0],
     ]  # fmt: skip

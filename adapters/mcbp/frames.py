@@ -145,6 +145,22 @@ class FrameReader:
         """Bytes received but not yet handed out as frames."""
         return len(self._buffer) - self._offset
 
+    @property
+    def buffer(self) -> bytearray:
+        """The bytes received; those from ``offset`` on are not handed out yet. A caller
+        that frames in place (a fast path over runs of frames) reads them here and
+        says how far it took them with ``advance``."""
+        return self._buffer
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    def advance(self, offset: int) -> None:
+        """The bytes of ``buffer`` up to ``offset`` were taken as whole frames in place."""
+        self.consumed += offset - self._offset
+        self._offset = offset
+
     def pending_body_length(self) -> int | None:
         """The declared body length of the partial frame buffered (None: no whole header yet)."""
         if len(self._buffer) - self._offset < HEADER_SIZE:

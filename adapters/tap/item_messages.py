@@ -7,7 +7,8 @@ keys-only, no value and the NO_VALUE flag; item flags byte-swapped to host
 order unless the client asked for network order (FIX_FLAG_BYTEORDER), in
 which case they travel as stored with NETWORK_BYTE_ORDER set; a deletion or
 an expiration is a DELETE. The messages are unstamped (the sans-IO
-``TapProducer`` adds sequence numbers and ack requests).
+``TapProducer`` adds sequence numbers and ack requests). ``stored_flags`` is
+the way back, for every receiver: a MUTATION's flags as the client set them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Protocol
 from adapters.tap.constants import NO_TAP_FLAGS, TapFlags, swap32
 from adapters.tap.events import TapDelete, TapMutation
 
-__all__ = ["ItemMessages", "StoredMutation", "StoredRemoval"]
+__all__ = ["ItemMessages", "StoredMutation", "StoredRemoval", "stored_flags"]
 
 
 class StoredRemoval(Protocol):
@@ -79,3 +80,10 @@ class ItemMessages:
     @staticmethod
     def deletion(item: StoredRemoval, vbucket: int) -> TapDelete:
         return TapDelete(item.key, vbucket, cas=item.cas, rev_seqno=item.rev_seqno)
+
+
+def stored_flags(message: TapMutation) -> int:
+    """The item flags of ``message`` as the client set them: as they travel with
+    NETWORK_BYTE_ORDER, byte-swapped from 2.x's host order without it."""
+    flags = message.flags
+    return flags if message.tap_flags & TapFlags.NETWORK_BYTE_ORDER else swap32(flags)

@@ -5,7 +5,10 @@ number as its opaque. With support-ack the producer asks for an ack (TAP flag
 ACK) every ``ack_interval`` messages and always on OPAQUE, VBUCKET_SET and
 CHECKPOINT_START/END, and keeps every message until an ack covers it: an ack
 of sequence number N releases N and everything sent before it. Once
-``max_unacked`` messages are outstanding it stops (``can_send`` is false). A
+``max_unacked`` messages are outstanding it stops (``can_send`` is false). An
+ack of a number the window does not hold (acked already, or never sent)
+changes nothing, as 2.x logged "Explicit ack of nonexisting entry" and went
+on (``TapProducer::processAck``); ``stray_acks`` counts the never-sent ones. A
 nack whose status is BUSY or TEMPORARY_FAILURE pauses the stream for
 ``backoff`` seconds, after which everything outstanding is sent again, in
 order, with the same sequence numbers; any other nack is fatal. Without
@@ -93,6 +96,8 @@ class TapProducer:
         self.acked_total = 0
         self.nacks_total = 0
         self.retransmits_total = 0
+        self.stray_acks = 0
+        """Acks naming a sequence number never sent (ignored, as 2.x did)."""
 
     # -- sending ---------------------------------------------------------
 
@@ -258,9 +263,9 @@ class TapProducer:
         for opaque in opaques:
             position = (opaque - first) % SEQNO_MODULUS
             if position >= size:
-                found = self._position(opaque)  # raises for a number never sent
+                found = self._position(opaque)
                 if found is None:
-                    continue  # a late ack for a message already covered
+                    continue  # a late ack, or one for a number never sent
                 position = found
             if position > furthest:
                 furthest = position
@@ -294,7 +299,7 @@ class TapProducer:
                 return 0  # nothing is kept to release (a client that acks every message)
             position = self._position(opaque)
             if position is None:
-                return 0  # a late ack for a message already covered
+                return 0  # a late ack, or one for a number never sent
             self.acked_total += position + 1
             return position + 1
         self.nacks_total += 1
@@ -327,9 +332,7 @@ class TapProducer:
             if _opaque_of(message) == seqno:
                 return index
         if not self._was_sent(seqno):
-            raise ProtocolError(
-                "ack names a sequence number never sent", field="opaque", value=seqno
-            )
+            self.stray_acks += 1
         return None
 
     def _was_sent(self, seqno: int) -> bool:

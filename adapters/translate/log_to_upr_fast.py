@@ -17,8 +17,10 @@ which raises the codec's own error.
 the read walks them (``gateway.fronts.upr.segments.walk_records``), and
 frames a block's items straight from the block's bytes (one struct unpack
 and one pack per item, the key and value copied as one slice), with no
-``LogItem`` per item; rows (logs written before blocks, items a block cannot
-hold) take the same steps from their ``LogItem``.
+``LogItem`` per item. ``BatchCut.rows`` takes the same steps from ``LogItem``s:
+the in-memory tail (``BatchEncoder.encode`` is a cut over all it is given)
+and rows on disk (logs written before blocks, items a block cannot hold), so
+the cut rule is written once for rows and once for block bytes.
 
 ``split`` finds where the flow-control window cuts such a batch: whole
 messages while the window had room before each, as a producer stops only
@@ -52,6 +54,7 @@ _HEADER_SIZE = HEADER.size
 _block_unpack = BLOCK_ITEM.unpack_from
 _BLOCK_ITEM_SIZE = BLOCK_ITEM.size
 _KINDS = tuple(ItemKind)
+_NO_END = 2**64
 
 
 class EncodedBatch(NamedTuple):
@@ -134,79 +137,9 @@ class BatchEncoder:
 
     def encode(self, items: Sequence[LogItem]) -> EncodedBatch:
         """Markers and items of ``items`` (seqno order), cut as ``cut_snapshots`` cuts them."""
-        parts: list[bytes] = []
-        append = parts.append
-        vbucket, opaque = self.vbucket, self.opaque
-        m_op, m_pack, m_ext = self._mutation[0], self._mutation[1].pack, self._mutation[2]
-        marker_pack, marker_op = self._marker.pack, self._marker_op
-        removals = {_DELETION: self._deletion, _EXPIRATION: self._expiration}
-        delete_times = self.delete_times
-        fallback = self._fallback.encode
-        markers = deletions = expirations = 0
-        keys: set[bytes] = set()
-        at = -1  # index in parts of the open snapshot's marker (filled when it closes)
-        start = last = 0
-        snap_flags = 0
-        run_backfill: bool = False
-        run_checkpoint = 0
-        for item in items:
-            (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, _, dt) = item
-            if (
-                at < 0
-                or bf != run_backfill
-                or cp != run_checkpoint
-                or (cs and not bf)
-                or key in keys
-            ):
-                if at >= 0:
-                    parts[at] = marker_pack(_REQUEST, marker_op, 0, 20, 0, vbucket, 20, opaque, 0,
-                                            start, last, snap_flags)  # fmt: skip
-                at = len(parts)
-                append(b"")
-                markers += 1
-                start = seqno
-                run_backfill, run_checkpoint = bf, cp
-                snap_flags = _DISK if bf else (_MEMORY | _CHECKPOINT if cs else _MEMORY)
-                keys = {key}
-            else:
-                keys.add(key)
-            last = seqno
-            try:
-                if kind == _MUTATION:
-                    if not key:
-                        raise struct.error("empty key")
-                    klen = len(key)
-                    append(m_pack(_REQUEST, m_op, klen, m_ext, dtype, vbucket,
-                                  m_ext + klen + len(value), opaque, cas, seqno, rev, flags, exp,
-                                  lock))  # fmt: skip
-                    append(key)
-                    append(value)
-                    continue
-                if kind == _DELETION:
-                    deletions += 1
-                else:
-                    expirations += 1
-                removal = removals[kind]
-                if removal is None or not key:
-                    raise struct.error("no fast path")
-                op, pack, ext = removal[0], removal[1].pack, removal[2]
-                klen = len(key)
-                if delete_times:
-                    append(pack(_REQUEST, op, klen, ext, 0, vbucket, ext + klen, opaque, cas,
-                                seqno, rev, dt))  # fmt: skip
-                else:
-                    append(pack(_REQUEST, op, klen, ext, 0, vbucket, ext + klen, opaque, cas,
-                                seqno, rev))  # fmt: skip
-                append(key)
-            except struct.error:
-                append(fallback(item))  # raises the codec's error if it cannot be sent
-        if at >= 0:
-            parts[at] = marker_pack(_REQUEST, marker_op, 0, 20, 0, vbucket, 20, opaque, 0,
-                                    start, last, snap_flags)  # fmt: skip
-        if not items:
-            return EncodedBatch(b"", 0, 0, 0)
-        return EncodedBatch(b"".join(parts), markers, deletions, expirations, len(items),
-                            items[-1].by_seqno, items[0].arrival)  # fmt: skip
+        cut = BatchCut(self, -1, _NO_END, _NO_END, -1)
+        cut.rows(items)
+        return cut.finish()
 
     def split(self, data: bytes, start: int, room: int) -> tuple[int, int, int]:
         """(end offset, items, last item seqno) of what goes from ``start`` into ``room`` bytes.
@@ -366,49 +299,103 @@ class BatchCut:
 
     def item(self, item: LogItem) -> bool:
         """One item of a row; True once the batch is complete (the item may not be in it)."""
-        seqno = item.by_seqno
-        self.whole = seqno <= self.upto
-        if seqno <= self.after:
-            return False
-        if not self.whole:
-            return True
-        key = item.key
-        bf = 1 if item.backfill else 0
-        cs = item.checkpoint_start
-        cp = item.checkpoint_id
-        if (
-            self.at < 0
-            or bf != self.backfill
-            or cp != self.checkpoint
-            or (cs and not bf)
-            or key in self.keys
-        ):
-            self._close_snapshot()
-            self.at = len(self.parts)
-            self.parts.append(b"")
-            self.markers += 1
-            self.start = seqno
-            self.backfill, self.checkpoint = bf, cp
-            self.snap_flags = _DISK if bf else (_MEMORY | _CHECKPOINT if cs else _MEMORY)
-            self.keys = {key}
-        else:
-            self.keys.add(key)
-        if not self.items:
-            self.arrival = item.arrival
-        self.items += 1
-        self.last = self.after = seqno
-        if item.kind == _DELETION:
-            self.deletions += 1
-        elif item.kind == _EXPIRATION:
-            self.expirations += 1
-        self.parts.append(self.encoder._fallback.encode(item))  # the bytes of the fast path
-        if self.items >= self.limit:
-            return True
-        if self.left >= 0:
-            self.left -= len(key) + len(item.value)
-            if self.left <= 0:
-                return True
-        return False
+        return self.rows((item,))
+
+    def rows(self, items: Sequence[LogItem]) -> bool:
+        """Items as ``LogItem``s, in seqno order (the in-memory tail, rows on disk): the
+        steps of ``block`` on their fields. True once the batch is complete (the
+        item at hand may not be in it)."""
+        enc = self.encoder
+        parts = self.parts
+        append = parts.append
+        vbucket, opaque = enc.vbucket, enc.opaque
+        m_op, m_pack, m_ext = enc._mutation[0], enc._mutation[1].pack, enc._mutation[2]
+        marker_pack, marker_op = enc._marker.pack, enc._marker_op
+        removals = (None, enc._deletion, enc._expiration)
+        delete_times = enc.delete_times
+        fallback = enc._fallback.encode
+        after, upto, limit, left = self.after, self.upto, self.limit, self.left
+        at, start, last, snap_flags = self.at, self.start, self.last, self.snap_flags
+        run_backfill, run_checkpoint, keys = self.backfill, self.checkpoint, self.keys
+        count, deletions, expirations, markers = (self.items, self.deletions, self.expirations,
+                                                  self.markers)  # fmt: skip
+        done = False
+        whole = True
+        for item in items:
+            (seqno, kind, key, value, rev, cas, flags, exp, lock, dtype, cp, bf, cs, arr,
+             dt) = item  # fmt: skip
+            if seqno <= after:
+                continue
+            if seqno > upto:
+                done, whole = True, False
+                break
+            # bf: a bool here, an int in ``block``; == holds where they mean the same.
+            if (
+                at < 0
+                or bf != run_backfill
+                or cp != run_checkpoint
+                or (cs and not bf)
+                or key in keys
+            ):
+                if at >= 0:
+                    parts[at] = marker_pack(_REQUEST, marker_op, 0, 20, 0, vbucket, 20, opaque, 0,
+                                            start, last, snap_flags)  # fmt: skip
+                at = len(parts)
+                append(b"")
+                markers += 1
+                start = seqno
+                run_backfill, run_checkpoint = bf, cp
+                snap_flags = _DISK if bf else (_MEMORY | _CHECKPOINT if cs else _MEMORY)
+                keys = {key}
+            else:
+                keys.add(key)
+            if not count:
+                self.arrival = arr
+            count += 1
+            last = after = seqno
+            klen = len(key)
+            try:
+                if kind == _MUTATION:
+                    if not klen:
+                        raise struct.error("empty key")
+                    append(m_pack(_REQUEST, m_op, klen, m_ext, dtype, vbucket,
+                                  m_ext + klen + len(value), opaque, cas, seqno, rev, flags, exp,
+                                  lock))  # fmt: skip
+                    append(key)
+                    append(value)
+                else:
+                    if kind == _DELETION:
+                        deletions += 1
+                    else:
+                        expirations += 1
+                    removal = removals[kind]
+                    if removal is None or not klen:
+                        raise struct.error("no fast path")
+                    op, pack, ext = removal[0], removal[1].pack, removal[2]
+                    if delete_times:
+                        append(pack(_REQUEST, op, klen, ext, 0, vbucket, ext + klen, opaque, cas,
+                                    seqno, rev, dt))  # fmt: skip
+                    else:
+                        append(pack(_REQUEST, op, klen, ext, 0, vbucket, ext + klen, opaque, cas,
+                                    seqno, rev))  # fmt: skip
+                    append(key)
+            except struct.error:  # the codec's error if it cannot be sent
+                append(fallback(item))
+            if count >= limit:
+                done = True
+                break
+            if left >= 0:
+                left -= klen + len(value)
+                if left <= 0:
+                    done = True
+                    break
+        self.whole = whole
+        self.after, self.left = after, left
+        self.at, self.start, self.last, self.snap_flags = at, start, last, snap_flags
+        self.backfill, self.checkpoint, self.keys = run_backfill, run_checkpoint, keys
+        self.items, self.deletions, self.expirations, self.markers = (count, deletions, expirations,
+                                                                      markers)  # fmt: skip
+        return done
 
     def _close_snapshot(self) -> None:
         enc = self.encoder

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import ssl
 import tempfile
 import time
@@ -35,6 +34,7 @@ from gateway.io.limits import ConnectionLimits
 from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.metrics.health import FrontInfo, Health
 from gateway.runtime.loop_watch import LoopWatch, freeze_startup_objects
+from gateway.runtime.signals import stop_on_signal
 from gateway.runtime.version import describe
 
 log = logging.getLogger("gateway.cli.serve")
@@ -98,7 +98,7 @@ async def run_serve(
     with contextlib.ExitStack() as cleanup:
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+                nursery.start_soon(stop_on_signal, nursery.cancel_scope)
                 announced = await _start_all(options, running, nursery, cleanup)
                 running.health.listeners_bound = True
                 if options.freeze_gc:
@@ -323,11 +323,3 @@ async def _trickle(store: object, per_second: float) -> None:
         count += 1
         vb = vbucket_of(key, n_vbuckets)
         store.set(vb, key, b"x" * 100, now=time.time())  # type: ignore[attr-defined]
-
-
-async def _stop_on_signal(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            scope.cancel()
-            return

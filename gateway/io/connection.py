@@ -19,7 +19,8 @@ stage's size and time limits (``gateway.io.limits``) and two ways to write.
   writer starts, ``send`` writes at once, one sender at a time.
 
 The owner reads with ``receive_frame`` (``None`` at a clean end of stream) or
-``next_frame`` (the end of stream is an error naming the peer); ``request``,
+``next_frame`` (the end of stream is an error naming the peer), or a socket
+read at a time with ``receive_data`` to frame in place; ``request``,
 ``stats`` and ``sasl_plain`` are the client side of a command connection.
 Failures to reach a peer are ``OSError`` whose one line names it.
 
@@ -308,6 +309,16 @@ class PacketConnection:
     def next_buffered_frame(self) -> Frame | None:
         """A frame already received, without waiting for the network."""
         return self.reader.next_frame()
+
+    async def receive_data(self) -> int:
+        """Add the next socket read to ``reader`` as it comes (no stage limits, no
+        deadlines: for a caller that frames a whole read at once in place, a dialed
+        stream's consumer); how many bytes came, 0 at the end of stream."""
+        data = await self.stream.receive_some(RECEIVE_SIZE)
+        if data:
+            self.bytes_received += len(data)
+            self.reader.receive_data(data)
+        return len(data)
 
     # -- writing -----------------------------------------------------------
 

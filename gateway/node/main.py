@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from gateway.io.listen import bound_port
 from gateway.node.items import VBucketState
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
+from gateway.runtime.signals import stop_on_signal
 
 log = logging.getLogger("gateway.node")
 
@@ -89,16 +89,8 @@ async def run_node(
                 options.dialect,
                 f", data in {options.data_dir}" if options.data_dir else ", in memory",
             )
-            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            nursery.start_soon(stop_on_signal, nursery.cancel_scope)
             task_status.started(port)
     finally:
         node.store.close()
         log.info("reference node stopped")
-
-
-async def _stop_on_signal(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            scope.cancel()
-            return

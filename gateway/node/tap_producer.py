@@ -78,6 +78,7 @@ from adapters.tap.codec import is_tap_opcode
 from adapters.tap.connect import connect_refusal
 from adapters.tap.item_messages import ItemMessages
 from adapters.tap.producer import ProducerState, TapProducer
+from adapters.tap.settlement import Settlement, Settlements
 from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import Item, VBucketState
@@ -165,13 +166,14 @@ class TapStream:
         self.last_send = trio.current_time()
         self._wake = trio.Event()
         # Positions a registered client reaches once the message is acked.
-        self._pending: dict[int, VbPosition] = {}
+        self.settlements: Settlements[VbPosition] = Settlements(
+            self.producer, support_ack=plan.support_ack, registered=True
+        )
         self.items_sent = 0
         self.deletes_sent = 0
         self.checkpoint_ends = 0
         self.noops_sent = 0
         self.last_stamped = 0
-        self.last_acked = 0
         self.idle = False
 
     # -- running -------------------------------------------------------------
@@ -349,10 +351,10 @@ class TapStream:
         if isinstance(message, TapMutation | TapDelete):
             self.items_sent += 1
         if position is not None and self.registration is not None:
-            if self.plan.support_ack:
-                self._pending[stamped.opaque] = position
-            else:
-                self.registration.positions[message.vbucket] = position
+            settlements = self.settlements
+            settlements.settling.positions[message.vbucket] = position
+            settlements.end()
+            self._settled(settlements.take_ready())
         await self.conn.send(encode(stamped))
         self.last_send = trio.current_time()
 
@@ -412,16 +414,25 @@ class TapStream:
         scope.cancel()
 
     def _on_response(self, response: TapResponse) -> None:
-        released = self.producer.receive(response, trio.current_time())
+        released = self.settlements.answered(
+            response.opaque, response.status, trio.current_time(), response.text, response.opcode
+        )
         if response.status and self.producer.state is ProducerState.BACKING_OFF:
             log.info("%s: client busy (0x%02x): backing off", self.name, response.status)
-        for message in released:
-            position = self._pending.pop(message.opaque, None)
-            if position is not None and self.registration is not None:
-                self.registration.positions[message.vbucket] = position
-        if released:
-            self.last_acked = released[-1].opaque
+        self._settled(released)
         self._wake.set()
+
+    def _settled(self, settlements: list[Settlement[VbPosition]]) -> None:
+        """A registered client's positions that acks (or sends, without support-ack)
+        made final."""
+        registration = self.registration
+        if registration is not None:
+            for settlement in settlements:
+                registration.positions.update(settlement.positions)
+
+    @property
+    def last_acked(self) -> int:
+        return self.settlements.last_acked
 
     # -- statistics ----------------------------------------------------------
 

@@ -55,7 +55,7 @@ from adapters.tap import (
     encode,
 )
 from adapters.tap.acks import ack_of
-from adapters.tap.constants import swap32
+from adapters.tap.item_messages import stored_flags
 from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
 from gateway.node.items import StoreError, VBucketState
@@ -152,14 +152,11 @@ class TapReceiver:
     def _mutation(self, message: TapMutation, now: float) -> None:
         if message.tap_flags & TapFlags.NO_VALUE:
             raise StoreError(Status.NOT_SUPPORTED, "a keys-only mutation cannot be applied")
-        flags = message.flags
-        if not message.tap_flags & TapFlags.NETWORK_BYTE_ORDER:
-            flags = swap32(flags)
         self.store.apply_mutation(
             message.vbucket,
             message.key,
             message.value,
-            flags=flags,
+            flags=stored_flags(message),
             expiration=message.expiration,
             cas=message.cas,
             rev_seqno=self._rev(message),

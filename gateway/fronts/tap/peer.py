@@ -3,13 +3,14 @@
 Theory of operation. ``TapPeer`` stamps TAP messages with the sans-IO
 ``TapProducer`` (sequence numbers, ack requests, the unacked window) into a
 batch that ``flush`` writes with one send, its last message asking for an
-ack. Each batch's upstream bytes, the replies the upstream waits for and the
-positions reached gather in a ``Settlement`` that ``end_settlement``
-attaches to the batch's last message; ``read`` applies the peer's acks and
-nacks (framed by body length alone, as memcached 2.x read them) and settles
-what they release: credit and replies to the upstream connection they were
-owed to (``upstream``/``generation``, set by the session), positions and
-counters on the TAP side. A request that is not TAP's goes to the front's
+ack. Which acks settle what is ``adapters.tap.settlement``'s rule
+(``Settlements``): each batch's upstream bytes, the replies the upstream
+waits for and the positions reached gather in a ``Settlement`` attached to
+the batch's last message; ``read`` hands it the peer's acks and nacks
+(framed by body length alone, as memcached 2.x read them) and sends what
+they release: credit and replies to the upstream connection they were owed
+to (``upstream``, set by the session), positions and counters on the TAP
+side. A request that is not TAP's goes to the front's
 command door (``answer``), as 2.x memcached ran every packet of a TAP
 connection through its command dispatcher (daemon/memcached.c
 ``conn_ship_log``). ``timers`` sends a NOOP on an idle connection and
@@ -40,10 +41,10 @@ from adapters.tap import (
     encode,
 )
 from adapters.tap.codec import is_tap_opcode
-from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer, successful_acks
+from adapters.tap.producer import ProducerState, TapProducer, successful_acks
+from adapters.tap.settlement import Settlement, Settlements
 from gateway.fronts.tap.plan import ConnectionPlan
-from gateway.fronts.tap.registry import Registry
-from gateway.fronts.tap.settlement import Settlement
+from gateway.fronts.tap.registry import Registry, VbResume
 from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError
 from gateway.fronts.tap.vbstream import VbStream
 from gateway.io.connection import PacketConnection
@@ -98,9 +99,8 @@ class TapPeer:
         self.producer = producer
         self.plan = plan
         self.name = plan.name
-        # Asked once per batch and per ack: kept as plain bools, not Flag arithmetic.
+        # Asked once per batch: a plain bool, not Flag arithmetic.
         self._support_ack = plan.support_ack
-        self._registered = plan.registered
         self.registry = registry
         self.stats = stats
         self.gateway_stats = gateway_stats
@@ -109,18 +109,16 @@ class TapPeer:
         """Answers the requests that are not TAP's (the listener's ``Door.answer``)."""
         self.upstream: UprUpstream | None = None
         """The upstream connection the credit and replies settled now are owed to."""
-        self.generation = 0
-        """Counts upstream connections (set by the session): a settlement made for an
-        older one settles the TAP side only."""
+        self.settlements: Settlements[VbResume] = Settlements(
+            producer, support_ack=plan.support_ack, registered=plan.registered
+        )
+        """What each batch settles (the session counts upstream connections there)."""
         self.batch: list[bytes] = []
-        self.settling = Settlement()
-        """What the batch being built will settle (replaced at each ``end_settlement``)."""
-        self._pending: dict[int, Settlement] = {}
-        self._ready: list[Settlement] = []
         self.wake = trio.Event()
         """Set by an ack or the end of a backoff: room may have come in the ack window."""
         self.last_send = trio.current_time()
         self.captured_out: TapRecording | None = None
+        self._stray_acks = 0
 
     # -- writing -------------------------------------------------------------
 
@@ -149,31 +147,15 @@ class TapPeer:
         if kind is not None:
             self.stats.items_sent[kind] += 1
         if vb is not None:
-            self.settling.touched[vb.vbucket] = vb
+            self.settlements.settling.touched[vb.vbucket] = vb
         if type(message) is TapVbucketSet and message.state == upr.VBucketState.PENDING:
             self.gateway_stats.takeovers_started_total["tap_front"] += 1
-
-    def end_settlement(self) -> None:
-        """Attach what was gathered to the last message stamped (or settle it now)."""
-        settlement, self.settling = self.settling, Settlement(self.generation)
-        settlement.close(self.generation, self._registered)
-        if settlement.empty:
-            return
-        last = self.producer.last_opaque
-        if self._support_ack and last and self.producer.unacked:
-            held = self._pending.get(last)
-            if held is None:
-                self._pending[last] = settlement
-            else:
-                held.merge(settlement)
-        else:
-            self._ready.append(settlement)
 
     async def flush(self) -> None:
         """Write the batch (its last message asking for an ack), then settle what may be."""
         if self.batch and self._support_ack:
             self.batch[-1] = self.producer.ack_request_on_last()
-        self.end_settlement()
+        self.settlements.end()
         if self.batch:
             data = b"".join(self.batch)
             self.batch.clear()
@@ -181,8 +163,7 @@ class TapPeer:
             self.stats.bytes_sent += len(data)
             self.stats.last_item_time = time.time()
             self.last_send = trio.current_time()
-        ready, self._ready = self._ready, []
-        for settlement in ready:
+        for settlement in self.settlements.take_ready():
             await self._settle(settlement)
         self.update_ack_stats()
 
@@ -192,9 +173,9 @@ class TapPeer:
             self.wake = trio.Event()
             await self.wake.wait()
 
-    async def _settle(self, settlement: Settlement) -> None:
+    async def _settle(self, settlement: Settlement[VbResume]) -> None:
         upstream = self.upstream
-        if upstream is not None and settlement.generation == self.generation:
+        if upstream is not None and self.settlements.owed_upstream(settlement):
             try:
                 await upstream.acknowledge(settlement.credit)
                 if settlement.replies:
@@ -218,6 +199,10 @@ class TapPeer:
             self.stats.latency.observe(max(0.0, time.time() - settlement.arrival))
 
     def update_ack_stats(self) -> None:
+        if self.producer.stray_acks != self._stray_acks:
+            # Ignored, as 2.x did ("Explicit ack of nonexisting entry"), but said.
+            self._stray_acks = self.producer.stray_acks
+            log.warning("%s: ignored an ack of a sequence number never sent", self.name)
         stats = self.stats
         stats.acks_pending = self.producer.unacked
         stats.nacks_total = self.producer.nacks_total
@@ -231,10 +216,7 @@ class TapPeer:
         elif not full and stats.blocked_since is not None:
             stats.blocked_seconds = stats.blocked_total()
             stats.blocked_since = None
-        # Settlements are held in the order they were made, so the first with an
-        # arrival is the oldest (a scan of all of them on every ack was quadratic).
-        oldest = next((s.arrival for s in self._pending.values() if s.arrival), 0.0)
-        stats.oldest_unacked_time = oldest or None
+        stats.oldest_unacked_time = self.settlements.oldest_arrival() or None
 
     # -- reading -------------------------------------------------------------
 
@@ -285,52 +267,31 @@ class TapPeer:
         """Apply the successful acks read so far, in order, and settle what they released."""
         if not opaques:
             return
-        producer = self.producer
-        first = producer.first_unacked
-        count = producer.release_acks(opaques)
-        opaques.clear()
+        released = self.settlements.acked(opaques)
         self.wake.set()
-        await self._settle_acked(self._released(first, count))
+        await self._settle_acked(released)
 
-    def _released(self, first: int, count: int) -> list[Settlement]:
-        """The settlements held on the ``count`` messages acked from ``first`` on."""
-        released: list[Settlement] = []
-        pending = self._pending
-        # Settlements wait in the order of their messages' sequence numbers.
-        while count and pending:
-            opaque = next(iter(pending))
-            if (opaque - first) % SEQNO_MODULUS >= count:
-                break
-            released.append(pending.pop(opaque))
-        return released
-
-    def _on_ack(self, frame: Frame) -> list[Settlement]:
+    def _on_ack(self, frame: Frame) -> list[Settlement[VbResume]]:
         """Apply a TAP ack or nack (a response to a stream message, framed as 2.x
         framed them: only opaque and status count, the body is a nack's text);
         the settlements it released, oldest first."""
-        producer = self.producer
         status = frame.vbucket_or_status
-        first = producer.first_unacked
-        count = producer.release(
+        released = self.settlements.answered(
             frame.opaque, status, trio.current_time() if status else 0.0, frame.body, frame.opcode
         )
-        if status and producer.state is ProducerState.BACKING_OFF:
+        if status and self.producer.state is ProducerState.BACKING_OFF:
             log.info("%s: TAP peer busy (0x%02x): backing off", self.name, status)
         self.wake.set()
-        return self._released(first, count)
+        return released
 
-    async def _settle_acked(self, settlements: list[Settlement]) -> None:
+    async def _settle_acked(self, settlements: list[Settlement[VbResume]]) -> None:
         """Settle what acks released (the upstream's credit and replies in one send)."""
         if settlements:
-            batch = Settlement(self.generation)
             now = time.time()
             for settlement in settlements:
-                batch.merge(settlement)
                 if settlement.arrival:
                     self.stats.latency.observe(max(0.0, now - settlement.arrival))
-            batch.arrival = 0.0
-            settlements.clear()
-            await self._settle(batch)
+            await self._settle(self.settlements.combined(settlements))
         self.update_ack_stats()
 
     # -- timers --------------------------------------------------------------

@@ -19,6 +19,12 @@ With a state directory both live in one msgpack file, rewritten atomically
 ``save_interval`` seconds, and once more on shutdown. Positions only move
 forward on acknowledgement, so a file older than the truth makes a client
 resume a little early (duplicates it already has), never late (a gap).
+
+Checkpoint ids are the exception: one handed out after the last save must
+never name another range after a restart, or a client resuming from it would
+skip what it never received. Only the shutdown save marks the file clean
+(opening it marks it unclean at once); a file not clean moves every counter,
+and the first id of vbuckets it never counted, ``ID_GAP`` further on.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ log = logging.getLogger(__name__)
 STATE_FILE = "tap-front-state.msgpack"
 SCHEMA_VERSION = 1
 KEEP_CHECKPOINTS = 64
+ID_GAP = 1 << 24
+"""Checkpoint ids skipped after an unclean stop: more than a vbucket hands out
+between two saves (16M; 2.x checkpoint ids are 64-bit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +62,7 @@ class VbResume:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class StateImage:
     """The state file's bytes as of one moment; later moments have higher generations."""
 
     generation: int
@@ -68,9 +77,11 @@ class Registry:
     clients: dict[str, dict[int, VbResume]] = field(default_factory=dict)
     checkpoints: dict[int, OrderedDict[int, VbResume]] = field(default_factory=dict)
     next_ids: dict[int, int] = field(default_factory=dict)
+    first_id: int = 1
+    """The first checkpoint id of a vbucket not in ``next_ids``."""
     dirty: bool = False
     # Saves come from the loop (a session ending) and from a worker thread (the
-    # periodic save): one writer at a time, and an older snapshot never
+    # periodic save): one writer at a time, and an older image never
     # replaces a newer one.
     _generation: int = 0
     _written: int = 0
@@ -85,12 +96,16 @@ class Registry:
         try:
             data = registry.path.read_bytes()  # type: ignore[union-attr]
         except FileNotFoundError:
-            return registry
+            data = None
         try:
-            registry._load(msgpack.unpackb(data, strict_map_key=False))
+            if data is not None:
+                registry._load(msgpack.unpackb(data, strict_map_key=False))
         except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
             # Starting over costs clients a backfill; refusing to start costs more.
             log.error("%s is unreadable (%s); registered clients will backfill", registry.path, exc)
+        # Unclean on disk before any id is handed out: a kill from here on is seen.
+        registry.dirty = True
+        registry.save()
         return registry
 
     def _load(self, data: dict[str, object]) -> None:
@@ -110,6 +125,14 @@ class Registry:
             for vb, entries in checkpoints.items()
         }
         self.next_ids = {int(vb): int(n) for vb, n in next_ids.items()}
+        self.first_id = int(data.get("first_id", 1))  # type: ignore[call-overload]
+        if not data.get("clean"):
+            # Ids may have been handed out past the counters saved: skip them.
+            self.next_ids = {vb: n + ID_GAP for vb, n in self.next_ids.items()}
+            self.first_id += ID_GAP
+            log.warning(
+                "%s was not closed cleanly: checkpoint ids go on from +%d", self.path, ID_GAP
+            )
 
     # -- registered clients ---------------------------------------------------
 
@@ -137,7 +160,7 @@ class Registry:
     def checkpoint_ids(self, vbucket: int) -> Iterator[int]:
         """Endless ids for new checkpoints of ``vbucket``, shared by every stream."""
         while True:
-            current = self.next_ids.get(vbucket, 1)
+            current = self.next_ids.get(vbucket, self.first_id)
             self.next_ids[vbucket] = current + 1
             self.dirty = True
             yield current
@@ -156,8 +179,9 @@ class Registry:
 
     # -- persistence ----------------------------------------------------------
 
-    def snapshot(self) -> Snapshot | None:
-        """The state file's contents if anything changed since the last one (else None)."""
+    def image(self, *, clean: bool = False) -> StateImage | None:
+        """The state file's contents if anything changed since the last one (else None);
+        ``clean`` only for the last one, after every stream stopped."""
         if self.path is None or not self.dirty:
             return None
         self.dirty = False
@@ -174,25 +198,29 @@ class Registry:
                     for vb, entries in self.checkpoints.items()
                 },
                 "next_ids": self.next_ids,
+                "first_id": self.first_id,
+                "clean": clean,
             }
         )
-        return Snapshot(self._generation, packed)
+        return StateImage(self._generation, packed)
 
-    def write(self, snapshot: Snapshot) -> None:
-        """Replace the state file with ``snapshot`` atomically (callable from a thread)."""
+    def write(self, image: StateImage) -> None:
+        """Replace the state file with ``image`` atomically (callable from a thread)."""
         assert self.path is not None
         with self._writing:
-            if snapshot.generation <= self._written:
-                return  # a newer snapshot is already on disk
+            if image.generation <= self._written:
+                return  # a newer image is already on disk
             temporary = self.path.with_suffix(".tmp")
             with open(temporary, "wb") as handle:
-                handle.write(snapshot.data)
+                handle.write(image.data)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temporary, self.path)
-            self._written = snapshot.generation
+            self._written = image.generation
 
-    def save(self) -> None:
-        data = self.snapshot()
+    def save(self, *, clean: bool = False) -> None:
+        """Write the state now (``clean``: on shutdown, nothing will change after it)."""
+        self.dirty = self.dirty or clean
+        data = self.image(clean=clean)
         if data is not None:
             self.write(data)

@@ -193,12 +193,12 @@ class TapFront:
                 nursery.start_soon(self._save_periodically)
                 task_status.started(bound_port(listeners))
         finally:
-            self.registry.save()
+            self.registry.save(clean=True)
 
     async def _save_periodically(self) -> None:
         while True:
             await trio.sleep(self.config.save_interval)
-            data = self.registry.snapshot()
+            data = self.registry.image()
             if data is not None:
                 await trio.to_thread.run_sync(self.registry.write, data)
 

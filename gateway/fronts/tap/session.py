@@ -20,8 +20,9 @@ the gateway announced, and the gateway returns buffer bytes only for what
 the TAP peer acknowledged (with support-ack) or what was handed to its
 socket (without). Each batch's upstream bytes, the replies the upstream
 waits for (SET_VBUCKET_STATE, acknowledged snapshot markers) and the
-positions reached travel as a ``Settlement`` attached to the last TAP
-message of the batch, and are settled when that message is acked. The last
+positions reached travel as a ``Settlement`` (``adapters.tap.settlement``)
+attached to the last TAP message of the batch, and are settled when that
+message is acked. The last
 message of every batch asks for an ack, so a peer that acks only when asked
 can never leave the upstream stalled on a full buffer. Memory per session is
 bounded by the upstream buffer plus the socket outbox.
@@ -40,18 +41,21 @@ OPAQUE(INITIAL_VBUCKET_STREAM).
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
+from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.tap import ConnectFlags, OpaqueCode, TapOpaque, TapStreamMessage
 from adapters.tap.producer import TapProducer
 from gateway.fronts.tap.peer import TapPeer
 from gateway.fronts.tap.plan import ConnectionPlan
 from gateway.fronts.tap.registry import Registry
-from gateway.fronts.tap.settlement import SessionConfig
 from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError
 from gateway.fronts.tap.upstream_streams import UpstreamStreams
 from gateway.io.connection import PacketConnection
@@ -64,6 +68,27 @@ from gateway.tools.capture.records import Kind
 __all__ = ["SessionConfig", "SessionFailed", "TapSession"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class SessionConfig:
+    upstream: tuple[str, int]
+    dialect: upr.Dialect = upr.DCP
+    user: str | None = None
+    password: str | None = None
+    buffer_size: int = 8 * 1024 * 1024
+    ack_interval: int = 1000
+    max_unacked: int = 10_000
+    backoff: float = 5.0
+    noop_interval: float = 20.0
+    reconnect_initial: float = 0.1
+    reconnect_max: float = 5.0
+    reconnect_attempts: int | None = None
+    """Consecutive failed reconnects before giving up (None: never give up)."""
+    capture_dir: Path | None = None
+    """Record what each connection receives and sends there (see ``gateway.tools.capture``)."""
+    ssl_context: ssl.SSLContext | None = None
+    """TLS to the upstream (None: plain TCP)."""
 
 
 class SessionFailed(ProtocolError):
@@ -191,7 +216,7 @@ class TapSession:
         host, port = config.upstream
         # A new generation before the attempt: what was gathered for the lost
         # connection settles on the TAP side only.
-        self.peer.generation += 1
+        self.peer.settlements.new_upstream()
         upstream = await UprUpstream.connect(
             host,
             port,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from adapters import upr
 from adapters.errors import ProtocolError
@@ -163,7 +165,8 @@ class UpstreamStreams:
                 if not producer.can_send:
                     await peer.wait_for_room()
                     continue
-                marker = snapshot_marker(upstream.buffer, upstream.offset)
+                reader = upstream.reader
+                marker = snapshot_marker(reader.buffer, reader.offset)
                 if marker is not None and await self._marker_fast(upstream, *marker):
                     continue
             frame = upstream.next_frame()
@@ -179,20 +182,21 @@ class UpstreamStreams:
         touched: dict[int, UprToTap] = {}
         closed: list[int] = []
         peer = self.peer
+        reader = upstream.reader
         offset, credit, mutations, deletions, markers, closing = translate_items(
-            upstream.buffer,
-            upstream.offset,
+            reader.buffer,
+            reader.offset,
             self._fast_streams,
             peer.producer,
             peer.batch,
             touched,
             closed,
         )
-        upstream.offset = offset
+        reader.advance(offset)
         if not credit:
             return None
         upstream.window.unacked_bytes += credit
-        settling = peer.settling
+        settling = peer.settlements.settling
         settling.credit += credit
         if not settling.arrival and (mutations or deletions):
             settling.arrival = time.time()
@@ -229,7 +233,7 @@ class UpstreamStreams:
                 self.registry.checkpoint_closed(vb.vbucket, checkpoint_id, vb.position())
                 self.stats.items_sent["marker"] += 1
             peer.batch.append(data)
-        peer.settling.touched[vb.vbucket] = vb
+        peer.settlements.settling.touched[vb.vbucket] = vb
         vb.item_done()
 
     async def _marker_fast(
@@ -246,13 +250,14 @@ class UpstreamStreams:
         data = marker_frame(vb.translator, peer.producer, start, end, flags)
         if data is None:
             return False
-        upstream.offset += _MARKER_SIZE
+        reader = upstream.reader
+        reader.advance(reader.offset + _MARKER_SIZE)
         upstream.window.unacked_bytes += _MARKER_SIZE
-        peer.settling.credit += _MARKER_SIZE
+        peer.settlements.settling.credit += _MARKER_SIZE
         vb.took_marker(start, end, flags)
         peer.batch.append(data)
         self.stats.items_sent["marker"] += 1
-        peer.settling.touched[vb.vbucket] = vb
+        peer.settlements.settling.touched[vb.vbucket] = vb
         vb.item_done()
         return True
 
@@ -281,7 +286,7 @@ class UpstreamStreams:
         if vb is None:
             raise UprUpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
         peer = self.peer
-        settling = peer.settling
+        settling = peer.settlements.settling
         if counts(event):
             upstream.window.unacked_bytes += frame.size
             settling.credit += frame.size
@@ -296,8 +301,9 @@ class UpstreamStreams:
                 await peer.emit(message, vb)
         reply = vb.reply_due(event)
         if reply is not None:
-            peer.settling.replies.append(upr.encode(reply, upstream.dialect))
-            peer.end_settlement()
+            # Looked up again: a flush while emitting may have ended the settlement.
+            peer.settlements.settling.replies.append(upr.encode(reply, upstream.dialect))
+            peer.settlements.end()
         self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
@@ -312,7 +318,7 @@ class UpstreamStreams:
             await peer.wait_for_room()
         peer.batch.append(stamped_item(item, vb.translator, peer.producer))
         self.stats.items_sent["mutation" if type(item) is upr.Mutation else "deletion"] += 1
-        peer.settling.touched[vb.vbucket] = vb
+        peer.settlements.settling.touched[vb.vbucket] = vb
         if closes:
             for message in vb.translator.close():
                 await peer.emit(message, vb)
@@ -320,40 +326,45 @@ class UpstreamStreams:
 
     async def _on_response(self, response: upr.UprResponse) -> None:
         vb = self.by_opaque.get(response.opaque)
-        if vb is None or response.NAME != "STREAM_REQ":
+        answer = _STREAM_REQUEST_ANSWERS.get(type(response))
+        if vb is None or answer is None:
             return  # NOOP and buffer-ack answers need nothing
-        if isinstance(response, upr.StreamRequestOk):
-            vb.accepted(response.failover_log)
+        if isinstance(response, upr.Response) and response.command is not upr.Command.STREAM_REQ:
             return
-        if isinstance(response, upr.StreamRequestRollback):
-            log.warning(
-                "%s: vbucket %d: upstream asks to roll back to %d; the client cannot roll "
-                "back partially, so the vbucket is streamed again from 0",
-                self.name,
-                vb.vbucket,
-                response.rollback_seqno,
-            )
-            self.gateway_stats.rollbacks_total["tap_front"] += 1
-            self.gateway_stats.last_rollback_seqno["tap_front"] = response.rollback_seqno
-            for message in vb.restart_from_zero():
-                await self.peer.emit(message, vb)
-            self._fast_streams.pop(response.opaque, None)
-            upstream = self.upstream
-            assert upstream is not None
-            opaque = upstream.next_opaque()
-            self._route(opaque, vb)
-            await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
-            return
-        status = getattr(response, "status", -1)
-        text = getattr(response, "value", b"").decode("utf-8", "replace")
+        await answer(self, vb, response)
+
+    async def _accepted(self, vb: VbStream, response: upr.StreamRequestOk) -> None:
+        vb.accepted(response.failover_log)
+
+    async def _rolled_back(self, vb: VbStream, response: upr.StreamRequestRollback) -> None:
+        log.warning(
+            "%s: vbucket %d: upstream asks to roll back to %d; the client cannot roll "
+            "back partially, so the vbucket is streamed again from 0",
+            self.name,
+            vb.vbucket,
+            response.rollback_seqno,
+        )
+        self.gateway_stats.rollbacks_total["tap_front"] += 1
+        self.gateway_stats.last_rollback_seqno["tap_front"] = response.rollback_seqno
+        for message in vb.restart_from_zero():
+            await self.peer.emit(message, vb)
+        self._fast_streams.pop(response.opaque, None)
+        upstream = self.upstream
+        assert upstream is not None
+        opaque = upstream.next_opaque()
+        self._route(opaque, vb)
+        await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
+
+    async def _refused(self, vb: VbStream, response: upr.Response) -> None:
+        text = response.value.decode("utf-8", "replace")
         log.error(
             "%s: vbucket %d: upstream refused the stream (status 0x%02x%s)",
             self.name,
             vb.vbucket,
-            status,
+            response.status,
             f": {text}" if text else "",
         )
-        await self._end_stream(vb, f"refused_0x{status:02x}")
+        await self._end_stream(vb, f"refused_0x{response.status:02x}")
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
@@ -363,6 +374,15 @@ class UpstreamStreams:
             await self.peer.emit(message, vb)
         if reason == "ok" and self.plan.takeover:
             self.gateway_stats.takeovers_completed_total["tap_front"] += 1
+
+
+_STREAM_REQUEST_ANSWERS: dict[type, Callable[[UpstreamStreams, VbStream, Any], Awaitable[None]]] = {
+    upr.StreamRequestOk: UpstreamStreams._accepted,
+    upr.StreamRequestRollback: UpstreamStreams._rolled_back,
+    upr.Response: UpstreamStreams._refused,  # a STREAM_REQ refused with another status
+}
+"""What each answer to a stream request does (by its type; the codec gives a failed
+STREAM_REQ the generic ``Response``)."""
 
 
 def _reason_name(reason: int) -> str:

@@ -4,7 +4,8 @@ Runs the start-up proof (``proof.prove_vbucket``) on every vbucket of a
 state directory, read-only, and prints one line per vbucket: proven (with
 a torn tail start-up would cut, if any) or not proven and why, which is
 what ``serve`` would set aside and re-fetch from the TAP node. Logs set
-aside earlier are listed too.
+aside earlier are listed too, and vbuckets handed over to a UPR consumer
+(``takeover``: dead here) say so.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TextIO
 from gateway.fronts.upr.logset import manifest_state, vbucket_dirs
 from gateway.fronts.upr.manifest import MANIFEST_NAME
 from gateway.fronts.upr.proof import SET_ASIDE_DIR, VbProof, prove_vbucket, set_aside_root
+from gateway.fronts.upr.takeover import HANDED_OVER, read_handed_over
 
 EXIT_PROVEN = 0
 EXIT_NOT_PROVEN = 1
@@ -76,11 +78,18 @@ def check_state_dir(root: Path, out: TextIO) -> int:
     elif known:
         print(f"manifest: {MANIFEST_NAME} lists {len(known)} vbuckets", file=out)
     proven = 0
+    dead = read_handed_over(root)
     vbuckets = sorted(set(dirs) | set(known))
     for vb in vbuckets:
         expected = f"{MANIFEST_NAME} lists vbucket {vb}" if vb in known else lost
         proof = prove_vbucket(root / f"vb-{vb:04d}", vb, expected=expected)
-        print(describe(proof), file=out)
+        line = describe(proof)
+        if vb in dead:
+            line += (
+                f"; handed over, dead here ({dead[vb]}; "
+                f"delete vb-{vb:04d}/{HANDED_OVER} to serve it again)"
+            )
+        print(line, file=out)
         if proof.proven:
             proven += 1
         else:

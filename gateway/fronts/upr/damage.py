@@ -11,6 +11,12 @@ streams of a vbucket whose state changes under them (``src/upr-stream.cc``,
 ``END_STREAM_STATE``); a consumer asking again with its old uuid is told to
 roll back to 0 (``adapters.upr.rollback``: an unknown uuid) and gets the
 re-fetched data. One warning line and ``log_damage_total`` per vbucket.
+
+The rename and its fsyncs run in a worker thread (``LogSet.start_over_async``)
+with the log's lock held, so no commit writes or publishes it meanwhile; the
+damaged log is retired first (its writes raise), and the ingest's connection
+writes only the logs it opened with (``Ingest.restart``): what it had read
+before it is told to reconnect cannot reach the log that replaced this one.
 """
 
 from __future__ import annotations
@@ -48,17 +54,19 @@ async def _when_idle(front: UprFront, vblog: VbLog, exc: LogReadError) -> None:
                 continue
             if not vblog.syncing:
                 if front.logs.logs.get(vblog.vbucket) is vblog:
-                    _start_over(front, vblog, exc)
+                    await _start_over(front, vblog, exc)  # the lock held throughout
                 return
             returned = vblog.sync_returned
         await returned.wait()
 
 
-def _start_over(front: UprFront, vblog: VbLog, exc: LogReadError) -> None:
-    """With nothing writing ``vblog``, and no checkpoint until the ingest is told."""
+async def _start_over(front: UprFront, vblog: VbLog, exc: LogReadError) -> None:
+    """With nothing writing ``vblog`` (its lock held): the rename and fsyncs in a worker
+    thread, then the ingest and the streams told at once, with no checkpoint between."""
     vb = vblog.vbucket
     # The one warning line is ``log_open.start_over``'s (vbucket, file, offset, why).
-    front.logs.start_over(vblog, Problem("segment_damaged", f"found while serving: {exc}"))
+    problem = Problem("segment_damaged", f"found while serving: {exc}")
+    await front.logs.start_over_async(vblog, problem)
     front.stats.upr_log.log_damage_total[vb] += 1
     front.ingest.restart(f"vbucket {vb} is fetched again")
     for connection in front.connections.values():

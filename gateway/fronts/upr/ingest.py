@@ -39,16 +39,17 @@ name first (DEREGISTER_TAP_CLIENT drops every cursor and position) and
 omits that vbucket's checkpoint: the node backfills it from date 0, while
 the other vbuckets resume by their checkpoints or are reconciled.
 
-Takeover requests from consumer streams go through ``takeover`` (see
-``UprFront.take_over``): VBUCKET_SET messages are held, unacked, until
-the consumer has answered the matching SET_VBUCKET_STATE.
+Takeover requests from consumer streams go through ``takeover``: a
+connection of its own per vbucket, whose VBUCKET_SET messages are held,
+unacked, until the consumer has answered the matching SET_VBUCKET_STATE.
+A vbucket handed over (``handed_over``) is left out of every CONNECT.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import trio
 
@@ -82,7 +83,7 @@ from gateway.tools.capture.mapping import TapRecording
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Ingest", "UpstreamError", "commit"]
+__all__ = ["Ingest", "TapUpstreamError", "commit"]
 
 RECEIVE_SIZE = 256 * 1024
 STEP_FRAMES = 512
@@ -101,7 +102,7 @@ StateHook = Callable[[int, VBucketState], Awaitable[None]]
 """Called with a VBUCKET_SET before it is acked (takeover hand-off)."""
 
 
-class UpstreamError(GatewayError):
+class TapUpstreamError(GatewayError):
     """The TAP upstream refused or broke the stream."""
 
 
@@ -151,6 +152,7 @@ class Ingest:
         takeover: bool = False,
         state_hook: StateHook | None = None,
         recording: TapRecording | None = None,
+        handed_over: Collection[int] = frozenset(),
     ) -> None:
         self.config = config
         self.logs = logs
@@ -161,6 +163,11 @@ class Ingest:
         self.state_hook = state_hook
         self.recording = recording
         """Records every message received from the upstream (``capture_dir``)."""
+        self.handed_over = handed_over
+        """Vbuckets handed over to a UPR consumer: left out of the CONNECT (``takeover``)."""
+        self._logs: dict[int, VbLog] = {}
+        """The logs this connection writes: the ones it opened with, never a log that
+        replaced one since (see ``restart``)."""
         self.address = f"{config.tap_upstream[0]}:{config.tap_upstream[1]}"
         self.connected = trio.Event()
         self.connections = 0
@@ -193,6 +200,11 @@ class Ingest:
                     self.stats.upstream_reconnects_total[self.address] += 1
                     continue
             except LogWriteError as exc:
+                if self._session_scope.cancel_called:
+                    # Its log was replaced under it (``restart``): the write was fenced off.
+                    log.info("upstream %s: TAP stream reopened: %s", self.address, self._restart)
+                    self.stats.upstream_reconnects_total[self.address] += 1
+                    continue
                 self.last_error = str(exc)
                 logged = False
                 log.error("%s; TAP stream reopened in %.2fs to write it again", exc, delay)
@@ -213,7 +225,12 @@ class Ingest:
 
     def restart(self, why: str) -> None:
         """Drop the TAP connection now and open a new one at once: a log set aside while
-        serving is fetched whole again (the new connection deregisters first)."""
+        serving is fetched whole again (the new connection deregisters first).
+
+        The connection may still apply what it had read before it sees the cancel; it
+        applies it to the logs it opened with (``_logs``), so a log set aside is the
+        one written, and it is retired: its writes raise and nothing is acked. The
+        log that replaced it gets only what the new connection fetches."""
         self._restart = why
         self._session_scope.cancel()
 
@@ -234,7 +251,14 @@ class Ingest:
                     self.config.upstream_user, self.config.upstream_password or ""
                 )
             vbuckets = await self._vbuckets(client)
+            if not self.takeover:
+                listed = vbuckets
+                vbuckets = tuple(vb for vb in listed if vb not in self.handed_over)
+                if listed and not vbuckets:  # an empty list would ask for every vbucket
+                    self.connected.set()
+                    await trio.sleep_forever()
             logs = await self.logs.ensure_all(vbuckets)  # off the trio loop: many fsyncs
+            self._logs = {v.vbucket: v for v in logs}
             if not self.takeover and any(_cannot_resume(v) for v in logs):
                 # No cursor, no position: the node backfills what has no checkpoint.
                 await client.request(
@@ -370,7 +394,7 @@ class Ingest:
         always = self.config.fsync == "always"
         group = self._group
         limit = 1 if always else STEP_FRAMES if group is not None else -1
-        logs = self.logs.logs
+        logs = self._logs
         lenient = reader.lenient_responses
         offset = framed = 0  # framed: up to where ``reader.consumed`` counts
         try:
@@ -432,14 +456,14 @@ class Ingest:
     ) -> None:
         """Log one frame through its event (counted in ``batch.messages`` unless a NOOP)."""
         always = self.config.fsync == "always"
-        logs = self.logs.logs
+        logs = self._logs
         event = decode_frame(frame)
         if self.recording is not None:
             self.recording.record(event, now)
         kind = type(event)
         if kind is TapMutation or kind is TapDelete:  # the common case first
             vbucket = event.vbucket  # type: ignore[union-attr]
-            vblog = logs.get(vbucket) or (await self.logs.ensure_all((vbucket,)))[0]
+            vblog = logs.get(vbucket) or await self._open(vbucket)
             vblog.ingest(event, now)  # type: ignore[arg-type]
             batch.touched[vbucket] = vblog
             batch.messages += 1
@@ -456,7 +480,7 @@ class Ingest:
             return
         if isinstance(event, TapResponse):
             text = event.text.decode("utf-8", "replace")
-            raise UpstreamError(
+            raise TapUpstreamError(
                 f"upstream answered 0x{event.status:02x} to {event.opcode.name}: {text}"
             )
         if isinstance(event, TapConnect):
@@ -471,7 +495,7 @@ class Ingest:
                 batch.replies, batch.acks = [], []
             await self.state_hook(event.vbucket, event.state)
         if not (isinstance(event, TapOpaque) and event.vbucket not in logs):
-            vblog = logs.get(event.vbucket) or (await self.logs.ensure_all((event.vbucket,)))[0]
+            vblog = logs.get(event.vbucket) or await self._open(event.vbucket)
             vblog.ingest(event, now)
             batch.touched[event.vbucket] = vblog
             if always:
@@ -479,6 +503,11 @@ class Ingest:
                 batch.touched = {}
         if int(event.tap_flags) & _ACK:
             batch.acks.append(ack_of(event))
+
+    async def _open(self, vbucket: int) -> VbLog:
+        """The log of a vbucket the node sends and the CONNECT did not name."""
+        vblog = (await self.logs.ensure_all((vbucket,)))[0]
+        return self._logs.setdefault(vbucket, vblog)
 
     async def _commit(self, touched: dict[int, VbLog]) -> None:
         """Commit ``touched`` and, when pipelined, everything submitted before."""

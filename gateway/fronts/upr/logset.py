@@ -211,6 +211,28 @@ class LogSet:
         self.refresh_stats()
         return vblog
 
+    async def start_over_async(self, damaged: VbLog, problem: Problem) -> VbLog:
+        """``start_over`` with the set-aside rename, the new log and their fsyncs in a
+        worker thread, in the same order. The caller keeps everyone off ``damaged``
+        meanwhile (its lock held); no log is opened until the new one is in ``logs``."""
+        async with self._opening:
+            damaged.retire(f"vbucket {damaged.vbucket}: log set aside: {problem.text}")
+            known = self.known.get(damaged.vbucket)
+            vblog = self._new(damaged.vbucket)
+            await trio.to_thread.run_sync(
+                vblog.open_over,
+                damaged,
+                problem,
+                known.reserved if known else 0,
+                known.uuids if known else (),
+            )
+            self._remember(vblog)
+            number, data = self._build_manifest()
+            await trio.to_thread.run_sync(self._write_manifest, number, data)
+            self._adopt(vblog)
+            self.refresh_stats()
+        return vblog
+
     def _prove(self, vbucket: int) -> VbLog:
         vblog = self._new(vbucket)
         known = self.known.get(vbucket)

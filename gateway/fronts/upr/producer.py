@@ -13,7 +13,8 @@ and runs in one nursery:
   what is not UPR (STAT, VERSION, ...); BUFFER_ACKNOWLEDGEMENTs credit the
   flow-control window; replies the streams wait for (SET_VBUCKET_STATE,
   acked markers) go to their stream;
-- one ``LogStream`` task per stream;
+- one ``LogStream`` task per stream, and one ``LiveServer`` task that serves
+  the streams caught up with their logs (a pass and a send per publish round);
 - the NOOP task once the consumer enabled NOOPs: a NOOP per interval, and
   the connection drops if the previous one is unanswered.
 
@@ -46,6 +47,7 @@ from adapters.mcbp import Status
 from adapters.translate.log_records import LogItem
 from adapters.translate.log_to_upr_fast import EncodedBatch
 from adapters.upr.rollback import answer_stream_request
+from gateway.fronts.upr.serving import LiveServer
 from gateway.fronts.upr.streams import LogStream
 from gateway.io.connection import ConnectionClosed, PacketConnection
 from gateway.io.upr_producer import UprProducerBase
@@ -104,6 +106,8 @@ class UprConnection(UprProducerBase[LogStream]):
         """Streams blocked for room in the window or the outbox (all of them: stalled)."""
         self.recording: UprRecording | None = None
         """Records what this connection sends (``capture_dir``); set by the front."""
+        self.live = LiveServer(self)
+        """Serves the streams that caught up with their logs, in one task."""
 
     def _on_decode_error(self, exc: ProtocolError) -> None:
         kind = "unknown_opcode" if exc.status == Status.UNKNOWN_COMMAND else "malformed"
@@ -217,17 +221,18 @@ class UprConnection(UprProducerBase[LogStream]):
         finally:
             self.streams_waiting -= 1
 
-    async def send_budget(self) -> int:
+    async def send_budget(self, waiting: int = 1) -> int:
         """Bytes of keys and values a stream may read from the log now, once there is room.
 
         The least of the window's room (flow control) and the outbox's room
         (``max_outbox_bytes``, with or without flow control), so a stalled
         consumer costs its connection at most the outbox plus one batch's
         overshoot, however many streams it has: a stream waits here holding
-        nothing, and what it reads it queues without waiting.
+        nothing, and what it reads it queues without waiting. ``waiting``: the streams
+        the caller waits for (the connection's ``LiveServer`` waits for several).
         """
         conn = self.conn
-        self.streams_waiting += 1
+        self.streams_waiting += waiting
         try:
             while True:
                 await self._wait_for_room()
@@ -239,7 +244,7 @@ class UprConnection(UprProducerBase[LogStream]):
                 if room is None or room > 0:
                     return budget if room is None else min(budget, room)
         finally:
-            self.streams_waiting -= 1
+            self.streams_waiting -= waiting
 
     def _on_unblocked(self, seconds: float) -> None:
         self.stream_stats.blocked_seconds += seconds

@@ -16,11 +16,13 @@ per consumer connection for what it is sent (side upr, sent, named after
 the OPEN name), each a ``CaptureRecorder`` that drops and counts rather than
 block a stream when the disk falls behind.
 
-Takeover: a takeover stream that has caught up calls ``take_over``, which
-opens a TAP takeover connection for its vbucket and turns the node's
-VBUCKET_SET messages into the stream's SET_VBUCKET_STATE, acking each only
-once the consumer replied. When the node closes that connection the
-vbucket is no longer served here (other streams on it end STATE_CHANGED).
+Takeover (``takeover``): a takeover stream that has caught up calls
+``take_over``, which opens a TAP takeover connection for its vbucket and
+turns the node's VBUCKET_SET messages into the stream's SET_VBUCKET_STATE,
+acking each only once the consumer replied; the active state goes out only
+once every record served is synced and the vbucket is recorded as handed
+over. From then on, across restarts too, the vbucket is dead here: not
+served (NOT_MY_VBUCKET), not ingested (other streams on it end STATE_CHANGED).
 """
 
 from __future__ import annotations
@@ -34,17 +36,21 @@ from functools import partial
 import trio
 
 from adapters import upr
-from adapters.errors import GatewayError
 from adapters.mcbp import Frame, Opcode
-from adapters.mcbp.constants import VBucketState
 from adapters.upr.opening import open_connection
 from gateway.fronts.upr.compaction import compact_log
-from gateway.fronts.upr.config import UprFrontConfig, UprFrontError
+from gateway.fronts.upr.config import UprFrontConfig
 from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.logset import LogOptions, LogSet
 from gateway.fronts.upr.producer import UprConnection, delete_kind
 from gateway.fronts.upr.stat_groups import collect
 from gateway.fronts.upr.streams import LogStream
+from gateway.fronts.upr.takeover import (
+    log_handed_over,
+    read_handed_over,
+    take_over,
+    write_handed_over,
+)
 from gateway.io.auth import Authenticator, Users
 from gateway.io.connection import PacketConnection
 from gateway.io.door import OPEN_OPCODES, Door
@@ -77,7 +83,9 @@ class UprFront:
             self.stats,
             seed=config.seed,
         )
-        self.ingest = Ingest(config, self.logs, self.stats)
+        self.taken_over: set[int] = set()
+        """Vbuckets handed over to a UPR consumer: dead here (``takeover``)."""
+        self.ingest = Ingest(config, self.logs, self.stats, handed_over=self.taken_over)
         self.users = Users.of(config.users)
         self.connections: NamedConnections[UprConnection] = NamedConnections("UPR front")
         self.trimmer = TrimAfterCloses()
@@ -94,7 +102,6 @@ class UprFront:
             stray_response="unexpected response before OPEN",
             open_opcodes=_OPEN_WITHOUT_AUTH,
         )
-        self.taken_over: set[int] = set()
         self.log_swaps = trio.Lock()
         """Held by a compaction of one log, and while a damaged log is set aside: a
         compaction must not write into a directory renamed under it."""
@@ -111,7 +118,7 @@ class UprFront:
         close_logs: bool = True,
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        await self.logs.open_existing_async()  # proofs and fsyncs off the trio loop
+        await self._open_logs()
         try:
             async with trio.open_nursery() as nursery:
                 if self.config.capture_dir is not None:
@@ -141,6 +148,17 @@ class UprFront:
                 self.logs.close()
             else:
                 self.logs.abandon()
+
+    async def _open_logs(self) -> None:
+        root = self.config.state_dir
+        dead = read_handed_over(root)  # first: a log set aside takes its file along
+        await self.logs.open_existing_async()  # proofs and fsyncs off the trio loop
+        for vb, text in dead.items():
+            vblog = self.logs.get(vb)
+            if vblog is not None and vblog.set_aside is not None:
+                await trio.to_thread.run_sync(write_handed_over, vblog.dir, text + "\n")
+        self.taken_over.update(dead)
+        log_handed_over(root, dead)
 
     async def _compaction_loop(self) -> None:
         while True:
@@ -221,7 +239,7 @@ class UprFront:
                 await recorder.close()
 
     @asynccontextmanager
-    async def _capture_takeover(self, ingest: Ingest) -> AsyncIterator[None]:
+    async def capture_takeover(self, ingest: Ingest) -> AsyncIterator[None]:
         if self.config.capture_dir is None:
             yield
             return
@@ -237,47 +255,5 @@ class UprFront:
     # -- takeover --------------------------------------------------------------
 
     async def take_over(self, stream: LogStream) -> upr.StreamEndReason:
-        """Take ``stream``'s vbucket over from the TAP node, through ``stream``."""
-        vb = stream.vbucket
-        self.stats.takeovers_started_total[UPR_FRONT] += 1
-        handed: list[VBucketState] = []  # states the consumer has replied to
-
-        async def on_state(vbucket: int, state: VBucketState) -> None:
-            if vbucket != vb:
-                return
-            await stream.set_state(state)
-            handed.append(state)
-
-        ingest = Ingest(
-            self.config,
-            self.logs,
-            self.stats,
-            name=f"{self.config.tap_name}-takeover-{vb}",
-            vbuckets=(vb,),
-            takeover=True,
-            state_hook=on_state,
-        )
-        try:
-            async with self._capture_takeover(ingest):
-                await ingest.session()
-            if VBucketState.ACTIVE not in handed:
-                raise UprFrontError("the TAP node closed the takeover before handing it over")
-        except (OSError, trio.BrokenResourceError, GatewayError) as exc:
-            if VBucketState.ACTIVE not in handed:
-                log.warning("vbucket %d: takeover from the TAP node failed: %s", vb, exc)
-                return upr.StreamEndReason.STATE_CHANGED
-            # The node made its vbucket dead before it sent VBUCKET_SET(active)
-            # and the consumer has taken it: the hand-off is done, however the
-            # node then drops the connection (a reset when it closes with our
-            # last ack or NOOP reply unread is ordinary TCP).
-            log.info(
-                "vbucket %d: TAP node ended the takeover connection after the hand-off: %s", vb, exc
-            )
-        self.taken_over.add(vb)
-        await stream.catch_up()
-        for connection in self.connections.values():
-            other = connection.streams.get(vb)
-            if other is not None and other is not stream and other.live:
-                other.close(upr.StreamEndReason.STATE_CHANGED)
-        self.stats.takeovers_completed_total[UPR_FRONT] += 1
-        return upr.StreamEndReason.OK
+        """Take ``stream``'s vbucket over from the TAP node, through ``stream`` (``takeover``)."""
+        return await take_over(self, stream)

@@ -8,8 +8,12 @@ them, tagged with the request's opaque:
 - each batch is cut into snapshots (``cut_snapshots``): DISK for what came
   in a TAP backfill, MEMORY for live items, CHECKPOINT on a snapshot that
   begins a TAP checkpoint; each marker brackets exactly the items under it;
-- between batches, once caught up, the stream sleeps until the log
-  publishes more;
+- once caught up, the stream sleeps until the log publishes more; on the
+  fast path (released dialect, no takeover, no capture) it hands itself to
+  its connection's ``LiveServer`` (``gateway.fronts.upr.serving``), which
+  serves every caught-up stream of the connection in one pass and one send
+  per publish round, and gives it back when it falls behind the in-memory
+  tail or reaches its end seqno;
 - it ends with STREAM_END: OK once everything up to the end seqno is sent
   (items beyond it are never sent), STATE_CHANGED when the vbucket is
   taken over by another stream; after the consumer's CLOSE_STREAM nothing
@@ -195,7 +199,10 @@ class LogStream:
                 self.progress.backfilling = False
                 if self.takeover:
                     return await self.conn.front.take_over(self)
-                await vblog.wait_beyond(self.position)
+                if self.conn.draft or self.conn.recording is not None:
+                    await vblog.wait_beyond(self.position)  # the event path, from here
+                else:
+                    await self.conn.live.follow(self)  # until it needs this task again
 
     async def _next(self, upto: int, budget: int) -> int | None:
         """Read and send the next batch up to ``upto``, of at most ``budget`` bytes less
@@ -225,7 +232,7 @@ class LogStream:
         await vblog.segments_settled()  # no checkpoint between it and the read
         if vblog.in_memory(self.position):
             if fast:  # framed from the tail's record bytes, as from the disk's
-                cut = BatchCut(self._fast_encoder(), self.position, upto, BATCH, asked)
+                cut = BatchCut(self.fast_encoder(), self.position, upto, BATCH, asked)
                 vblog.read_memory(self.position, upto, cut)
                 encoded = cut.finish()
                 if not encoded.items:
@@ -240,7 +247,7 @@ class LogStream:
         reads.taken += asked
         try:
             if fast:
-                cut = BatchCut(self._fast_encoder(), self.position, min(upto, vblog.high_seqno),
+                cut = BatchCut(self.fast_encoder(), self.position, min(upto, vblog.high_seqno),
                                DISK_BATCH, asked)  # fmt: skip
                 resume = self._resume
                 start = resume[1:] if resume is not None and resume[0] == self.position else None
@@ -278,7 +285,7 @@ class LogStream:
         assert self._item_encoder is not None
         return self._item_encoder
 
-    def _fast_encoder(self) -> BatchEncoder:
+    def fast_encoder(self) -> BatchEncoder:
         encoder = self._batch_encoder
         settings = self.conn.settings
         if (
@@ -352,18 +359,22 @@ class LogStream:
     async def _send_encoded(self, encoded: EncodedBatch) -> None:
         """A batch framed in one pass (``log_to_upr_fast``): the bytes of ``_send_batch``,
         and the counters and window accounting once per write instead of per message."""
-        conn = self.conn
-        encoder = self._fast_encoder()
         if len(encoded.data) > self.peak_batch_bytes:
             self.peak_batch_bytes = len(encoded.data)
+        await self.conn.send_encoded(encoded, self.vbucket, self.fast_encoder().split,
+                                     self.sent_part)  # fmt: skip
+        self.sent_whole(encoded)
+
+    def sent_part(self, count: int, last: int) -> None:
+        """``count`` items of a batch went, up to seqno ``last`` (per write: the window
+        may hold the rest back)."""
+        self.items_sent += count
+        self.position = self.progress.sent_seqno = last
+
+    def sent_whole(self, encoded: EncodedBatch) -> None:
+        """The whole of a framed batch went: its counts."""
+        conn = self.conn
         progress = self.progress
-
-        def sent(count: int, last: int) -> None:
-            # Per write: the window may hold the rest back.
-            self.items_sent += count
-            self.position = progress.sent_seqno = last
-
-        await conn.send_encoded(encoded, self.vbucket, encoder.split, sent)
         self.position = progress.sent_seqno = encoded.last
         self.markers_sent += encoded.markers
         counts = conn.stream_stats.items_sent

@@ -160,6 +160,7 @@ class VbLog:
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
         self._changed = trio.Event()
+        self._watchers: list[Callable[[], None]] = []
         self.items_total = 0
         self.compacted_path: Path | None = None
 
@@ -516,6 +517,15 @@ class VbLog:
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+        for wake in self._watchers:
+            wake()
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` (at once, on the loop) whenever ``high_seqno`` grows, until the
+        returned call stops it: a connection's one serving task hears of every
+        vbucket it follows without a task waiting per stream."""
+        self._watchers.append(wake)
+        return lambda: self._watchers.remove(wake)
 
     async def wait_beyond(self, seqno: int) -> None:
         """Until ``high_seqno`` exceeds ``seqno`` (returns at once if it does)."""

@@ -21,7 +21,7 @@ from adapters.tap import (
     TapMutation,
     TapOpaque,
 )
-from adapters.tap.constants import swap32
+from adapters.tap.item_messages import stored_flags
 from gateway.tools.capture.recorder import CaptureRecorder
 from gateway.tools.capture.records import Kind
 
@@ -39,9 +39,6 @@ class TapRecording:
     def record(self, event: TapEvent, arrival: float) -> Kind | None:
         recorder = self.recorder
         if isinstance(event, TapMutation):
-            flags = event.flags
-            if not event.tap_flags & TapFlags.NETWORK_BYTE_ORDER:
-                flags = swap32(flags)
             recorder.record_item(
                 event.vbucket,
                 event.key,
@@ -49,7 +46,7 @@ class TapRecording:
                 by_seqno=None,
                 rev_seqno=event.rev_seqno,
                 cas=event.cas,
-                flags=flags,
+                flags=stored_flags(event),
                 expiration=event.expiration,
                 value=None if event.tap_flags & TapFlags.NO_VALUE else event.value,
                 checkpoint_id=self.checkpoint.get(event.vbucket),

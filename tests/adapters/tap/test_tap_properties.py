@@ -31,6 +31,7 @@ from adapters.tap import (
     encode,
 )
 from adapters.tap.constants import VBucketState
+from adapters.tap.item_messages import ItemMessages, stored_flags
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)
@@ -220,3 +221,30 @@ def test_acks_with_any_key_and_extras_length_decode(
         ">BBHBBHIIQ", 0x81, opcode, keylen, extlen, 0, status, len(text), opaque, 0
     )
     assert decode_chunks([packet + text]) == [TapResponse(opcode, opaque, status, text)]
+
+
+@dataclasses.dataclass
+class _Stored:
+    key: bytes
+    value: bytes
+    flags: int
+    cas: int = 1
+    rev_seqno: int = 1
+    expiration: int = 0
+    datatype: int = 0
+
+
+@given(flags=u32, network_order=st.booleans(), keys_only=st.booleans())
+def test_a_receiver_reads_back_the_flags_the_producer_sent(
+    flags: int, network_order: bool, keys_only: bool
+) -> None:
+    """Item flags survive the trip whatever the client chose (ep-engine 2.x
+    tapconnection.cc swaps them to host order unless FIX_FLAG_BYTEORDER asked
+    for network order, marking those NETWORK_BYTE_ORDER), through the codec too."""
+    messages = ItemMessages(keys_only=keys_only, network_byte_order=network_order)
+    sent = messages.mutation(_Stored(b"k", b"v", flags), 3, nru=2)
+    decoder = TapDecoder()
+    decoder.receive_data(encode(sent))
+    decoded = decoder.next_event()
+    assert isinstance(decoded, TapMutation)
+    assert stored_flags(sent) == stored_flags(decoded) == flags

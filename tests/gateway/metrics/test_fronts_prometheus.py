@@ -33,7 +33,7 @@ from pathlib import Path
 import trio
 
 from adapters import upr
-from adapters.mcbp import Magic, encode_frame
+from adapters.mcbp import Magic, Status, encode_frame
 from adapters.tap import (
     ConnectFlags,
     OpaqueCode,
@@ -384,9 +384,10 @@ async def test_tap_front_counts_bad_input_from_a_tap_peer() -> None:
                 running.tap_port,
                 connect_event(b"bad", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0),
             )
-            await client.next_event()
-            # An ack naming a sequence number the front never sent: the front closes.
-            await client.send(encode(TapResponse(TapOpcode.MUTATION, 0x7FFF_FFFF, 0)))
+            first = await client.next_event()
+            # A nack neither EBUSY nor ETMPFAIL: the front closes.
+            refused = TapResponse(TapOpcode.OPAQUE, first.opaque, Status.KEY_EXISTS)  # type: ignore[union-attr]
+            await client.send(encode(refused))
             while await client.next_event() is not None:
                 pass
             await client.aclose()

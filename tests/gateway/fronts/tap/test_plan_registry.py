@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from adapters.errors import ProtocolError
 from adapters.tap import ConnectFlags, TapConnect
 from gateway.fronts.tap.plan import MAX_SEQNO, UpstreamVbucket, plan_connection
-from gateway.fronts.tap.registry import KEEP_CHECKPOINTS, Registry, VbResume
+from gateway.fronts.tap.registry import ID_GAP, KEEP_CHECKPOINTS, Registry, VbResume
 
 F = ConnectFlags
 NOW = 1_800_000_000.0
@@ -58,6 +58,20 @@ def test_registry_survives_a_restart(
     assert all(len(entries) <= KEEP_CHECKPOINTS for entries in again.checkpoints.values())
     for vb, _ in closed:  # ids never repeat across a restart
         assert next(again.checkpoint_ids(vb)) > max(again.checkpoints[vb])
+
+
+def test_checkpoint_ids_after_an_unclean_stop_skip_what_may_have_been_handed_out(
+    tmp_path: Path,
+) -> None:
+    registry = Registry.open(tmp_path)
+    ids = registry.checkpoint_ids(0)
+    handed = [next(ids) for _ in range(5)]  # never saved: the process is killed
+    again = Registry.open(tmp_path)
+    latest = next(again.checkpoint_ids(0))
+    assert latest > max(handed) and next(again.checkpoint_ids(1)) > ID_GAP
+    again.save(clean=True)
+    # After a clean stop the counters go on where they were.
+    assert next(Registry.open(tmp_path).checkpoint_ids(0)) == latest + 1
 
 
 def test_an_unreadable_state_file_means_a_backfill_not_a_crash(tmp_path: Path) -> None:
@@ -192,19 +206,19 @@ def test_saves_from_the_loop_and_a_thread_never_collide_nor_go_back(tmp_path: Pa
     thread): neither fails, and the file ends with the newest positions."""
     registry = Registry.open(tmp_path)
     registry.register("client")
-    snapshots = []
+    images = []
     for seqno in range(1, 41):
         registry.advance("client", 0, VbResume(7, seqno, seqno, seqno))
-        snapshot = registry.snapshot()
-        assert snapshot is not None
-        snapshots.append(snapshot)
+        image = registry.image()
+        assert image is not None
+        images.append(image)
     # Writers racing in every order: oldest last included.
     barrier = threading.Barrier(8)
 
     def write_some(start: int) -> None:
         barrier.wait()
-        for snapshot in reversed(snapshots[start::8]):
-            registry.write(snapshot)
+        for image in reversed(images[start::8]):
+            registry.write(image)
 
     threads = [threading.Thread(target=write_some, args=(i,)) for i in range(8)]
     for thread in threads:

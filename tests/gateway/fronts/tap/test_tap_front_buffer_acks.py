@@ -14,6 +14,7 @@ import trio
 from adapters import upr
 from adapters.mcbp import FrameReader
 from gateway.fronts.tap.upstream import UprUpstream
+from gateway.io.connection import PacketConnection
 
 
 class Sink:
@@ -33,7 +34,7 @@ def acks(sink: Sink) -> list[int]:
 
 async def test_buffer_acks_return_a_fifth_of_the_buffer_at_least() -> None:
     sink = Sink()
-    upstream = UprUpstream(sink, "upstream", upr.DCP)  # type: ignore[arg-type]
+    upstream = UprUpstream(PacketConnection(sink), "upstream", upr.DCP)  # type: ignore[arg-type]
     upstream.window.buffer_size = 1000
     upstream.window.unacked_bytes = 1000
     for _ in range(3):
@@ -47,7 +48,7 @@ async def test_buffer_acks_return_a_fifth_of_the_buffer_at_least() -> None:
 
 async def test_without_flow_control_nothing_is_acknowledged() -> None:
     sink = Sink()
-    upstream = UprUpstream(sink, "upstream", upr.DCP)  # type: ignore[arg-type]
+    upstream = UprUpstream(PacketConnection(sink), "upstream", upr.DCP)  # type: ignore[arg-type]
     await upstream.acknowledge(100)
     await trio.lowlevel.checkpoint()
     assert not sink.sent
