@@ -8,7 +8,10 @@ of one socket read in place (one unpack of header and extras per mutation,
 the key and value sliced out of the read) and hands the fields to the
 same translator methods the event path ends in (``TapToUpr.mutation``,
 ``.delete``, ``.checkpoint_start``/``_end``), so both paths log the same
-records (a property test holds them together). It stops at anything else
+records (a property test holds them together). The commonest case, a
+mutation of a key the vbucket's index lacks outside a reconcile, is
+``TapToUpr.mutation`` inline, with the translator's state read once per run
+of one vbucket's items. It stops at anything else
 (other layouts, frames the decoder would refuse, control messages), which
 keeps the event path, which names what is wrong.
 
@@ -19,14 +22,14 @@ makes, packed in one struct.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 from adapters.mcbp.constants import Magic
 from adapters.mcbp.frames import DEFAULT_MAX_FRAME_SIZE, HEADER
 from adapters.tap.constants import TapFlags, TapOpcode
-from adapters.translate.log_records import LogItem, LogMark
-from adapters.translate.tap_to_upr import TapToUpr
+from adapters.translate.log_records import ItemKind, LogItem, LogMark
+from adapters.translate.tap_to_upr import TapToUpr, Version
 
 # TAP extras of a mutation (engine-specific length, TAP flags, ttl, 3 reserved,
 # item flags, expiration), then the engine-specific rev_seqno (and nru)
@@ -50,6 +53,8 @@ OP_CHECKPOINT_START = TapOpcode.CHECKPOINT_START.value
 OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
 _TAP_FLAGS = struct.Struct(">HH")
 _ID = struct.Struct(">Q")
+_ITEM_MUTATION = ItemKind.MUTATION
+_tuple_new = tuple.__new__
 
 
 class ItemSink(Protocol):
@@ -117,6 +122,19 @@ def _log(
     size = len(data)
     offset = start
     taken = 0
+    new = _tuple_new
+    item: LogItem | None
+    # The translator state of the vbucket of the last item inlined (-1: none cached).
+    plain_vb = -1
+    plain = backfill = False
+    checkpoint = 0
+    translator: TapToUpr  # set with plain_vb
+    index: dict[bytes, Version] = {}
+    index_get = index.get
+    # The run of the vbucket of the last item (-1: none cached).
+    run_vb = -1
+    no_run: list[LogItem] = []
+    run_append: Callable[[LogItem], None] = no_run.append
     while offset + 24 <= size and taken != max_frames:
         if data[offset + 1] == OP_MUTATION and offset + 48 <= size:
             # The common case: header, extras and rev_seqno in one unpack (checked below).
@@ -151,14 +169,33 @@ def _log(
             key_end = key_start + keylen
             if key_end > end:
                 break
-            given = tap_flags
             if not tap_flags & _NETWORK_BYTE_ORDER:
                 flags = host_flags(data, body + 8)[0]
-                given = tap_flags | _NETWORK_BYTE_ORDER
-            item = sink.translator.mutation(
-                data[key_start:key_end], data[key_end:end], cas, flags, expiration, rev_seqno,
-                datatype, given, now,
-            )  # fmt: skip
+            key = data[key_start:key_end]
+            if vbucket != plain_vb:
+                # This vbucket's translator state, read once per run of its items.
+                translator = sink.translator
+                index, index_get = translator.index, translator.index.get
+                plain = translator.resetting is None and not translator._checkpoint_start
+                backfill = translator.in_backfill
+                checkpoint = 0 if backfill else translator.checkpoint_id or 0
+                plain_vb = vbucket
+            if plain and index_get(key) is None:
+                # ``TapToUpr.mutation`` inline for a new key outside a reconcile and
+                # after a checkpoint's first item (no resetting set, no duplicate,
+                # no first-item bit): one Python call less per item.
+                translator.high_seqno = seqno = translator.high_seqno + 1
+                index[key] = (seqno, cas, rev_seqno, expiration, False)
+                item = new(LogItem, (
+                    seqno, _ITEM_MUTATION, key, data[key_end:end], rev_seqno, cas, flags,
+                    expiration, 0, datatype, checkpoint, backfill, False, now, 0,
+                ))  # fmt: skip
+            else:
+                item = sink.translator.mutation(
+                    key, data[key_end:end], cas, flags, expiration, rev_seqno, datatype,
+                    tap_flags | _NETWORK_BYTE_ORDER, now,
+                )  # fmt: skip
+                plain_vb = -1  # its state may have moved (first item of a checkpoint)
         elif opcode == OP_DELETE:
             if bodylen < 16:
                 break
@@ -166,6 +203,7 @@ def _log(
             if es_len != 8 or 16 + keylen > bodylen:
                 break
             item = sink.translator.delete(data[body + 16 : body + 16 + keylen], cas, rev_seqno, now)
+            plain_vb = -1
         elif opcode in (OP_CHECKPOINT_START, OP_CHECKPOINT_END):
             # The server layout (a key, the id as an 8-byte value): one per live item
             # of a 2.x stream that keeps up, so not worth an event each.
@@ -181,20 +219,26 @@ def _log(
             if run:
                 sink.append_items(run)
                 runs[vbucket] = []
+            run_vb = -1  # its run is a new list
             if opcode == OP_CHECKPOINT_START:
                 sink.append_mark(translator.checkpoint_start(checkpoint))
             else:
                 sink.append_mark(translator.checkpoint_end(checkpoint))
             item = None
+            plain_vb = -1
         else:
             break
         if item is not None:
-            run = runs.get(vbucket)
-            if run is None:
-                runs[vbucket] = [item]
-                touched[vbucket] = sink
+            if vbucket == run_vb:
+                run_append(item)
             else:
-                run.append(item)
+                run = runs.get(vbucket)
+                if run is None:
+                    run = runs[vbucket] = [item]
+                    touched[vbucket] = sink
+                else:
+                    run.append(item)
+                run_vb, run_append = vbucket, run.append
         else:
             touched[vbucket] = sink
         if tap_flags & _ACK:
