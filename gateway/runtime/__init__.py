@@ -1,1 +1,2 @@
-"""Process-wide runtime: logging, version, memory trimming, the trio loop and GC watch."""
+"""Process-wide runtime: logging, version, memory trimming, the trio loop and GC watch,
+shutdown on signals."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from adapters import upr
 from adapters.errors import ProtocolError
@@ -324,40 +326,45 @@ class UpstreamStreams:
 
     async def _on_response(self, response: upr.UprResponse) -> None:
         vb = self.by_opaque.get(response.opaque)
-        if vb is None or response.NAME != "STREAM_REQ":
+        answer = _STREAM_REQUEST_ANSWERS.get(type(response))
+        if vb is None or answer is None:
             return  # NOOP and buffer-ack answers need nothing
-        if isinstance(response, upr.StreamRequestOk):
-            vb.accepted(response.failover_log)
+        if isinstance(response, upr.Response) and response.command is not upr.Command.STREAM_REQ:
             return
-        if isinstance(response, upr.StreamRequestRollback):
-            log.warning(
-                "%s: vbucket %d: upstream asks to roll back to %d; the client cannot roll "
-                "back partially, so the vbucket is streamed again from 0",
-                self.name,
-                vb.vbucket,
-                response.rollback_seqno,
-            )
-            self.gateway_stats.rollbacks_total["tap_front"] += 1
-            self.gateway_stats.last_rollback_seqno["tap_front"] = response.rollback_seqno
-            for message in vb.restart_from_zero():
-                await self.peer.emit(message, vb)
-            self._fast_streams.pop(response.opaque, None)
-            upstream = self.upstream
-            assert upstream is not None
-            opaque = upstream.next_opaque()
-            self._route(opaque, vb)
-            await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
-            return
-        status = getattr(response, "status", -1)
-        text = getattr(response, "value", b"").decode("utf-8", "replace")
+        await answer(self, vb, response)
+
+    async def _accepted(self, vb: VbStream, response: upr.StreamRequestOk) -> None:
+        vb.accepted(response.failover_log)
+
+    async def _rolled_back(self, vb: VbStream, response: upr.StreamRequestRollback) -> None:
+        log.warning(
+            "%s: vbucket %d: upstream asks to roll back to %d; the client cannot roll "
+            "back partially, so the vbucket is streamed again from 0",
+            self.name,
+            vb.vbucket,
+            response.rollback_seqno,
+        )
+        self.gateway_stats.rollbacks_total["tap_front"] += 1
+        self.gateway_stats.last_rollback_seqno["tap_front"] = response.rollback_seqno
+        for message in vb.restart_from_zero():
+            await self.peer.emit(message, vb)
+        self._fast_streams.pop(response.opaque, None)
+        upstream = self.upstream
+        assert upstream is not None
+        opaque = upstream.next_opaque()
+        self._route(opaque, vb)
+        await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
+
+    async def _refused(self, vb: VbStream, response: upr.Response) -> None:
+        text = response.value.decode("utf-8", "replace")
         log.error(
             "%s: vbucket %d: upstream refused the stream (status 0x%02x%s)",
             self.name,
             vb.vbucket,
-            status,
+            response.status,
             f": {text}" if text else "",
         )
-        await self._end_stream(vb, f"refused_0x{status:02x}")
+        await self._end_stream(vb, f"refused_0x{response.status:02x}")
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
@@ -367,6 +374,15 @@ class UpstreamStreams:
             await self.peer.emit(message, vb)
         if reason == "ok" and self.plan.takeover:
             self.gateway_stats.takeovers_completed_total["tap_front"] += 1
+
+
+_STREAM_REQUEST_ANSWERS: dict[type, Callable[[UpstreamStreams, VbStream, Any], Awaitable[None]]] = {
+    upr.StreamRequestOk: UpstreamStreams._accepted,
+    upr.StreamRequestRollback: UpstreamStreams._rolled_back,
+    upr.Response: UpstreamStreams._refused,  # a STREAM_REQ refused with another status
+}
+"""What each answer to a stream request does (by its type; the codec gives a failed
+STREAM_REQ the generic ``Response``)."""
 
 
 def _reason_name(reason: int) -> str:

@@ -13,7 +13,8 @@ and runs in one nursery:
   what is not UPR (STAT, VERSION, ...); BUFFER_ACKNOWLEDGEMENTs credit the
   flow-control window; replies the streams wait for (SET_VBUCKET_STATE,
   acked markers) go to their stream;
-- one ``LogStream`` task per stream;
+- one ``LogStream`` task per stream, and one ``LiveServer`` task that serves
+  the streams caught up with their logs (a pass and a send per publish round);
 - the NOOP task once the consumer enabled NOOPs: a NOOP per interval, and
   the connection drops if the previous one is unanswered.
 

@@ -119,6 +119,8 @@ _BLOCK_OPEN = bytes(FRAME.size) + bytes((BLOCK_TAG,))
 """An open block: its frame header, filled in when it closes, and the tag."""
 _KINDS = tuple(ItemKind)
 _tuple_new = tuple.__new__
+_MARK_ROW = 0x93
+"""First payload byte of a mark's row (``to_row``: a msgpack array of 3)."""
 
 
 def buffer_items(
@@ -269,12 +271,15 @@ class ItemSink:
         return False
 
 
-def walk_records(data: bytes | mmap.mmap, base: int, sink: RecordSink) -> tuple[int, bool]:
+def walk_records(
+    data: bytes | mmap.mmap, base: int, sink: RecordSink, *, verify: bool = True
+) -> tuple[int, bool]:
     """Feed ``sink`` the items of the whole records of ``data`` (``base``: its offset in
     the file), in order, until it says the read is done.
 
     Returns (the file offset after the last whole record read, whether the
-    read is done). Stops quietly where ``scan_bytes`` stops.
+    read is done). Stops quietly where ``scan_bytes`` stops. ``verify``: check
+    each record's crc (not for bytes that never left memory: the log's tail).
     """
     offset, size = 0, len(data)
     unpack_frame, unpackb, crc32 = FRAME.unpack_from, msgpack.unpackb, _crc32
@@ -286,9 +291,14 @@ def walk_records(data: bytes | mmap.mmap, base: int, sink: RecordSink) -> tuple[
         if length > MAX_RECORD or end > size:
             break
         payload = bytes(view[body:end])
-        if crc32(payload) != crc:
+        if verify and crc32(payload) != crc:
             break
-        if length and payload[0] == BLOCK_TAG:
+        if not length:
+            break
+        first = payload[0]
+        if first == _MARK_ROW:
+            pass  # a mark (a msgpack array of 3): no item in it, nothing to unpack
+        elif first == BLOCK_TAG:
             state = sink.block(payload)
             if state < 0:
                 break

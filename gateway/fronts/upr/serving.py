@@ -10,8 +10,9 @@ that touched 40 vbuckets wakes one task per connection, not 40.
 Once woken, the server waits for room (the flow-control window and the
 outbox, as a stream does before each read), then walks the streams with
 news in the order they got it: each reads its log's in-memory tail from its
-position, frames the items (``BatchEncoder``: markers and items, the bytes
-a stream's own task sends) and its part goes into one buffer, then one send
+position, frames the items from the tail's record bytes (``BatchCut``:
+markers and items, the bytes a stream's own task sends) and its part goes
+into one buffer, then one send
 for the connection. The keys and values read in one pass are bounded by the
 budget (at most ``BATCH_BYTES``), so a pass holds at most one batch's
 framing beyond the room; a stream left with more goes to the back of the
@@ -37,9 +38,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from adapters.translate.log_to_upr_fast import EncodedBatch
-from adapters.upr.flow_control import ProducerWindow
-from gateway.fronts.upr.streams import BATCH, BATCH_BYTES
+from adapters.translate.log_to_upr_fast import BatchCut, EncodedBatch
+from gateway.fronts.upr.streams import BATCH, BATCH_BYTES, count_sent
 
 if TYPE_CHECKING:
     from gateway.fronts.upr.producer import UprConnection
@@ -128,31 +128,40 @@ class LiveServer:
             return
         window = conn.window
         room = window.room  # None: no flow control
+        flow_control = room is not None
         in_flight = conn._in_flight
         parts: list[bytes] = []
         news, rest = self._news, self._rest
         left = min(BATCH_BYTES, budget)
+        markers = items = deletions = expirations = 0
         # What the window held back goes first: those streams' next messages.
         for stream, held in list(rest.items()):
             if room is not None and room <= 0:
                 break
-            data = held.encoded.data
+            encoded = held.encoded
+            data = encoded.data
             end, count, last = _cut(stream, data, held.offset, room)
             part = data[held.offset : end]
-            if end >= len(data):
-                del rest[stream]
-            else:
-                held.offset = end
-            room = _sent(window, room, len(part))
+            window.sent(len(part))
+            if room is not None:
+                room -= len(part)
             left -= len(part)
             parts.append(part)
             if count:
-                in_flight.append((window.total_sent, stream.vbucket, last, held.encoded.arrival,
-                                  count))  # fmt: skip
+                if flow_control:
+                    in_flight.append((window.total_sent, stream.vbucket, last, encoded.arrival,
+                                      count))  # fmt: skip
                 stream.sent_part(count, last)
-            if end >= len(data):
-                stream.sent_whole(held.encoded)
-                news[stream] = None  # may have more: look again
+            if end < len(data):
+                held.offset = end
+                continue
+            del rest[stream]
+            stream.sent_whole(encoded, flow_control)
+            markers += encoded.markers
+            items += encoded.items
+            deletions += encoded.deletions
+            expirations += encoded.expirations
+            news[stream] = None  # may have more: look again
         while news and left > 0 and (room is None or room > 0):
             stream = next(iter(news))
             del news[stream]
@@ -161,42 +170,54 @@ class LiveServer:
             vblog = stream.vblog
             high = vblog.high_seqno
             stream.progress.upstream_high_seqno = high
-            upto = min(high, stream.end_seqno)
+            end_seqno = stream.end_seqno
+            upto = high if high < end_seqno else end_seqno
             position = stream.position
             if position >= upto:
-                if position >= stream.end_seqno:
+                if position >= end_seqno:
                     self._release(stream)  # its task ends it
                 continue
             if vblog.swapping or not vblog.in_memory(position):
                 self._release(stream)  # its task reads the disk
                 continue
-            batch = vblog.read(position, upto, BATCH, left)
-            if not batch:
+            # Framed from the tail's record bytes, as a stream's own read does.
+            cut = BatchCut(stream.fast_encoder(), position, upto, BATCH, left)
+            vblog.read_memory(position, upto, cut)
+            encoded = cut.finish()
+            if not encoded.items:
                 stream.position = upto  # the rest were gaps
                 news[stream] = None
                 continue
-            encoded = stream.fast_encoder().encode(batch)
             data = encoded.data
             size = len(data)
-            stream.peak_batch_bytes = max(stream.peak_batch_bytes, size)
+            if size > stream.peak_batch_bytes:
+                stream.peak_batch_bytes = size
             if room is None or size <= room:
                 end, count, last = size, encoded.items, encoded.last
             else:
                 end, count, last = _cut(stream, data, 0, room)
-            part = data if end == size else data[:end]
-            room = _sent(window, room, end)
+            window.sent(end)
+            if room is not None:
+                room -= end
             left -= end
-            parts.append(part)
-            if count:
+            if count and flow_control:
                 in_flight.append((window.total_sent, stream.vbucket, last, encoded.arrival, count))
-                stream.sent_part(count, last)
             if end < size:
+                parts.append(data[:end])
+                if count:
+                    stream.sent_part(count, last)
                 rest[stream] = _Rest(encoded, end)
                 continue
-            stream.sent_whole(encoded)
+            parts.append(data)
+            stream.items_sent += count
+            stream.sent_whole(encoded, flow_control)
+            markers += encoded.markers
+            items += count
+            deletions += encoded.deletions
+            expirations += encoded.expirations
             if encoded.last >= upto:
                 stream.position = upto
-                if upto >= stream.end_seqno:
+                if upto >= end_seqno:
                     self._release(stream)
             else:
                 news[stream] = None  # the read stopped at its limit: more next pass
@@ -207,7 +228,9 @@ class LiveServer:
         stats = conn.stream_stats
         stats.bytes_sent += len(data)
         stats.unacked_bytes = window.unacked_bytes
-        stats.last_item_time = time.time()
+        if markers or items:
+            count_sent(stats, markers, items, deletions, expirations)
+            stats.last_item_time = time.time()
         self.passes += 1
 
 
@@ -216,8 +239,3 @@ def _cut(stream: LogStream, data: bytes, start: int, room: int | None) -> tuple[
     if room is None or len(data) - start <= room:
         return stream.fast_encoder().split(data, start, len(data) - start)
     return stream.fast_encoder().split(data, start, room)
-
-
-def _sent(window: ProducerWindow, room: int | None, size: int) -> int | None:
-    window.sent(size)
-    return None if room is None else room - size

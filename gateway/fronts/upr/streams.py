@@ -8,8 +8,12 @@ them, tagged with the request's opaque:
 - each batch is cut into snapshots (``cut_snapshots``): DISK for what came
   in a TAP backfill, MEMORY for live items, CHECKPOINT on a snapshot that
   begins a TAP checkpoint; each marker brackets exactly the items under it;
-- between batches, once caught up, the stream sleeps until the log
-  publishes more;
+- once caught up, the stream sleeps until the log publishes more; on the
+  fast path (released dialect, no takeover, no capture) it hands itself to
+  its connection's ``LiveServer`` (``gateway.fronts.upr.serving``), which
+  serves every caught-up stream of the connection in one pass and one send
+  per publish round, and gives it back when it falls behind the in-memory
+  tail or reaches its end seqno;
 - it ends with STREAM_END: OK once everything up to the end seqno is sent
   (items beyond it are never sent), STATE_CHANGED when the vbucket is
   taken over by another stream; after the consumer's CLOSE_STREAM nothing
@@ -59,6 +63,7 @@ from gateway.fronts.upr.vblog import VbLog
 
 if TYPE_CHECKING:
     from gateway.fronts.upr.producer import UprConnection
+    from gateway.metrics.figures import StreamStats
 
 BATCH = 1024
 BATCH_BYTES = 1024 * 1024
@@ -97,6 +102,20 @@ def disk_reads(conn: object) -> DiskReads:
     if reads is None:
         reads = _disk_reads[conn] = DiskReads()
     return reads
+
+
+def count_sent(
+    stats: StreamStats, markers: int, items: int, deletions: int, expirations: int
+) -> None:
+    """The connection's counts by kind of what went (once per batch, or per pass)."""
+    counts = stats.items_sent
+    counts["marker"] += markers
+    if items - deletions - expirations:
+        counts["mutation"] += items - deletions - expirations
+    if deletions:
+        counts["deletion"] += deletions
+    if expirations:
+        counts["expiration"] += expirations
 
 
 class LogStream:
@@ -355,11 +374,14 @@ class LogStream:
     async def _send_encoded(self, encoded: EncodedBatch) -> None:
         """A batch framed in one pass (``log_to_upr_fast``): the bytes of ``_send_batch``,
         and the counters and window accounting once per write instead of per message."""
+        conn = self.conn
         if len(encoded.data) > self.peak_batch_bytes:
             self.peak_batch_bytes = len(encoded.data)
-        await self.conn.send_encoded(encoded, self.vbucket, self.fast_encoder().split,
-                                     self.sent_part)  # fmt: skip
-        self.sent_whole(encoded)
+        await conn.send_encoded(encoded, self.vbucket, self.fast_encoder().split, self.sent_part)
+        self.sent_whole(encoded, conn.window.enabled)
+        count_sent(conn.stream_stats, encoded.markers, encoded.items, encoded.deletions,
+                   encoded.expirations)  # fmt: skip
+        conn.stream_stats.last_item_time = time.time()
 
     def sent_part(self, count: int, last: int) -> None:
         """``count`` items of a batch went, up to seqno ``last`` (per write: the window
@@ -367,24 +389,15 @@ class LogStream:
         self.items_sent += count
         self.position = self.progress.sent_seqno = last
 
-    def sent_whole(self, encoded: EncodedBatch) -> None:
-        """The whole of a framed batch went: its counts."""
-        conn = self.conn
+    def sent_whole(self, encoded: EncodedBatch, flow_control: bool) -> None:
+        """The whole of a framed batch went (its items counted by ``sent_part``): where
+        the stream is (the connection's counts are ``count_sent``'s)."""
         progress = self.progress
         self.position = progress.sent_seqno = encoded.last
         self.markers_sent += encoded.markers
-        counts = conn.stream_stats.items_sent
-        counts["marker"] += encoded.markers
-        mutations = encoded.items - encoded.deletions - encoded.expirations
-        if mutations:
-            counts["mutation"] += mutations
-        if encoded.deletions:
-            counts["deletion"] += encoded.deletions
-        if encoded.expirations:
-            counts["expiration"] += encoded.expirations
-        if not conn.window.enabled:
+        if not flow_control:
+            # Without flow control nothing is acknowledged: sent is as far as it goes.
             progress.acked_seqno = self.position
-        conn.stream_stats.last_item_time = time.time()
 
     def _encode(self, event: upr.UprRequest) -> bytes:
         return upr.encode(event, self.conn.dialect)

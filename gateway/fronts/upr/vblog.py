@@ -21,15 +21,10 @@ the list of segments, a pending re-fetch), crc-framed and replaced
 atomically whenever a segment is created and before a compaction deletes
 any.
 
-Failed writes. ``write`` appends the whole buffer or, when the file system
-refuses part-way (a file-size limit, a full disk), cuts the file back to
-its last whole record, keeps the buffer and raises ``LogWriteError``; a
-failed ``sync`` (after it the kernel may have dropped those pages) cuts
-back to the last published byte and puts the unpublished records back in
-the buffer, and the published ones are written again, the same bytes at
-the same offsets, by the next ``write``: what consumers saw stays true,
-seqnos included. Either way nothing of the batch is acked, and the next
-commit writes and fsyncs the same records again.
+Failed writes (``segment_file``): a failed append is cut back and its
+buffer kept; after a failed fsync (``unwrite``) the unpublished records go
+back to the buffer and the published ones are written again as they are,
+seqnos included. Nothing of the batch is acked either way.
 
 Opening proves the log on disk or sets it aside and starts over
 (``log_open``); the history it continues or begins is ``log_history``'s.
@@ -45,18 +40,14 @@ Memory: the index (key -> latest version), the sparse offsets, one write
 buffer, the last written and not yet published batch, and a tail of the
 latest published records (about ``tail_bytes`` of them) from which streams
 that keep up are served without reading the disk; everything else stays on
-disk. ``disk_bytes`` is a running total of the segment files. The tail
-holds the records as written to the file, one bytes object per write with
-its seqno range, and is read as the disk is (``walk_records``): a few
-hundred thousand ``LogItem``s kept alive would be walked by every full
-garbage collection (a pause of tens of milliseconds for every connection),
-and the serving fast path frames UPR messages from block bytes anyway.
+disk. ``disk_bytes`` is a running total of the segment files. The index
+and the tail (``log_tail``) hold bytes and plain tuples of ints only, which
+the garbage collector does not walk.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -69,7 +60,6 @@ from adapters.translate.log_records import LogItem, LogMark, LogRecord
 from adapters.translate.tap_to_upr import TapToUpr
 from adapters.upr.failover_log import FailoverLog
 from gateway.fronts.upr import log_reader
-from gateway.fronts.upr.config import UprFrontError
 from gateway.fronts.upr.fsync_epoch import FsyncEpoch
 from gateway.fronts.upr.log_open import adopt, start_over
 from gateway.fronts.upr.log_tail import Chunk, LogTail
@@ -80,6 +70,7 @@ from gateway.fronts.upr.proof import (
     VbProof,
     prove_vbucket,
 )
+from gateway.fronts.upr.segment_file import LogWriteError, SegmentFile
 from gateway.fronts.upr.segments import (
     READ_CHUNK,
     SPARSE_EVERY,
@@ -91,7 +82,6 @@ from gateway.fronts.upr.segments import (
     frame_mark,
     fsync_dir,
     segment_name,
-    write_all,
     write_atomic,
 )
 
@@ -102,10 +92,6 @@ log = logging.getLogger(__name__)
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_TAIL_BYTES = 256 * 1024
-
-
-class LogWriteError(UprFrontError):
-    """Appending to a vbucket's log failed; the log is as it was before the attempt."""
 
 
 class VbLog:
@@ -147,13 +133,11 @@ class VbLog:
         """Segments a compaction is about to delete: the meta no longer lists them."""
         self._swapping: trio.Event | None = None
         """Set while a compaction swaps segment files under ``segments``."""
-        self._fd: int | None = None
-        self._broken: str | None = None
-        """Set when a failed write could not even be cut back: no more appends."""
+        self.file = SegmentFile(vbucket)
+        """The active segment file: appends, fsyncs, what a failure takes back."""
         self._buffer = bytearray()
         self._block = -1
         """Offset in the buffer of the block of items open at its end (-1: none)."""
-        self._unsynced = False
         self._pending: list[tuple[int, int]] = []
         """(seqno, offset-in-buffer) of buffered items due in the sparse index."""
         self._pending_items = 0
@@ -161,14 +145,6 @@ class VbLog:
         """Seqno of the last item in the buffer (0: none)."""
         self._buffer_first = 0
         """Seqno of the first item in the buffer (valid while ``_pending_items``)."""
-        self._written = bytearray()
-        """Bytes handed to the file since the last ``settle`` (from ``_settled_size`` on):
-        written again if their fsync fails."""
-        self._settled_size = 0
-        """Where ``_written`` starts in the active segment (synced up to here)."""
-        self._rewrite = False
-        """A failed fsync left published bytes of ``_written`` to be written again."""
-        self._written_size = 0
         self._written_high = 0
         """Seqno of the last item handed to the file: what ``publish`` may expose."""
         self._mark = (0, 0, 0)
@@ -180,8 +156,6 @@ class VbLog:
         """The latest published writes: streams that keep up read them from here."""
         self._unpublished: list[Chunk] = []
         """Writes of items handed to the file, not yet published."""
-        self.fsyncs = FsyncEpoch()
-        """The active segment's fsyncs in flight and failed (``fsync_epoch``)."""
         self.lock = trio.Lock()
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
@@ -279,16 +253,11 @@ class VbLog:
             active = Segment(self.dir / segment_name(first), first)
             active.path.touch()
             fsync_dir(self.dir)
-            fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+            self.file.open(active.path, active.size, new=True)
             self.segments.append(active)
-            self.fsyncs = FsyncEpoch()  # a roll waits for the old file's fsyncs
         else:
             active = self.segments[-1]
-            fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd = fd
-        self._written_size = self._settled_size = active.size
+            self.file.open(active.path, active.size, new=False)
         self._mark = (len(active.sparse), active.count, active.last)
 
     def meta(self, *, clean: bool = False) -> Meta:
@@ -364,13 +333,18 @@ class VbLog:
     @property
     def unsynced(self) -> bool:
         """Written to the file since the last ``settle`` (an fsync is due)."""
-        return self._unsynced
+        return self.file.unsynced
+
+    @property
+    def fsyncs(self) -> FsyncEpoch:
+        """The active segment's fsyncs in flight and failed (``fsync_epoch``)."""
+        return self.file.fsyncs
 
     @property
     def sync_in_doubt(self) -> bool:
         """An fsync of this file failed and not all it dropped is written again yet: an
         fsync returning 0 meanwhile proves nothing (Linux tells one fsync of the file)."""
-        return self.fsyncs.unhandled or self._rewrite
+        return self.fsyncs.unhandled or self.file.rewrite
 
     @property
     def syncing(self) -> int:
@@ -385,11 +359,11 @@ class VbLog:
     @property
     def written_size(self) -> int:
         """Bytes of the active segment handed to the file (what an fsync now covers)."""
-        return self._written_size
+        return self.file.size
 
     @property
     def dirty(self) -> bool:
-        return bool(self._buffer) or self._unsynced or self._rewrite
+        return bool(self._buffer) or self.file.unsynced or self.file.rewrite
 
     def write(self) -> int:
         """Hand buffered records to the file (the OS); how many bytes.
@@ -397,28 +371,22 @@ class VbLog:
         All or nothing: on a failure the file is cut back, the buffer kept,
         and ``LogWriteError`` raised. Call with ``lock`` held until ``publish``.
         """
-        if self.fsyncs.orphaned:
-            # A failed fsync nobody took back (its commit was cancelled): the pages it
-            # dropped are among those not settled, so all of them are written again.
-            self._rewrite = self._rewrite or bool(self._written)
-            self.fsyncs.handled()
-        if self._rewrite:
-            self._write_again()
+        file = self.file
+        file.adopt_orphans()
+        if file.rewrite:
+            file.write_again()
         if not self._buffer:
             return 0
         self._close_block()
-        if self._broken is not None:
-            raise LogWriteError(self._broken)
-        if not self._written and not self.syncing:
+        if file.broken is not None:
+            raise LogWriteError(file.broken)
+        if not file.written and not self.syncing:
             self._roll_if_full()  # a roll that failed at the last settle is retried first
-        assert self._fd is not None
+            file = self.file
         segment = self.segments[-1]
-        base = self._written_size
+        base = file.size
         size = len(self._buffer)
-        try:
-            write_all(self._fd, self._buffer)
-        except OSError as exc:
-            raise self._cut_back(base, f"cannot append {size} bytes", exc) from exc
+        file.append(self._buffer)
         for seqno, offset in self._pending:
             segment.sparse.append((seqno, base + offset))
         if self._pending_items:
@@ -426,86 +394,32 @@ class VbLog:
             segment.last = self._buffer_high
             self._written_high = self._buffer_high
             self._unpublished.append((self._buffer_first, self._buffer_high, bytes(self._buffer)))
-        self._written_size += size
         self.disk_bytes += size
-        self._written += self._buffer
         self._buffer.clear()
         self._pending.clear()
         self._pending_items = 0
-        self._unsynced = True
         return size
-
-    def _write_again(self) -> None:
-        """After a failed fsync of published records: the same bytes at the same
-        offsets (the kernel may have dropped those pages), so what consumers saw,
-        seqnos included, is what becomes durable. ``LogWriteError`` if it fails."""
-        if self._broken is not None:
-            raise LogWriteError(self._broken)
-        path = self.segments[-1].path
-        try:
-            fd = os.open(path, os.O_WRONLY)  # not O_APPEND: pwrite must honour the offset
-            try:
-                view = memoryview(self._written)
-                offset = self._settled_size
-                while view:
-                    n = os.pwrite(fd, view, offset)
-                    view, offset = view[n:], offset + n
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise LogWriteError(
-                f"vbucket {self.vbucket}: cannot write {len(self._written)} published bytes "
-                f"again to {path.parent.name}/{path.name}: {exc.strerror or exc}; "
-                "nothing acknowledged, the next commit tries again"
-            ) from exc
-        self._rewrite = False
-        self._unsynced = True
-
-    def _cut_back(self, size: int, what: str, exc: OSError) -> LogWriteError:
-        """Truncate the active segment to ``size`` after a failed write or fsync."""
-        path = self.segments[-1].path
-        where = f"{path.parent.name}/{path.name}"
-        try:
-            assert self._fd is not None
-            os.ftruncate(self._fd, size)
-        except OSError as again:
-            self._broken = (
-                f"vbucket {self.vbucket}: {where} could not be cut back to {size} bytes "
-                f"after a failed write ({again.strerror or again}); restart to prove it again"
-            )
-            return LogWriteError(self._broken)
-        return LogWriteError(
-            f"vbucket {self.vbucket}: {what} to {where}: {exc.strerror or exc}; "
-            f"cut back to its last whole record ({size} bytes), nothing acknowledged"
-        )
 
     def sync(self) -> None:
         """fsync the active segment (may run in a worker thread); ``OSError`` if it fails.
 
         On a failure call ``unwrite`` (on the trio thread) before anything else.
         """
-        if self._fd is not None and self._unsynced:
-            os.fsync(self._fd)
+        self.file.sync()
 
     def unwrite(self, exc: OSError) -> LogWriteError:
         """After a failed fsync: cut the file back to what was published and put
         the records written since back in the buffer, to be written again; what
         was published stays so and is written again as it is (``_write_again``)."""
-        self.fsyncs.handled()
         self._close_block()  # its offset is about to move
         segment = self.segments[-1]
         published = segment.size
-        keep = published - self._settled_size
-        unpublished = self._written[keep:]
-        del self._written[keep:]
-        self._rewrite = keep > 0
+        unpublished = self.file.take_back(published)
         if not unpublished:
-            self._unsynced = False
-            path = segment.path
             return LogWriteError(
-                f"vbucket {self.vbucket}: fsync failed on {path.parent.name}/{path.name}: "
-                f"{exc.strerror or exc}; its {keep} bytes served already are written again "
-                "with the same seqnos, nothing acknowledged"
+                f"vbucket {self.vbucket}: fsync failed on {self.file.where}: "
+                f"{exc.strerror or exc}; its {published - self.file.settled_size} bytes "
+                "served already are written again with the same seqnos, nothing acknowledged"
             )
         n_sparse, count, last = self._mark
         moved = segment.sparse[n_sparse:]
@@ -523,10 +437,9 @@ class VbLog:
             self._buffer_first = self._unpublished[0][0]
         self._unpublished = []
         self.disk_bytes -= shift
-        self._written_size = published
+        self.file.size = published
         self._written_high = self.high_seqno
-        self._unsynced = False
-        return self._cut_back(published, "fsync failed", exc)
+        return self.file.cut_back(published, "fsync failed", exc)
 
     def publish(self, *, settle: bool = True) -> None:
         """Make what was written readable, and wake waiting streams.
@@ -546,7 +459,7 @@ class VbLog:
                     f"{META_NAME}: {exc.strerror or exc}; nothing of the batch published"
                 ) from exc
         segment = self.segments[-1]
-        segment.size = self._written_size
+        segment.size = self.file.size
         self._mark = (len(segment.sparse), segment.count, segment.last)
         if self._unpublished:
             self.tail.add(self._unpublished)
@@ -562,16 +475,11 @@ class VbLog:
         never will be: forget those bytes, and start a new segment when the active
         one is full and no fsync of it is outstanding (so an fsync in flight is
         always of the file it was meant for)."""
-        if self._rewrite:
+        file = self.file
+        if file.rewrite:
             return  # a failed fsync: written again and synced by a later commit
-        if upto is None or upto > self._written_size:
-            upto = self._written_size  # (cut back since by a failed fsync: settle what is left)
-        drop = upto - self._settled_size
-        if drop > 0:
-            del self._written[:drop]
-            self._settled_size = upto
-        self._unsynced = self._written_size > self._settled_size
-        if not self._unsynced and not self.syncing:
+        file.settle(upto)
+        if not file.unsynced and not self.syncing:
             self._roll_if_full()
 
     def write_early(self) -> int:
@@ -580,7 +488,7 @@ class VbLog:
         only synced records holds ``lock``, or when the active segment is full (its
         roll waits for the commit's fsync); a failure is left for the commit, which
         writes the buffer again and raises. Bytes written."""
-        if not self._buffer or self.lock.locked() or self._written_size >= self.segment_bytes:
+        if not self._buffer or self.lock.locked() or self.file.size >= self.segment_bytes:
             return 0
         try:
             written = self.write()
@@ -630,20 +538,20 @@ class VbLog:
         When the last write fails the log is left as a crash would leave it
         (no clean mark), and the next start proves it as such.
         """
-        if self._fd is None:
+        file = self.file
+        if file.fd is None:
             return
         try:
             # A failed fsync left unhandled (a stop cancelled its commit) dropped pages a
             # later fsync says nothing about: what is not settled is written again first.
-            self._rewrite = self._rewrite or bool(self._written)
+            file.rewrite = file.rewrite or bool(file.written)
             self.write()
             try:
                 self.sync()
             except OSError as exc:
                 raise self.unwrite(exc) from exc
             self.publish()
-            os.close(self._fd)
-            self._fd = None
+            file.close()
             self._write_meta(clean=True)
         except (OSError, LogWriteError) as exc:
             log.error("vbucket %d: closing the log failed: %s", self.vbucket, exc)
@@ -651,15 +559,13 @@ class VbLog:
 
     def abandon(self) -> None:
         """Drop the file handle without the clean mark (a simulated crash in tests)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self.file.close()
 
     def retire(self, why: str) -> None:
         """Drop the file handle for good (the log was set aside): a write raises
         ``LogWriteError``, never touches the directory that replaced this one."""
         self.abandon()
-        self._broken = why
+        self.file.broken = why
 
     # -- reading ---------------------------------------------------------------
 

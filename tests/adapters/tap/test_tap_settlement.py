@@ -36,6 +36,11 @@ class _Stream:
         return (self.vbucket, self.translator.last_seqno)
 
 
+def _ledger(*, support_ack: bool = True, registered: bool = True) -> Settlements[tuple[int, int]]:
+    producer = TapProducer(support_ack=support_ack, ack_interval=1000, max_unacked=10_000)
+    return Settlements(producer, support_ack=support_ack, registered=registered)
+
+
 def _stamp(producer: TapProducer, count: int) -> None:
     for i in range(count):
         producer.stamp(TapMutation(b"k%d" % i, b"v"))
@@ -53,8 +58,8 @@ def _gather(
 
 
 def test_a_batch_settles_when_its_last_message_is_acked() -> None:
-    producer = TapProducer(support_ack=True, ack_interval=10, max_unacked=100)
-    ledger: Settlements[tuple[int, int]] = Settlements(producer, support_ack=True, registered=True)
+    ledger = _ledger(support_ack=True, registered=True)
+    producer = ledger.producer
     stream = _Stream(3)
     _stamp(producer, 4)
     _gather(ledger, stream, 400, b"reply")
@@ -72,10 +77,8 @@ def test_a_batch_settles_when_its_last_message_is_acked() -> None:
 
 
 def test_without_support_ack_a_batch_settles_at_once_with_seqnos() -> None:
-    producer = TapProducer(support_ack=False)
-    ledger: Settlements[tuple[int, int]] = Settlements(
-        producer, support_ack=False, registered=False
-    )
+    ledger = _ledger(support_ack=False, registered=False)
+    producer = ledger.producer
     stream = _Stream(5)
     _stamp(producer, 2)
     _gather(ledger, stream, 100)
@@ -86,8 +89,8 @@ def test_without_support_ack_a_batch_settles_at_once_with_seqnos() -> None:
 
 
 def test_an_older_upstream_is_owed_nothing_but_positions_still_settle() -> None:
-    producer = TapProducer(support_ack=True, ack_interval=10, max_unacked=100)
-    ledger: Settlements[tuple[int, int]] = Settlements(producer, support_ack=True, registered=True)
+    ledger = _ledger(support_ack=True, registered=True)
+    producer = ledger.producer
     old = _Stream(1)
     _stamp(producer, 1)
     _gather(ledger, old, 50, b"old reply")
@@ -105,8 +108,8 @@ def test_an_older_upstream_is_owed_nothing_but_positions_still_settle() -> None:
 
 
 def test_a_busy_nack_releases_nothing_and_a_refusal_is_fatal() -> None:
-    producer = TapProducer(support_ack=True, ack_interval=10, max_unacked=100)
-    ledger: Settlements[tuple[int, int]] = Settlements(producer, support_ack=True, registered=False)
+    ledger = _ledger(support_ack=True, registered=False)
+    producer = ledger.producer
     _stamp(producer, 2)
     _gather(ledger, _Stream(0), 10)
     ledger.end()
@@ -132,8 +135,8 @@ def test_acks_release_exactly_the_batches_they_cover_in_order(
     per read), the credit released equals that of the batches whose last message
     was acked, each settlement is released once and oldest first, and an empty
     batch is never held."""
-    producer = TapProducer(support_ack=True, ack_interval=1000, max_unacked=10_000)
-    ledger: Settlements[tuple[int, int]] = Settlements(producer, support_ack=True, registered=False)
+    ledger = _ledger(support_ack=True, registered=False)
+    producer = ledger.producer
     stream = _Stream(0)
     ends: list[tuple[int, int]] = []  # (last sequence number, credit) per held batch
     sent = 0
@@ -169,8 +172,8 @@ def test_acks_release_exactly_the_batches_they_cover_in_order(
 
 
 def test_last_acked_follows_the_acks() -> None:
-    producer = TapProducer(support_ack=True, ack_interval=10, max_unacked=100)
-    ledger: Settlements[tuple[int, int]] = Settlements(producer, support_ack=True, registered=True)
+    ledger = _ledger(support_ack=True, registered=True)
+    producer = ledger.producer
     _stamp(producer, 5)
     assert ledger.last_acked == 0
     ledger.acked([2])

@@ -24,6 +24,7 @@ import trio
 import trio.testing
 
 from gateway.fronts.upr.proof import META_NAME, read_meta
+from gateway.fronts.upr.segment_file import SegmentFile
 from gateway.fronts.upr.vblog import VbLog
 from tests.gateway.fronts.upr.support import (
     caught_up,
@@ -49,24 +50,24 @@ async def test_a_clean_close_after_an_unhandled_failed_fsync_writes_the_served_b
     release, waiting = threading.Event(), threading.Event()
     lost: list[int] = []  # the file's size when its writeback failed
     rewrites: list[tuple[int, int]] = []  # (offset, bytes) written again after it
-    real_sync, real_write_again = VbLog.sync, VbLog._write_again
+    real_sync, real_write_again = VbLog.sync, SegmentFile.write_again
 
     def sync(log: VbLog) -> None:  # in a worker thread
         if log is vblog and not lost and log.unsynced:
-            assert log._fd is not None
+            assert log.file.fd is not None
             waiting.set()
             release.wait(20)
-            lost.append(os.fstat(log._fd).st_size)
+            lost.append(os.fstat(log.file.fd).st_size)
             raise OSError(5, "Input/output error")  # reported once: later fsyncs say 0
         real_sync(log)
 
-    def write_again(log: VbLog) -> None:
-        if log is vblog and lost:
-            rewrites.append((log._settled_size, len(log._written)))
-        real_write_again(log)
+    def write_again(file: SegmentFile) -> None:
+        if file is vblog.file and lost:
+            rewrites.append((file.settled_size, len(file.written)))
+        real_write_again(file)
 
     monkeypatch.setattr(VbLog, "sync", sync)
-    monkeypatch.setattr(VbLog, "_write_again", write_again)
+    monkeypatch.setattr(SegmentFile, "write_again", write_again)
     for n in range(5):
         store.set(0, b"served-%d" % n, b"v", now=time.time())
     with trio.fail_after(20):

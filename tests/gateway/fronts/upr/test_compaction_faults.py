@@ -42,7 +42,7 @@ async def test_compaction_keeps_an_acked_version_whose_successor_is_not_synced(
     acked = {k: v[0] for k, v in vblog.translator.index.items()}  # (seqno, ...)
     feed(vblog, 100, 5, b"served")  # newer versions: written and served, fsync pending
     assert vblog.write_early() > 0
-    synced_size = vblog.written_size - len(vblog._written)  # what the last fsync covered
+    synced_size = vblog.written_size - len(vblog.file.written)  # what the last fsync covered
     await compact_log(vblog, NOW + 10, purge_interval=3600)
     path = vblog.segments[-1].path
     vblog.abandon()

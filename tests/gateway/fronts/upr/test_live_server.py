@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from adapters import upr
 from adapters.translate.log_records import ItemKind, LogItem
-from adapters.translate.log_to_upr_fast import BatchEncoder
+from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder
 from adapters.upr.dialect import DCP
 from gateway.fronts.upr.producer import UprConnection
 from gateway.fronts.upr.streams import LogStream
@@ -62,16 +62,12 @@ class FakeLog:
     def in_memory(self, after: int) -> bool:
         return after >= self.high_seqno or after >= self.floor
 
-    def read(self, after: int, upto: int, limit: int, max_bytes: int) -> list[LogItem]:
+    def read_memory(self, after: int, upto: int, sink: BatchCut) -> None:
+        # As rows (``BatchCut.block`` frames the same bytes: test_serve_from_blocks).
         seqnos = [item.by_seqno for item in self.items]
-        start = bisect.bisect_right(seqnos, after)
-        stop = bisect.bisect_right(seqnos, min(upto, self.high_seqno))
-        out = self.items[start : min(stop, start + limit)]
-        for n, item in enumerate(out):
-            max_bytes -= len(item.key) + len(item.value)
-            if max_bytes <= 0:
-                return out[: n + 1]
-        return out
+        for item in self.items[bisect.bisect_right(seqnos, after) :]:
+            if sink.item(item) or item.by_seqno > min(upto, self.high_seqno):
+                return
 
 
 _item = st.tuples(
@@ -157,6 +153,7 @@ async def _serve(steps: list[Any], window: int | None, ends: list[int]) -> None:
             elif step[0] == "ack":
                 if window is not None:
                     producer.window.acknowledged(step[1])
+                    producer._on_acknowledged()
                     producer._room.set()
             else:
                 log = logs[step[1]]
@@ -166,6 +163,7 @@ async def _serve(steps: list[Any], window: int | None, ends: list[int]) -> None:
                 assert producer.window.unacked_bytes < window + LARGEST_MESSAGE + 44
         while window is not None and producer.window.unacked_bytes:
             producer.window.acknowledged(producer.window.unacked_bytes)
+            producer._on_acknowledged()
             producer._room.set()
             await trio.testing.wait_all_tasks_blocked()
         assert not producer.live._rest
@@ -174,6 +172,12 @@ async def _serve(steps: list[Any], window: int | None, ends: list[int]) -> None:
         nursery.cancel_scope.cancel()
 
     assert len(received) == producer.window.total_sent == stats.bytes_sent
+    assert not producer._in_flight  # all acked (without flow control, none kept)
+    counts = stats.items_sent
+    assert counts["marker"] == sum(stream.markers_sent for stream in streams)
+    assert counts["mutation"] + counts["deletion"] + counts["expiration"] == sum(
+        stream.items_sent for stream in streams
+    )
     per_vb: dict[int, list[bytes]] = {vb: [] for vb in range(VBUCKETS)}
     for frame in _frames(bytes(received)):
         per_vb[struct.unpack_from(">H", frame, 6)[0]].append(frame)

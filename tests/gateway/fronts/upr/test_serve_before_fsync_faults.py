@@ -58,14 +58,14 @@ journal = open(journal_path, "a", buffering=1)
 lock = threading.Lock()
 
 def sync(self):  # VbLog.sync, in a worker thread
-    if self._fd is None or not self.unsynced:
+    if self.file.fd is None or not self.unsynced:
         return
     if os.path.exists(hold):
         open(held, "a").close()
         threading.Event().wait()  # the disk stopped answering: until killed
     path = self.segments[-1].path
-    size = os.fstat(self._fd).st_size  # at least what this fsync is due to cover
-    os.fsync(self._fd)
+    size = os.fstat(self.file.fd).st_size  # at least what this fsync is due to cover
+    os.fsync(self.file.fd)
     with lock:
         journal.write(f"{path} {size}\\n")
 

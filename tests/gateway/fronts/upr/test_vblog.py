@@ -142,7 +142,7 @@ class SlowDisk(VbLog):
         self.unsynced_publishes: list[tuple[int, int]] = []
 
     def sync(self) -> None:
-        covered = self._written_size  # what this fsync is sure to cover
+        covered = self.written_size  # what this fsync is sure to cover
         time.sleep(0.02)
         super().sync()
         self.synced_size = max(self.synced_size, covered)

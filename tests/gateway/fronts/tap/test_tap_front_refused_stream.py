@@ -1,0 +1,40 @@
+"""A stream request the upstream refuses ends that vbucket's stream on the TAP front.
+
+The upstream answers a STREAM_REQ it will not serve with an error status (the
+reference node: NOT_MY_VBUCKET for a vbucket that is not active,
+``check_request`` in gateway/node/upr_streams.py), which the codec gives as
+the generic ``Response`` (adapters/upr/responses.py). The front logs it,
+counts it and ends the vbucket (gateway/fronts/tap/upstream_streams.py), so
+a connection whose every vbucket was refused ends instead of waiting for
+items that never come.
+"""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from adapters.mcbp.constants import VBucketState
+from adapters.tap import ConnectFlags, TapDelete, TapMutation
+from gateway.metrics.figures import TAP_FRONT
+from tests.gateway.node.test_node_tap_producer import filled_store
+from tests.support.tap_client import TapClient, connect_event, start_node
+from tests.support.tapfront import start_front
+
+F = ConnectFlags
+
+
+async def test_a_refused_vbucket_ends_and_the_others_stream(nursery: trio.Nursery) -> None:
+    store = filled_store()
+    store.set_state(2, VBucketState.REPLICA, now=time.time())
+    _, node_port = await start_node(nursery, store)
+    front, port = await start_front(nursery, node_port)
+    connect = connect_event(
+        b"refused", F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK, backfill_date=0, vbuckets=(2,)
+    )
+    with trio.fail_after(20):
+        client = await TapClient.open(port, connect)
+        events = await client.collect()  # up to the close, acking as asked
+    assert not [e for e in events if isinstance(e, TapMutation | TapDelete)]
+    assert front.stats.stream_ends_total[TAP_FRONT, "refused_0x07"] == 1
