@@ -38,6 +38,8 @@ STUCK = 1
 """The vbucket whose takeover consumer never replies to ACTIVE (one in the middle:
 a committer that takes the logs' locks in vbucket order holds vbucket 0's meanwhile)."""
 OTHERS = (0, 2)
+NOOP_INTERVAL = 2
+"""Seconds: the takeover consumer answers NOOPs until it goes silent."""
 FIRST = 3
 """Items of each vbucket before the takeover."""
 
@@ -119,36 +121,44 @@ class TapNode:
 
 
 class Taker:
-    """The takeover consumer: answers NOOPs, markers and PENDING, never ACTIVE until told."""
+    """The takeover consumer: answers NOOPs, markers and PENDING, ACTIVE only once told
+    (``answer_active``); once ``silent``, it reads and answers nothing more."""
 
     def __init__(self, client: UprClient) -> None:
         self.client = client
         self.events: list[upr.UprEvent] = []
+        self.active: upr.SetVbucketState | None = None
         self.told_active = trio.Event()
-        self.reply = trio.Event()
         self.ended = trio.Event()
+        self.silent = False
 
     async def run(self) -> None:
         try:
             await self._run()
         except (EOFError, trio.ClosedResourceError, trio.BrokenResourceError):
-            return  # the test dropped the connection
+            return  # dropped
 
     async def _run(self) -> None:
         while True:
             event = await self.client.receive()
+            if self.silent:
+                return
             if event.IS_RESPONSE:
                 continue
+            if not isinstance(event, upr.Noop):
+                self.events.append(event)
             if isinstance(event, upr.SetVbucketState) and event.state is VBucketState.ACTIVE:
-                self.events.append(event)
+                self.active = event
                 self.told_active.set()
-                await self.reply.wait()
-            elif not isinstance(event, upr.Noop):
-                self.events.append(event)
+                continue
             await self.client.answer(event)
             if isinstance(event, upr.StreamEnd):
                 self.ended.set()
                 return
+
+    async def answer_active(self) -> None:
+        assert self.active is not None
+        await self.client.answer(self.active)
 
     def after_active(self) -> list[upr.UprEvent]:
         """What the stream sent after SET_VBUCKET_STATE(active)."""
@@ -219,6 +229,9 @@ async def _start(
     taker = Taker(await UprClient.connect(port))
     clients.append(taker.client)
     assert (await taker.client.open(b"taker")).status == 0
+    # A live consumer: the gateway drops it if a NOOP goes unanswered for an interval.
+    assert (await taker.client.control("enable_noop", "true")).status == 0
+    assert (await taker.client.control("set_noop_interval", str(NOOP_INTERVAL))).status == 0
     opened = await taker.client.stream_request(STUCK, flags=upr.StreamFlags.TAKEOVER)
     assert opened.status == 0
     nursery.start_soon(taker.run)
@@ -260,7 +273,7 @@ async def test_other_vbuckets_are_served_synced_and_acked_while_active_is_unansw
             assert not node.active_acked.is_set()
             assert logs[STUCK].handing_over
 
-            taker.reply.set()
+            await taker.answer_active()
             await node.active_acked.wait()
             await taker.ended.wait()
     finally:
@@ -273,13 +286,17 @@ async def test_other_vbuckets_are_served_synced_and_acked_while_active_is_unansw
 
 
 async def test_the_vbucket_handed_over_is_served_only_once_synced_until_the_reply(
-    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """With fsync batch the ingest serves records before their fsync, except on the
     vbucket being handed over: between the check and the consumer's reply, a record of
-    it is served only once synced. The consumer then drops without replying: the
-    hand-off ends, the TAP node's VBUCKET_SET(active) is never acked, and the vbucket
-    stays recorded as handed over (it was told active: it may be active there)."""
+    it is served only once synced. The consumer then goes silent: the NOOP deadline
+    drops it, the hand-off ends, the TAP node's VBUCKET_SET(active) is never acked,
+    and the vbucket stays recorded as handed over (told active, it may be active
+    there)."""
     held = HeldSyncs(monkeypatch, STUCK)
     clients: list[UprClient] = []
     try:
@@ -301,11 +318,16 @@ async def test_the_vbucket_handed_over_is_served_only_once_synced_until_the_repl
             assert taker.after_active() == []
             assert logs[STUCK].handing_over
 
-            await taker.client.aclose()
+            # It goes silent: the connection's NOOP deadline drops it (ep-engine 3.0 has
+            # no other bound on the takeover wait), which ends the hand-off.
+            taker.silent = True
             await node.active_unacked.wait()
             await until(lambda: not logs[STUCK].handing_over)
+            await until(lambda: any("did not answer a NOOP" in m for m in caplog.messages))
     finally:
         held.release.set()
         for client in clients:
             await client.aclose()
     assert (logs[STUCK].dir / HANDED_OVER).exists()
+    dropped = [m for m in caplog.messages if "did not answer a NOOP" in m]
+    assert len(dropped) == 1 and "'taker'" in dropped[0], dropped
