@@ -9,9 +9,13 @@ of sequence number N releases N and everything sent before it. Once
 ack of a number the window does not hold (acked already, or never sent)
 changes nothing, as 2.x logged "Explicit ack of nonexisting entry" and went
 on (``TapProducer::processAck``); ``stray_acks`` counts the never-sent ones. A
-nack whose status is BUSY or TEMPORARY_FAILURE pauses the stream for
-``backoff`` seconds, after which everything outstanding is sent again, in
-order, with the same sequence numbers; any other nack is fatal. Without
+nack whose status is BUSY or TEMPORARY_FAILURE acks every message before the
+one it names (2.x's implicit acks) and pauses the stream for ``backoff``
+seconds, after which everything still outstanding, the nacked message first,
+is sent again, in order, with the same sequence numbers (2.x re-queued only
+the nacked one and left the later ones to a later ack or a reconnect's
+rollback: sending them again too costs duplicates, never a gap); any other
+nack is fatal. Without
 support-ack nothing is kept: an ack releases nothing, a busy nack still
 pauses the stream (with nothing to resend) and any other nack is fatal, as
 2.x's ``TapProducer::processAck`` (tapconnection.cc) ran the same code
@@ -306,7 +310,15 @@ class TapProducer:
         if status in _RETRYABLE:
             self.state = ProducerState.BACKING_OFF
             self._resume_at = now + self.backoff
-            return 0
+            if not self.support_ack:
+                return 0
+            # Everything before the nacked message was applied (processAck's
+            # implicit acks); a nack of a number not outstanding releases nothing.
+            position = self._position(opaque)
+            if position is None:
+                return 0
+            self.acked_total += position
+            return position
         self.state = ProducerState.FAILED
         message = text.decode("utf-8", "replace")
         raise ProtocolError(

@@ -275,9 +275,14 @@ def process_families(view: StatsView, *, per_vbucket: bool) -> list[Family]:
     )
     for vb, count in sorted(view.upr_log_damage_total.items()):
         damage.add(_vb_labels(vb), count, "_total")
+    tap_state = counter(
+        "tap_front_state_set_aside_total",
+        "TAP front state files that could not be read at start-up: set aside, clients backfill.",
+    )
+    tap_state.add(NO_LABELS, view.tap_front_state_set_aside_total, "_total")
     out = [
         active, accepted, items, sent_bytes, reconnects, rollbacks, last_rollback, ends, errors,
-        started, done, log_bytes, compactions, longest, set_aside, damage,
+        started, done, log_bytes, compactions, longest, set_aside, damage, tap_state,
     ]  # fmt: skip
     if per_vbucket:
         per_vb = gauge(

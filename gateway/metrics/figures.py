@@ -185,6 +185,8 @@ class GatewayStats:
     takeovers_started_total: Counter[str] = field(default_factory=Counter)
     takeovers_completed_total: Counter[str] = field(default_factory=Counter)
     upr_log: UprLogStats = field(default_factory=UprLogStats)
+    tap_front_state_set_aside_total: int = 0
+    """TAP front state files start-up could not read: set aside, clients backfill."""
     closed_items_sent: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Items sent by connections since closed, by (direction, kind), so totals never fall."""
     closed_bytes_sent: Counter[str] = field(default_factory=Counter)

@@ -53,6 +53,7 @@ class StatsView:
     failover_log_lengths: dict[int, int]
     upr_logs_set_aside_total: dict[str, int]
     upr_log_damage_total: dict[int, int]
+    tap_front_state_set_aside_total: int
     listeners: ListenerCounters = field(default_factory=ListenerCounters)
 
 
@@ -76,6 +77,7 @@ def capture(stats: GatewayStats, now: float) -> StatsView:
         failover_log_lengths=dict(log.failover_log_lengths),
         upr_logs_set_aside_total=dict(log.logs_set_aside_total),
         upr_log_damage_total=dict(log.log_damage_total),
+        tap_front_state_set_aside_total=stats.tap_front_state_set_aside_total,
         listeners=stats.listeners.copy(),
     )
 

@@ -25,6 +25,13 @@ never name another range after a restart, or a client resuming from it would
 skip what it never received. Only the shutdown save marks the file clean
 (opening it marks it unclean at once); a file not clean moves every counter,
 and the first id of vbuckets it never counted, ``ID_GAP`` further on.
+
+A file that cannot be read whole (not msgpack, another schema version, a
+field missing or of the wrong type) is never overwritten nor half applied:
+it is renamed aside (``<name>.unreadable-<UTC stamp>``, 0600), one error line
+says where and why, ``tapupr_tap_front_state_set_aside_total`` counts it, and
+the front starts wholly fresh: registered clients backfill, and checkpoint
+ids start from the clock (``clock_first_id``), above any id handed out before.
 """
 
 from __future__ import annotations
@@ -32,12 +39,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import msgpack
+
+from gateway.metrics.figures import GatewayStats
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +57,25 @@ KEEP_CHECKPOINTS = 64
 ID_GAP = 1 << 24
 """Checkpoint ids skipped after an unclean stop: more than a vbucket hands out
 between two saves (16M; 2.x checkpoint ids are 64-bit)."""
+SET_ASIDE_MARK = ".unreadable-"
+U64 = (1 << 64) - 1
+
+
+def clock_first_id(now: float | None = None) -> int:
+    """The first checkpoint id of a state started without its lost file.
+
+    Nanoseconds since the epoch: any earlier start began at most at its own
+    clock reading, and handed out fewer than 1e9 ids per vbucket per second
+    since (the ``ID_GAP`` of each unclean stop is 17 ms of clock). Below 2^63
+    until 2262, so it fits the 64-bit ids of CHECKPOINT_START/END and the
+    CONNECT checkpoint map (``adapters.tap.codec``) for signed readers too.
+    A clock set back by the operator is the one case it cannot cover.
+    """
+    return time.time_ns() if now is None else int(now * 1e9)
+
+
+class UnreadableState(ValueError):
+    """The state file is not one this gateway wrote whole; the text says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,46 +116,51 @@ class Registry:
     _written: int = 0
     _writing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    # Only ``open`` ever sets it: where an unreadable file went.
+    set_aside: Path | None = None
+
     @classmethod
-    def open(cls, state_dir: Path | None) -> Registry:
+    def open(cls, state_dir: Path | None, stats: GatewayStats | None = None) -> Registry:
         if state_dir is None:
             return cls()
         state_dir.mkdir(parents=True, exist_ok=True)
-        registry = cls(path=state_dir / STATE_FILE)
+        path = state_dir / STATE_FILE
+        registry = cls(path=path)
         try:
-            data = registry.path.read_bytes()  # type: ignore[union-attr]
+            data = path.read_bytes()
         except FileNotFoundError:
             data = None
-        try:
-            if data is not None:
-                registry._load(msgpack.unpackb(data, strict_map_key=False))
-        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
-            # Starting over costs clients a backfill; refusing to start costs more.
-            log.error("%s is unreadable (%s); registered clients will backfill", registry.path, exc)
+        if data is not None:
+            try:
+                loaded = decode_state(data)
+            except UnreadableState as exc:
+                # Kept, never overwritten: only clients' positions and ids are
+                # lost, and they come back by a backfill and the clock.
+                registry.set_aside = set_aside_file(path)
+                registry.first_id = clock_first_id()
+                if stats is not None:
+                    stats.tap_front_state_set_aside_total += 1
+                log.error(
+                    "%s is unreadable (%s): moved to %s; registered clients will backfill, "
+                    "checkpoint ids start at %d",
+                    path,
+                    exc,
+                    registry.set_aside.name,
+                    registry.first_id,
+                )
+            else:
+                registry._apply(loaded)
         # Unclean on disk before any id is handed out: a kill from here on is seen.
         registry.dirty = True
         registry.save()
         return registry
 
-    def _load(self, data: dict[str, object]) -> None:
-        if data.get("version") != SCHEMA_VERSION:
-            raise ValueError(f"schema version {data.get('version')!r}")
-        clients = data["clients"]
-        checkpoints = data["checkpoints"]
-        next_ids = data["next_ids"]
-        assert isinstance(clients, dict) and isinstance(checkpoints, dict)
-        assert isinstance(next_ids, dict)
-        self.clients = {
-            name: {int(vb): VbResume(*pos) for vb, pos in positions.items()}
-            for name, positions in clients.items()
-        }
-        self.checkpoints = {
-            int(vb): OrderedDict((int(cp), VbResume(*pos)) for cp, pos in entries)
-            for vb, entries in checkpoints.items()
-        }
-        self.next_ids = {int(vb): int(n) for vb, n in next_ids.items()}
-        self.first_id = int(data.get("first_id", 1))  # type: ignore[call-overload]
-        if not data.get("clean"):
+    def _apply(self, loaded: LoadedState) -> None:
+        self.clients = loaded.clients
+        self.checkpoints = loaded.checkpoints
+        self.next_ids = loaded.next_ids
+        self.first_id = loaded.first_id
+        if not loaded.clean:
             # Ids may have been handed out past the counters saved: skip them.
             self.next_ids = {vb: n + ID_GAP for vb, n in self.next_ids.items()}
             self.first_id += ID_GAP
@@ -224,3 +258,123 @@ class Registry:
         data = self.image(clean=clean)
         if data is not None:
             self.write(data)
+
+
+# -- reading the file ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LoadedState:
+    """A state file read whole and checked field by field."""
+
+    clients: dict[str, dict[int, VbResume]]
+    checkpoints: dict[int, OrderedDict[int, VbResume]]
+    next_ids: dict[int, int]
+    first_id: int
+    clean: bool
+
+
+def decode_state(data: bytes) -> LoadedState:
+    """The state file's contents, or ``UnreadableState`` naming the first field wrong."""
+    try:
+        top = msgpack.unpackb(data, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise UnreadableState(f"not msgpack: {exc}") from None
+    top = _map(top, "the file")
+    version = top.get("version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise UnreadableState(f"schema version {version!r}, this gateway reads {SCHEMA_VERSION}")
+    clients: dict[str, dict[int, VbResume]] = {}
+    for name, positions in _map(_field(top, "clients"), "clients").items():
+        if not isinstance(name, str):
+            raise UnreadableState(f"clients: a name {name!r} is not text")
+        where = f"clients[{name!r}]"
+        clients[name] = {
+            _vbucket(vb, where): _position(pos, f"{where}[{vb}]")
+            for vb, pos in _map(positions, where).items()
+        }
+    checkpoints: dict[int, OrderedDict[int, VbResume]] = {}
+    for vb, entries in _map(_field(top, "checkpoints"), "checkpoints").items():
+        where = f"checkpoints[{vb!r}]"
+        ends: OrderedDict[int, VbResume] = OrderedDict()
+        for entry in _list(entries, where):
+            pair = _list(entry, where)
+            if len(pair) != 2:
+                raise UnreadableState(f"{where}: an entry of {len(pair)} fields, not 2")
+            ends[_u64(pair[0], where)] = _position(pair[1], where)
+        checkpoints[_vbucket(vb, "checkpoints")] = ends
+    next_ids = {
+        _vbucket(vb, "next_ids"): _u64(n, f"next_ids[{vb!r}]")
+        for vb, n in _map(_field(top, "next_ids"), "next_ids").items()
+    }
+    first_id = _u64(top.get("first_id", 1), "first_id")  # files before it: 1
+    clean = top.get("clean", False)
+    if not isinstance(clean, bool):
+        raise UnreadableState(f"clean: {clean!r} is not true or false")
+    return LoadedState(clients, checkpoints, next_ids, first_id, clean)
+
+
+def _field(top: dict[object, object], name: str) -> object:
+    if name not in top:
+        raise UnreadableState(f"{name}: missing")
+    return top[name]
+
+
+def _map(value: object, where: str) -> dict[object, object]:
+    if not isinstance(value, dict):
+        raise UnreadableState(f"{where}: {type(value).__name__} where a map belongs")
+    return value
+
+
+def _list(value: object, where: str) -> list[object]:
+    if not isinstance(value, list):
+        raise UnreadableState(f"{where}: {type(value).__name__} where a list belongs")
+    return value
+
+
+def _u64(value: object, where: str) -> int:
+    # bool is an int to Python, never to this file.
+    if type(value) is not int or not 0 <= value <= U64:
+        raise UnreadableState(f"{where}: {value!r} is not a 64-bit unsigned integer")
+    return value
+
+
+def _vbucket(value: object, where: str) -> int:
+    if type(value) is not int or not 0 <= value <= 0xFFFF:
+        raise UnreadableState(f"{where}: {value!r} is not a vbucket id")
+    return value
+
+
+def _position(value: object, where: str) -> VbResume:
+    fields = _list(value, where)
+    # Four fields before checkpoint_id and backfill_done were kept; their defaults apply.
+    if not 4 <= len(fields) <= 6:
+        raise UnreadableState(f"{where}: a position of {len(fields)} fields, not 4 to 6")
+    numbers = [_u64(n, where) for n in fields[:5]] + [0]
+    backfill_done = fields[5] if len(fields) == 6 else True
+    if not isinstance(backfill_done, bool):
+        raise UnreadableState(f"{where}: backfill_done {backfill_done!r} is not true or false")
+    uuid, seqno, snap_start, snap_end, checkpoint_id = numbers[:5]
+    return VbResume(uuid, seqno, snap_start, snap_end, checkpoint_id, backfill_done)
+
+
+def set_aside_file(path: Path) -> Path:
+    """Rename ``path`` aside (0600, durable before anything replaces it); its new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}{SET_ASIDE_MARK}{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{SET_ASIDE_MARK}{stamp}-{n}")
+    os.rename(path, target)
+    target.chmod(0o600)
+    _fsync_dir(path.parent)
+    return target
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -157,7 +157,7 @@ class TapFront:
     ) -> None:
         self.config = config
         self.stats = stats or GatewayStats()
-        self.registry = registry or Registry.open(config.state_dir)
+        self.registry = registry or Registry.open(config.state_dir, self.stats)
         self.users = Users.of(config.users)
         self.sessions: NamedConnections[TapSession] = NamedConnections("TAP front")
         self._anonymous = itertools.count(1)

@@ -11,8 +11,8 @@ live consumers do not wait for the disk. The TAP acks still leave only after
 the fsync, so nothing the TAP node considers delivered is ever lost; what a
 crash takes back was served but never acked, and a log not closed cleanly
 opens with a new failover entry at its proven end (see ``vblog``), so a
-consumer that saw more rolls back. Fsync "always" and a takeover connection
-publish only what is synced.
+consumer that saw more rolls back. Fsync "always", a takeover connection and
+a vbucket being handed over publish only what is synced.
 
 ``GroupCommit`` pipelines commits with the ingest's reading: the ingest
 applies each socket read's frames to the logs' buffers and ``submit``s the
@@ -34,7 +34,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 
 import trio
 
@@ -78,7 +77,9 @@ async def commit(logs: dict[int, VbLog], *, sync: bool, early: bool = False) -> 
     to its publish, taken in vbucket order (two committers never wait on each
     other crosswise): a takeover connection writing the same vbucket as the
     ingest cannot publish records the other wrote but has not yet synced. A
-    log whose write or fsync fails keeps what it published (written again
+    log being handed over (``VbLog.handing_over``) is committed that way even
+    when ``early``, its lock held to its publish, the others' released before
+    the fsync. A log whose write or fsync fails keeps what it published (written again
     with the same seqnos by the next commit) and takes back what it did not
     (see ``VbLog.unwrite``); the others are published, then the first failure
     is raised, so the caller acks nothing of the batch.
@@ -87,18 +88,22 @@ async def commit(logs: dict[int, VbLog], *, sync: bool, early: bool = False) -> 
     failure: LogWriteError | None = None
     written = 0
     good: list[VbLog] = []
-    with ExitStack() as held:
+    locked: list[VbLog] = []
+    try:
         for vblog in ordered:
             # Uncontended (the usual case) without a trip through the scheduler each.
             try:
                 vblog.lock.acquire_nowait()
             except trio.WouldBlock:
                 await vblog.lock.acquire()
-            held.callback(vblog.lock.release)
+            locked.append(vblog)
+        # Decided with the locks held: a log being handed over publishes only synced
+        # records whoever commits it (``VbLog.handing_over``), its lock kept to its publish.
+        apart = frozenset(v.vbucket for v in ordered if early and v.handing_over)
         for vblog in ordered:
             try:
                 written += vblog.write()
-                if early or not sync:
+                if (early and vblog.vbucket not in apart) or not sync:
                     vblog.publish(settle=not sync)
             except LogWriteError as exc:
                 failure = failure or exc
@@ -107,17 +112,25 @@ async def commit(logs: dict[int, VbLog], *, sync: bool, early: bool = False) -> 
         if not sync:
             good = []
         if early:
-            held.close()
+            for vblog in [v for v in locked if v.vbucket not in apart]:
+                locked.remove(vblog)
+                vblog.lock.release()
         if good:
-            failure = await _sync_and_settle(good, early) or failure
+            failure = await _sync_and_settle(good, early, apart) or failure
+    finally:
+        for vblog in locked:
+            vblog.lock.release()
     if failure is not None:
         raise failure
     return written
 
 
-async def _sync_and_settle(logs: list[VbLog], early: bool) -> LogWriteError | None:
+async def _sync_and_settle(
+    logs: list[VbLog], early: bool, apart: frozenset[int] = frozenset()
+) -> LogWriteError | None:
     """fsync ``logs`` up to what each has written now, then publish (unless published
-    already) and settle them; the first failure."""
+    already: ``early``, but for the vbuckets ``apart``, whose locks are still held)
+    and settle them; the first failure."""
     failure: LogWriteError | None = None
     due = [(v, v.fsyncs, v.written_size, v.fsyncs.begin()) for v in logs]
     try:
@@ -128,7 +141,7 @@ async def _sync_and_settle(logs: list[VbLog], early: bool) -> LogWriteError | No
     taken_back = 0
     try:
         for vblog, fsync_error in failed:
-            if early:
+            if early and vblog.vbucket not in apart:
                 # Not while a committer that publishes only synced records is between
                 # its write and its publish: it would find its fsynced bytes cut back.
                 await vblog.lock.acquire()
@@ -159,7 +172,7 @@ async def _sync_and_settle(logs: list[VbLog], early: bool) -> LogWriteError | No
             )
             continue
         try:
-            if not early:
+            if not early or vblog.vbucket in apart:
                 vblog.publish(settle=False)
             vblog.settle(upto)
         except LogWriteError as exc:

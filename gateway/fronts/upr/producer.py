@@ -39,6 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from adapters import upr
@@ -49,6 +50,7 @@ from adapters.translate.log_to_upr_fast import EncodedBatch
 from adapters.upr.rollback import answer_stream_request
 from gateway.fronts.upr.serving import LiveServer
 from gateway.fronts.upr.streams import LogStream
+from gateway.fronts.upr.takeover import take_over
 from gateway.io.connection import ConnectionClosed, PacketConnection
 from gateway.io.upr_producer import UprProducerBase
 from gateway.metrics.figures import LATENCY_BUCKETS, LatencyHistogram, StreamStats
@@ -266,7 +268,7 @@ class UprConnection(UprProducerBase[LogStream]):
         if not isinstance(answer, upr.StreamRequestOk):
             await self.respond(answer)
             return
-        stream = LogStream(self, vblog, req)
+        stream = LogStream(self, vblog, req, partial(take_over, self.front))
         self.machine.add_stream(req.vbucket, stream)
         await self.respond(answer)
         assert self._nursery is not None

@@ -16,8 +16,8 @@ per consumer connection for what it is sent (side upr, sent, named after
 the OPEN name), each a ``CaptureRecorder`` that drops and counts rather than
 block a stream when the disk falls behind.
 
-Takeover (``takeover``): a takeover stream that has caught up calls
-``take_over``, which opens a TAP takeover connection for its vbucket and
+Takeover (``takeover``): a takeover stream that has caught up calls the
+``take_over`` its connection passed down, which opens a TAP takeover connection for its vbucket and
 turns the node's VBUCKET_SET messages into the stream's SET_VBUCKET_STATE,
 acking each only once the consumer replied; the active state goes out only
 once every record served is synced and the vbucket is recorded as handed
@@ -44,11 +44,9 @@ from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.logset import LogOptions, LogSet
 from gateway.fronts.upr.producer import UprConnection, delete_kind
 from gateway.fronts.upr.stat_groups import collect
-from gateway.fronts.upr.streams import LogStream
 from gateway.fronts.upr.takeover import (
     log_handed_over,
     read_handed_over,
-    take_over,
     write_handed_over,
 )
 from gateway.io.auth import Authenticator, Users
@@ -251,9 +249,3 @@ class UprFront:
                 yield
             finally:
                 await recorder.close()
-
-    # -- takeover --------------------------------------------------------------
-
-    async def take_over(self, stream: LogStream) -> upr.StreamEndReason:
-        """Take ``stream``'s vbucket over from the TAP node, through ``stream`` (``takeover``)."""
-        return await take_over(self, stream)

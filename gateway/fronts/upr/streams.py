@@ -45,6 +45,7 @@ confirmed the stream ends with OK.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
@@ -118,9 +119,21 @@ def count_sent(
         counts["expiration"] += expirations
 
 
+TakeOver = Callable[["LogStream"], Awaitable[upr.StreamEndReason]]
+"""Hands a caught-up takeover stream's vbucket over (``takeover.take_over``, bound
+to the front): passed down, so a stream never calls up into the front."""
+
+
 class LogStream:
-    def __init__(self, conn: UprConnection, vblog: VbLog, req: upr.StreamRequest) -> None:
+    def __init__(
+        self,
+        conn: UprConnection,
+        vblog: VbLog,
+        req: upr.StreamRequest,
+        take_over: TakeOver | None = None,
+    ) -> None:
         self.conn = conn
+        self._take_over = take_over
         self.vblog = vblog
         self.vbucket = req.vbucket
         self.opaque = req.opaque
@@ -213,7 +226,9 @@ class LogStream:
                 self.state = StreamState.IN_MEMORY
                 self.progress.backfilling = False
                 if self.takeover:
-                    return await self.conn.front.take_over(self)
+                    if self._take_over is None:
+                        raise AssertionError("a takeover stream without a hand-off")
+                    return await self._take_over(self)
                 if self.conn.draft or self.conn.recording is not None:
                     await vblog.wait_beyond(self.position)  # the event path, from here
                 else:

@@ -22,10 +22,15 @@ replied. Before SET_VBUCKET_STATE(active) goes out:
 
 1. every record of the vbucket that was served is fsynced. With fsync
    "batch" the ingest publishes records before their fsync; the hand-off
-   commits the log itself and then holds the log's lock (so nothing more
-   is published before its fsync) from the check until the consumer
-   replied to the active state. A commit that fails, or records published
-   meanwhile, are tried again a few times; then the hand-off fails with an
+   marks the log ``handing_over`` (from then on every committer publishes
+   only synced records of it, as with fsync "always"), commits it itself
+   and checks, with the log's lock held, that nothing served is unsynced.
+   The mark stays until the consumer replied to the active state or the
+   hand-off ended otherwise; no lock is held across that wait, so a
+   consumer that never replies (ep-engine 3.0 puts no timer on it, only the
+   connection's NOOP deadline ends it) stalls its own vbucket, not the
+   ingest's commits and TAP acks of the others. A commit that fails, or
+   records published meanwhile, are tried again a few times; then the hand-off fails with an
    error naming the vbucket, the stream ends STATE_CHANGED and the TAP
    message is never acked. So a crash after the hand-off never leaves the
    log behind what the new active node was sent. (Before, only the TAP
@@ -196,9 +201,31 @@ async def take_over(front: UprFront, stream: LogStream) -> upr.StreamEndReason:
 async def _hand_over(front: UprFront, stream: LogStream) -> None:
     """SET_VBUCKET_STATE(active) through ``stream`` once every record of its vbucket that
     was served is synced and the vbucket is recorded as dead here; ``HandOverError``
-    when either cannot be done (the consumer is then never told active)."""
+    when either cannot be done (the consumer is then never told active).
+
+    From the first commit until the consumer replied (or the hand-off failed, or
+    was cancelled) the log is ``handing_over``: every committer publishes only
+    synced records of it. No lock is held across the wait on the consumer, so a
+    consumer that answers NOOPs and never this reply stalls its vbucket only,
+    never the ingest's commits and TAP acks of the others.
+    """
     vb = stream.vbucket
     vblog = stream.vblog
+    vblog.handing_over = True  # before its own commit: nothing more published early
+    try:
+        await _sync_served(front, vb, vblog)
+        await _record(front, stream, vblog)
+        # ep-engine 3.0 puts no timer on this wait (``ActiveStream::takeoverWaitPhase``):
+        # only the connection's NOOP deadline ends it, for a consumer gone silent.
+        await stream.set_state(VBucketState.ACTIVE)
+    finally:
+        vblog.handing_over = False
+
+
+async def _sync_served(front: UprFront, vb: int, vblog: VbLog) -> None:
+    """Until every record of ``vblog`` that was served is synced (its lock held for the
+    check: no committer between its write and its publish); ``HandOverError`` after
+    ``SYNC_ATTEMPTS`` failed commits or records published meanwhile."""
     why = "records were published meanwhile"
     for _ in range(SYNC_ATTEMPTS):
         if front.logs.get(vb) is not vblog:
@@ -208,12 +235,9 @@ async def _hand_over(front: UprFront, stream: LogStream) -> None:
         except LogWriteError as exc:
             why = str(exc)
             continue
-        async with vblog.lock:  # nothing published from here until the consumer replied
-            if vblog.unsynced or vblog.sync_in_doubt:
-                continue
-            await _record(front, stream, vblog)
-            await stream.set_state(VBucketState.ACTIVE)
-            return
+        async with vblog.lock:
+            if not (vblog.unsynced or vblog.sync_in_doubt):
+                return
     raise HandOverError(
         f"vbucket {vb}: the records served could not be made durable before the "
         f"hand-off ({why}); the consumer is not told active"

@@ -159,6 +159,9 @@ class VbLog:
         self.lock = trio.Lock()
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
+        self.handing_over = False
+        """A takeover is handing this vbucket over: every committer publishes only
+        synced records of it (``commit``), ``write_early`` skips it."""
         self._changed = trio.Event()
         self._watchers: list[Callable[[], None]] = []
         self.items_total = 0
@@ -485,10 +488,16 @@ class VbLog:
     def write_early(self) -> int:
         """Write and publish now, before any fsync (fsync batch: the ingest calls it
         for each batch of frames). Skipped while a committer that publishes
-        only synced records holds ``lock``, or when the active segment is full (its
-        roll waits for the commit's fsync); a failure is left for the commit, which
-        writes the buffer again and raises. Bytes written."""
-        if not self._buffer or self.lock.locked() or self.file.size >= self.segment_bytes:
+        only synced records holds ``lock``, while the vbucket is handed over, or
+        when the active segment is full (its roll waits for the commit's fsync); a
+        failure is left for the commit, which writes the buffer again and raises.
+        Bytes written."""
+        if (
+            not self._buffer
+            or self.lock.locked()
+            or self.handing_over
+            or self.file.size >= self.segment_bytes
+        ):
             return 0
         try:
             written = self.write()

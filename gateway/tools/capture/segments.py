@@ -188,9 +188,8 @@ class SegmentWriter:
         path = self.directory / segment_name(
             self.connection, self.direction, self.run_id, self.number
         )
-        handle = open(path, "xb")  # noqa: SIM115 - kept open across calls, closed in close()
         header = encode_header(self._meta())
-        handle.write(header)
+        handle = _create_with_header(path, header)
         self._file, self._size = handle, len(header)
         self.bytes_written += len(header)
         self.paths.append(path)
@@ -223,6 +222,31 @@ class SegmentWriter:
         if self.number < 0:
             self._open_next()
         self._close_file(sync=True)
+
+
+def _create_with_header(path: Path, header: bytes) -> BinaryIO:
+    """A new segment file that never appears without its header: a reader of a
+    capture in progress (``read_capture``) would take an empty one for damage.
+    Written under a name readers skip, then linked to ``path`` (which, like
+    ``open(path, "xb")``, must not exist yet); the handle stays open for appends."""
+    partial = path.with_name(path.name + ".partial")
+    handle = open(partial, "xb")  # noqa: SIM115 - kept open across calls, closed in close()
+    try:
+        handle.write(header)
+        handle.flush()
+        try:
+            os.link(partial, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: the name is unique anyway
+            os.rename(partial, path)
+            return handle
+        os.unlink(partial)
+    except BaseException:
+        handle.close()
+        partial.unlink(missing_ok=True)
+        raise
+    return handle
 
 
 # -- reading --------------------------------------------------------------------

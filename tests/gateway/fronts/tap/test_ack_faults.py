@@ -40,7 +40,14 @@ from tests.gateway.fronts.tap.faults import (
 )
 from tests.gateway.fronts.tap.test_tap_front_stream import catch_up, check_brackets
 from tests.gateway.test_tap_2x_clients import classic_reply
-from tests.support.tap_client import TapClient, connect_event, start_node, until, wants_ack
+from tests.support.tap_client import (
+    STREAM_TYPES,
+    TapClient,
+    connect_event,
+    start_node,
+    until,
+    wants_ack,
+)
 from tests.support.tapfront import Replica, node_state, start_front
 
 F = ConnectFlags
@@ -93,6 +100,9 @@ async def test_a_tmpfail_nack_resends_and_keeps_the_connection(nursery: trio.Nur
         await client.wait_for(lambda: set(mutation_keys(client.events)) == set(keys))
         assert front.sessions.get("tmp") is session
         assert session.producer.nacks_total == 1
+        # The nack acked everything before it: none of that comes again.
+        after = [e for e in client.events[before:] if isinstance(e, STREAM_TYPES)]
+        assert min(e.opaque for e in after) == nacked.opaque  # type: ignore[union-attr]
     _check_complete(client.events, keys)
     assert sorted(resets(client.events)) == list(range(VBUCKETS))
 

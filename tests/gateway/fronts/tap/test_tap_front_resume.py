@@ -188,15 +188,17 @@ async def test_a_busy_nack_makes_the_front_resend_from_the_first_unacked(
         first = await client.collect(wants_ack, auto_ack=False)  # up to the first ack request
         await client.ack(first[-1], status=Status.BUSY, text=b"replica queue full")
         again = await client.collect(wants_ack, auto_ack=False)
-        # The resend starts with the first message that was never acked.
-        assert again[: len(first)] == first
+        # What came before the nacked message was acked by the nack (ep-engine
+        # 2.5.1 src/tapconnection.cc ``TapProducer::processAck``): the resend
+        # starts with the nacked message.
+        assert again[0] == first[-1]
         replica = Replica()
-        replica.apply(again)
+        replica.apply(first[:-1] + again)
         await client.ack(again[-1])
         await catch_up(client, replica, store)
         assert replica.mutations == 200
         assert front.stats.active("tap_front")[0].nacks_total == 1
-        assert front.stats.active("tap_front")[0].retransmits_total >= len(first)
+        assert front.stats.active("tap_front")[0].retransmits_total >= 1
 
 
 async def test_an_idle_stream_gets_noops(nursery: trio.Nursery) -> None:

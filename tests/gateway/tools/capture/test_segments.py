@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -170,3 +171,25 @@ def test_record_builders_check_their_kind() -> None:
         marker_record(0, "bogus", arrival=0)
     deleted = item_record(0, b"k", "deletion", by_seqno=2, rev_seqno=2, cas=5, value=b"", arrival=1)
     assert deleted.digest is None and deleted.kind == Kind.DELETION
+
+
+def test_a_segment_never_appears_without_its_header(tmp_path: Path) -> None:
+    """A reader of a capture in progress (``read_capture`` while the recorder runs)
+    finds every listed segment readable: the file is named only once its header is
+    on disk, and the name readers skip while it is written is gone after."""
+    seen: list[list[Path]] = []
+    real_link = os.link
+
+    def link_and_look(src: str | Path, dst: str | Path) -> None:
+        seen.append(list_segments(tmp_path))  # just before the name appears
+        real_link(src, dst)
+        seen.append(list_segments(tmp_path))  # just after
+        assert read_segment(dst).records == []  # the header alone, whole
+
+    writer = SegmentWriter(tmp_path, side="upr", connection="c", direction="received")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "link", link_and_look)
+        writer.close()  # a connection that saw nothing still leaves its (empty) segment
+    assert seen[0] == [] and len(seen[1]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [seen[1][0].name]
+    assert read_segment(seen[1][0]).meta["connection"] == "c"
