@@ -61,7 +61,7 @@ SET_ASIDE_MARK = ".unreadable-"
 U64 = (1 << 64) - 1
 
 
-def clock_first_id(now: float | None = None) -> int:
+def clock_first_id() -> int:
     """The first checkpoint id of a state started without its lost file.
 
     Nanoseconds since the epoch: any earlier start began at most at its own
@@ -71,7 +71,7 @@ def clock_first_id(now: float | None = None) -> int:
     CONNECT checkpoint map (``adapters.tap.codec``) for signed readers too.
     A clock set back by the operator is the one case it cannot cover.
     """
-    return time.time_ns() if now is None else int(now * 1e9)
+    return time.time_ns()
 
 
 class UnreadableState(ValueError):
