@@ -32,6 +32,8 @@ it is renamed aside (``<name>.unreadable-<UTC stamp>``, 0600), one error line
 says where and why, ``tapupr_tap_front_state_set_aside_total`` counts it, and
 the front starts wholly fresh: registered clients backfill, and checkpoint
 ids start from the clock (``clock_first_id``), above any id handed out before.
+So do they whenever there is no file to go on (no ``--state-dir``, a first
+start, a deleted file): a client may hold ids of an earlier process.
 """
 
 from __future__ import annotations
@@ -121,11 +123,14 @@ class Registry:
 
     @classmethod
     def open(cls, state_dir: Path | None, stats: GatewayStats | None = None) -> Registry:
+        # With no file to go on (none kept, a first start, a file deleted) ids
+        # start from the clock too: a client may still hold ids of an earlier
+        # process, and one handed out again would name another range.
         if state_dir is None:
-            return cls()
+            return cls(first_id=clock_first_id())
         state_dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / STATE_FILE
-        registry = cls(path=path)
+        registry = cls(path=path, first_id=clock_first_id())
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -245,11 +250,14 @@ class Registry:
             if image.generation <= self._written:
                 return  # a newer image is already on disk
             temporary = self.path.with_suffix(".tmp")
-            with open(temporary, "wb") as handle:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with open(fd, "wb") as handle:
+                os.fchmod(fd, 0o600)  # private even when an older .tmp was left behind
                 handle.write(image.data)
                 handle.flush()
-                os.fsync(handle.fileno())
+                os.fsync(fd)
             os.replace(temporary, self.path)
+            _fsync_dir(self.path.parent)  # the rename survives a power loss
             self._written = image.generation
 
     def save(self, *, clean: bool = False) -> None:

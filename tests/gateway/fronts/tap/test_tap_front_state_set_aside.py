@@ -12,6 +12,7 @@ served the range after a new checkpoint of the same id.
 from __future__ import annotations
 
 import logging
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -269,3 +270,33 @@ async def test_a_client_resuming_from_an_id_in_a_lost_file_backfills(
     assert stats.tap_front_state_set_aside_total == 1
     assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
     assert len(set_asides(state_dir)) == 1
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["file-deleted", "no-state-dir"])
+def test_a_state_started_without_a_file_never_hands_an_earlier_id_out_again(
+    tmp_path: Path, kept: bool
+) -> None:
+    """A client may hold checkpoint ids of an earlier process that kept no file
+    (no ``--state-dir``, or the file deleted): a fresh start hands out ids above
+    them, so an old id never names a new range (it backfills instead)."""
+    state_dir = tmp_path / "state" if kept else None
+    before = Registry.open(state_dir)
+    old = [next(before.checkpoint_ids(vb)) for vb in range(4) for _ in range(3)]
+    if state_dir is not None:
+        (state_dir / STATE_FILE).unlink()
+    after = Registry.open(state_dir)
+    new = [next(after.checkpoint_ids(vb)) for vb in range(4)]
+    assert min(new) > max(old)
+
+
+def test_the_state_file_is_private_and_its_rename_kept(tmp_path: Path) -> None:
+    """The state file is written 0600 (it names clients), also over an older
+    temporary file left with other permissions."""
+    (tmp_path / STATE_FILE).with_suffix(".tmp").write_bytes(b"left over")
+    (tmp_path / STATE_FILE).with_suffix(".tmp").chmod(0o644)
+    registry = Registry.open(tmp_path)
+    registry.register("client")
+    registry.advance("client", 0, VbResume(1, 2, 2, 2))
+    registry.save(clean=True)
+    assert stat.S_IMODE((tmp_path / STATE_FILE).stat().st_mode) == 0o600
+    assert not (tmp_path / STATE_FILE).with_suffix(".tmp").exists()
