@@ -50,6 +50,7 @@ from pathlib import Path
 import msgpack
 
 from gateway.metrics.figures import GatewayStats
+from gateway.runtime.files import fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -249,15 +250,7 @@ class Registry:
         with self._writing:
             if image.generation <= self._written:
                 return  # a newer image is already on disk
-            temporary = self.path.with_suffix(".tmp")
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with open(fd, "wb") as handle:
-                os.fchmod(fd, 0o600)  # private even when an older .tmp was left behind
-                handle.write(image.data)
-                handle.flush()
-                os.fsync(fd)
-            os.replace(temporary, self.path)
-            _fsync_dir(self.path.parent)  # the rename survives a power loss
+            write_atomic(self.path, image.data)  # 0600, the rename fsynced
             self._written = image.generation
 
     def save(self, *, clean: bool = False) -> None:
@@ -376,13 +369,5 @@ def set_aside_file(path: Path) -> Path:
         target = path.with_name(f"{path.name}{SET_ASIDE_MARK}{stamp}-{n}")
     os.rename(path, target)
     target.chmod(0o600)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return target
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

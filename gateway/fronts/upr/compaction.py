@@ -27,8 +27,9 @@ from typing import Any
 import trio
 
 from adapters.translate.log_records import LogItem, LogMark, from_row
-from gateway.fronts.upr.segments import HEADER_ROW, SPARSE_EVERY, Segment, frame, fsync_dir, scan
+from gateway.fronts.upr.segments import HEADER_ROW, SPARSE_EVERY, Segment, frame, scan
 from gateway.fronts.upr.vblog import VbLog
+from gateway.runtime.files import fsync_dir
 
 
 def _compact_files(

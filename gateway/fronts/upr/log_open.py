@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from adapters.translate.tap_to_upr import TapToUpr
 from adapters.upr.failover_log import UUID_BITS
 from gateway.fronts.upr.proof import VbProof, set_aside, set_aside_bound
-from gateway.fronts.upr.segments import fsync_dir
+from gateway.runtime.files import fsync_dir
 
 if TYPE_CHECKING:
     from gateway.fronts.upr.vblog import VbLog

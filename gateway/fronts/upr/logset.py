@@ -41,9 +41,9 @@ from gateway.fronts.upr.manifest import (
     read_manifest,
 )
 from gateway.fronts.upr.proof import Problem, set_aside_root
-from gateway.fronts.upr.segments import write_atomic
 from gateway.fronts.upr.vblog import DEFAULT_SEGMENT_BYTES, DEFAULT_TAIL_BYTES, VbLog
 from gateway.metrics.figures import GatewayStats
+from gateway.runtime.files import write_atomic
 
 log = logging.getLogger(__name__)
 

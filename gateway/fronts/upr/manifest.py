@@ -18,7 +18,8 @@ from pathlib import Path
 
 import msgpack
 
-from gateway.fronts.upr.segments import FRAME, write_atomic
+from gateway.fronts.upr.segments import FRAME
+from gateway.runtime.files import write_atomic
 
 MANIFEST_NAME = "upr-front-logs.msgpack"
 MANIFEST_FORMAT = 1

@@ -49,11 +49,11 @@ from gateway.fronts.upr.segments import (
     HEADER_ROW,
     SPARSE_EVERY,
     Segment,
-    fsync_dir,
     next_whole_record,
     scan_bytes,
     tail_fault,
 )
+from gateway.runtime.files import fsync_dir
 
 META_NAME = "meta.msgpack"
 META_FORMAT = 2

@@ -420,25 +420,6 @@ def next_whole_record(data: bytes, start: int) -> int | None:
     return None
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: a crash leaves the old or the new file, whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     """Write every byte of ``data`` to ``fd`` (an append descriptor), or raise ``OSError``.
 

@@ -71,9 +71,10 @@ from gateway.fronts.upr.commit import commit
 from gateway.fronts.upr.config import UprFrontError
 from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.logset import vbucket_dirs
-from gateway.fronts.upr.segments import fsync_dir, write_all
+from gateway.fronts.upr.segments import write_all
 from gateway.fronts.upr.vblog import LogWriteError, VbLog
 from gateway.metrics.figures import UPR_FRONT
+from gateway.runtime.files import fsync_dir
 
 if TYPE_CHECKING:
     from gateway.fronts.upr.server import UprFront

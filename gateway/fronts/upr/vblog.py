@@ -80,10 +80,9 @@ from gateway.fronts.upr.segments import (
     buffer_items,
     close_block,
     frame_mark,
-    fsync_dir,
     segment_name,
-    write_atomic,
 )
+from gateway.runtime.files import fsync_dir, write_atomic
 
 __all__ = ["RESERVE_STEP", "SPARSE_EVERY", "LogWriteError", "Segment", "VbLog", "segment_name"]
 

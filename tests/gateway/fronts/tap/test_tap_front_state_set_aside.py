@@ -292,11 +292,11 @@ def test_a_state_started_without_a_file_never_hands_an_earlier_id_out_again(
 def test_the_state_file_is_private_and_its_rename_kept(tmp_path: Path) -> None:
     """The state file is written 0600 (it names clients), also over an older
     temporary file left with other permissions."""
-    (tmp_path / STATE_FILE).with_suffix(".tmp").write_bytes(b"left over")
-    (tmp_path / STATE_FILE).with_suffix(".tmp").chmod(0o644)
+    (tmp_path / (STATE_FILE + ".tmp")).write_bytes(b"left over")
+    (tmp_path / (STATE_FILE + ".tmp")).chmod(0o644)
     registry = Registry.open(tmp_path)
     registry.register("client")
     registry.advance("client", 0, VbResume(1, 2, 2, 2))
     registry.save(clean=True)
     assert stat.S_IMODE((tmp_path / STATE_FILE).stat().st_mode) == 0o600
-    assert not (tmp_path / STATE_FILE).with_suffix(".tmp").exists()
+    assert not (tmp_path / (STATE_FILE + ".tmp")).exists()
