@@ -31,7 +31,10 @@ that keeps up reads the log's in-memory tail; one behind it reads the disk
 (``_next``), sized before the hand-off from the room the connection's other
 disk reads have not taken: a worker thread reads the bytes and the loop
 frames them a chunk at a time, so a disk read neither blocks the loop on
-I/O nor stalls it for long, and keeps the connection's outbox bound.
+I/O nor stalls it for long, and keeps the connection's outbox bound. The
+streams of all connections take turns (``DISK_TURNS`` at once) to read and
+frame from disk, so a round of trio's scheduler holds a few of those slices,
+not one per backfilling stream.
 
 Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
 (after the consumer took SET_VBUCKET_STATE(pending)); once caught up the
