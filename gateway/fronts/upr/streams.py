@@ -31,7 +31,10 @@ that keeps up reads the log's in-memory tail; one behind it reads the disk
 (``_next``), sized before the hand-off from the room the connection's other
 disk reads have not taken: a worker thread reads the bytes and the loop
 frames them a chunk at a time, so a disk read neither blocks the loop on
-I/O nor stalls it for long, and keeps the connection's outbox bound.
+I/O nor stalls it for long, and keeps the connection's outbox bound. The
+streams of all connections take turns (``DISK_TURNS`` at once) to read and
+frame from disk, so a round of trio's scheduler holds a few of those slices,
+not one per backfilling stream.
 
 Takeover (flag 0x01): markers carry ACK in the takeover-send phase only
 (after the consumer took SET_VBUCKET_STATE(pending)); once caught up the
@@ -96,6 +99,25 @@ class DiskReads:
 
 
 _disk_reads: WeakKeyDictionary[object, DiskReads] = WeakKeyDictionary()
+
+DISK_TURNS = 8
+"""Streams framing a disk read at once, for every connection of the process.
+Trio runs one step of every ready task before it looks at the sockets and
+timers again: with each of 10 consumers' 64 streams reading its backfill
+every stream was ready, and one round of ~1 ms steps held the loop for
+0.4 s of CPU (seconds on a loaded machine), so every other connection
+(a live consumer, the TAP upstream, a STAT) waited as long. Turns are
+handed out in arrival order, so streams share the loop fairly still."""
+_disk_turns: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("disk_turns")
+
+
+def disk_turns() -> trio.CapacityLimiter:
+    try:
+        return _disk_turns.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(DISK_TURNS)
+        _disk_turns.set(limiter)
+        return limiter
 
 
 def disk_reads(conn: object) -> DiskReads:
@@ -259,17 +281,55 @@ class LogStream:
         # ``takeoverSendPhase``), not while catching up.
         extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not conn.draft else SF(0)
         fast = not conn.draft and not extra and conn.recording is None
+        # A disk read waits for its turn before ``segments_settled``: no checkpoint
+        # may come between that and the read. The turn is given back before the
+        # send, which may wait for a slow consumer.
+        turn = None if vblog.in_memory(self.position) else disk_turns()
+        if turn is not None:
+            await turn.acquire_on_behalf_of(self)
+            # The room measured before the wait may have gone to other streams.
+            asked = min(asked, self._room() - reads.taken)
+            if asked <= 0:
+                turn.release_on_behalf_of(self)
+                return None
+        try:
+            return await self._read_and_send(upto, asked, extra, fast, turn)
+        finally:
+            self._give_back(turn)
+
+    def _room(self) -> int:
+        """``send_budget``'s figure now, without waiting."""
+        room = self.conn.window.room
+        outbox = self.conn.conn.outbox_room
+        return outbox if room is None else min(outbox, room)
+
+    def _give_back(self, turn: trio.CapacityLimiter | None) -> None:
+        if turn is not None and self in turn.statistics().borrowers:
+            turn.release_on_behalf_of(self)
+
+    async def _read_and_send(
+        self,
+        upto: int,
+        asked: int,
+        extra: upr.SnapshotFlags,
+        fast: bool,
+        turn: trio.CapacityLimiter | None,
+    ) -> int | None:
+        vblog = self.vblog
+        reads = disk_reads(self.conn)
         await vblog.segments_settled()  # no checkpoint between it and the read
         if vblog.in_memory(self.position):
             if fast:  # framed from the tail's record bytes, as from the disk's
                 cut = BatchCut(self.fast_encoder(), self.position, upto, BATCH, asked)
                 vblog.read_memory(self.position, upto, cut)
                 encoded = cut.finish()
+                self._give_back(turn)
                 if not encoded.items:
                     return 0
                 await self._send_encoded(encoded)
                 return encoded.last
             batch = vblog.read(self.position, upto, BATCH, asked)
+            self._give_back(turn)
             if not batch:
                 return 0
             await self._send_batch(batch, extra)
@@ -291,6 +351,7 @@ class LogStream:
         finally:
             reads.taken -= asked
             reads.wake()
+        self._give_back(turn)
         if fast:
             if encoded.items:
                 await self._send_encoded(encoded)
