@@ -199,10 +199,20 @@ class TapPeer:
             self.stats.latency.observe(max(0.0, time.time() - settlement.arrival))
 
     def update_ack_stats(self) -> None:
-        if self.producer.stray_acks != self._stray_acks:
-            # Ignored, as 2.x did ("Explicit ack of nonexisting entry"), but said.
-            self._stray_acks = self.producer.stray_acks
-            log.warning("%s: ignored an ack of a sequence number never sent", self.name)
+        stray = self.producer.stray_acks
+        if stray != self._stray_acks:
+            # Ignored, as 2.x did ("Explicit ack of nonexisting entry"), but said:
+            # once per connection in the log (a client may send many), all counted.
+            if not self._stray_acks:
+                log.warning(
+                    "%s: ignored an ack of a sequence number never sent (further ones "
+                    'are counted in tapupr_protocol_errors_total{kind="stray_ack"})',
+                    self.name,
+                )
+            self.gateway_stats.protocol_errors_total["tap_front", "stray_ack"] += (
+                stray - self._stray_acks
+            )
+            self._stray_acks = stray
         stats = self.stats
         stats.acks_pending = self.producer.unacked
         stats.nacks_total = self.producer.nacks_total

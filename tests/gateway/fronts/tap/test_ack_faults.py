@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from adapters.mcbp import Status
@@ -143,7 +144,7 @@ async def test_an_enomem_nack_closes_and_a_registered_client_resumes_from_its_ac
     assert replica.items == node_state(store, range(VBUCKETS))
 
 
-async def _out_of_order(nursery: trio.Nursery, name: bytes, first: bytes) -> None:
+async def _out_of_order(nursery: trio.Nursery, name: bytes, first: bytes, stray: int) -> None:
     """Hold acks, then send ``first`` and the last held request's ack before an
     earlier one's (which the last already covered), that one twice: the stream
     goes on to its end with neither a gap nor a duplicate."""
@@ -165,16 +166,23 @@ async def _out_of_order(nursery: trio.Nursery, name: bytes, first: bytes) -> Non
         await client.wait_for(lambda: client.mutations >= 600)
         assert front.sessions.get(name.decode()) is session, "an ack closed the connection"
         assert not front.stats.protocol_errors_total["tap_front", "refused_ack"]
+        # Counted, and logged once per connection (a client may send many).
+        await until(lambda: front.stats.protocol_errors_total["tap_front", "stray_ack"] == stray)
     assert sorted(mutation_keys(client.events)) == sorted(keys)  # no gap, no duplicate
     _check_complete(client.events, keys)
 
 
 async def test_acks_out_of_order_and_late_change_nothing(nursery: trio.Nursery) -> None:
-    await _out_of_order(nursery, b"odd", b"")
+    await _out_of_order(nursery, b"odd", b"", stray=0)
 
 
-async def test_an_ack_for_a_number_never_sent_is_ignored(nursery: trio.Nursery) -> None:
-    await _out_of_order(nursery, b"stray", encode(TapResponse(TapOpcode.MUTATION, 0x7FFF_FFFF, 0)))
+async def test_an_ack_for_a_number_never_sent_is_ignored(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    stray = encode(TapResponse(TapOpcode.MUTATION, 0x7FFF_FFFF, 0))
+    await _out_of_order(nursery, b"stray", stray + stray, stray=2)
+    said = [r for r in caplog.records if "never sent" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING"  # once, though sent twice
 
 
 async def test_a_client_that_never_acks_fills_the_window_and_nothing_more(
