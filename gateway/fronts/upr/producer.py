@@ -223,6 +223,12 @@ class UprConnection(UprProducerBase[LogStream]):
         finally:
             self.streams_waiting -= 1
 
+    def room_now(self) -> int:
+        """The least of the outbox's room and the window's (if any) now, without waiting."""
+        outbox = self.conn.outbox_room
+        room = self.window.room
+        return outbox if room is None else min(outbox, room)
+
     async def send_budget(self, waiting: int = 1) -> int:
         """Bytes of keys and values a stream may read from the log now, once there is room.
 
@@ -239,12 +245,11 @@ class UprConnection(UprProducerBase[LogStream]):
             while True:
                 await self._wait_for_room()
                 await conn.wait_for_room()
-                budget = conn.outbox_room
-                if not budget:
+                if not conn.outbox_room:
                     raise ConnectionClosed(conn.name)  # closing: the outbox never drains
                 room = self.window.room
                 if room is None or room > 0:
-                    return budget if room is None else min(budget, room)
+                    return self.room_now()
         finally:
             self.streams_waiting -= waiting
 

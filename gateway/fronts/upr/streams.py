@@ -288,7 +288,7 @@ class LogStream:
         if turn is not None:
             await turn.acquire_on_behalf_of(self)
             # The room measured before the wait may have gone to other streams.
-            asked = min(asked, self._room() - reads.taken)
+            asked = min(asked, self.conn.room_now() - reads.taken)
             if asked <= 0:
                 turn.release_on_behalf_of(self)
                 return None
@@ -296,12 +296,6 @@ class LogStream:
             return await self._read_and_send(upto, asked, extra, fast, turn)
         finally:
             self._give_back(turn)
-
-    def _room(self) -> int:
-        """``send_budget``'s figure now, without waiting."""
-        room = self.conn.window.room
-        outbox = self.conn.conn.outbox_room
-        return outbox if room is None else min(outbox, room)
 
     def _give_back(self, turn: trio.CapacityLimiter | None) -> None:
         if turn is not None and self in turn.statistics().borrowers:

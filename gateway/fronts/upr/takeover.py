@@ -57,7 +57,6 @@ lost log: new history, fetched whole again).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,10 +70,9 @@ from gateway.fronts.upr.commit import commit
 from gateway.fronts.upr.config import UprFrontError
 from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.logset import vbucket_dirs
-from gateway.fronts.upr.segments import write_all
 from gateway.fronts.upr.vblog import LogWriteError, VbLog
 from gateway.metrics.figures import UPR_FRONT
-from gateway.runtime.files import fsync_dir
+from gateway.runtime.files import write_atomic
 
 if TYPE_CHECKING:
     from gateway.fronts.upr.server import UprFront
@@ -105,17 +103,7 @@ def write_handed_over(vbdir: Path, text: str) -> None:
     The temporary name ends ``.tmp``: one a crash leaves is removed by the next
     proof of the log, and without the rename the vbucket was never told active.
     """
-    path = handed_over_path(vbdir)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)  # O_CREAT keeps an old file's mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        write_all(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(vbdir)
+    write_atomic(handed_over_path(vbdir), text.encode())
 
 
 def read_handed_over(root: Path) -> dict[int, str]:
