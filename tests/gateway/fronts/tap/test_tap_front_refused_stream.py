@@ -1,7 +1,8 @@
 """A stream request the upstream refuses ends that vbucket's stream on the TAP front.
 
-The upstream answers a STREAM_REQ it will not serve with an error status (the
-reference node: NOT_MY_VBUCKET for a vbucket that is not active,
+The upstream answers a STREAM_REQ it will not serve with an error status
+(ep-engine 3.0 src/upr-producer.cc ``UprProducer::streamRequest``:
+NOT_MY_VBUCKET for a vbucket it does not hold; the reference node likewise,
 ``check_request`` in gateway/node/upr_streams.py), which the codec gives as
 the generic ``Response`` (adapters/upr/responses.py). The front logs it,
 counts it and ends the vbucket (gateway/fronts/tap/upstream_streams.py), so
