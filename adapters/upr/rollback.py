@@ -13,9 +13,10 @@ checks and the purge rule and returns the response event to send.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from adapters.mcbp.constants import Status
-from adapters.upr.constants import Command
+from adapters.upr.constants import Command, StreamFlags
 from adapters.upr.events import StreamRequest
 from adapters.upr.responses import Response, StreamRequestOk, StreamRequestRollback
 
@@ -64,6 +65,19 @@ def rollback_decision(
     if snap_start == start:
         return None
     return snap_start
+
+
+_TO_WHAT_EXISTS = StreamFlags.LATEST | StreamFlags.DISK_ONLY
+
+
+def resolve_end(req: StreamRequest, high_seqno: int) -> StreamRequest:
+    """``req`` with the end seqno it asks for: LATEST (the high seqno at the
+    request) and DISKONLY (the last persisted seqno; here what the producer
+    holds) replace whatever end the consumer sent, before the range checks
+    (ep-engine 3.0 src/upr-producer.cc ``streamRequest``)."""
+    if req.flags & _TO_WHAT_EXISTS:
+        return replace(req, end_seqno=high_seqno)
+    return req
 
 
 StreamAnswer = StreamRequestOk | StreamRequestRollback | Response
