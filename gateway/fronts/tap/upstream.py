@@ -12,8 +12,8 @@ runs of items in place from ``reader.buffer``, anything else frame by frame
 with ``next_frame``), and returns freed buffer bytes with ``acknowledge``.
 
 Errors: ``UprUpstreamError`` for anything that makes the connection unusable
-(refused, closed, a failed OPEN), so the session can reconnect; malformed
-frames raise the codec's ``ProtocolError``.
+(refused, closed, a failed OPEN), so the session can reconnect;
+``UprUpstreamMalformed`` for what the session must not retry.
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ _LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, Connection
 
 class UprUpstreamError(GatewayError):
     """The upstream connection failed or closed; a reconnect may help."""
+
+
+class UprUpstreamMalformed(GatewayError):
+    """The upstream sent what no 3.0 producer sends (an unknown opcode, a wrong
+    extras length, a message for no stream of ours): a reconnect would replay it,
+    so the upstream connection and the TAP peer's are closed."""
 
 
 class UprUpstream:
