@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import trio
 
 from tests.support.raw_dcp import (
+    BUFFER_ACK,
     CONTROL,
     DELETION,
     EXPIRATION,
@@ -114,6 +115,18 @@ class Channel:
     async def send(self, *data: bytes) -> None:
         await self.stream.send_all(b"".join(data))
 
+    async def send_counted(self, *data: bytes) -> None:
+        """Send stream messages as a 3.0 producer with flow control does
+        (v3.0.0 src/upr-producer.cc ``BufferLog::insert``): a message goes when
+        nothing is outstanding or when it fits in what the buffer has left, else
+        it waits for a BUFFER_ACKNOWLEDGEMENT."""
+        upr = self.upr
+        for message in data:
+            while upr.outstanding and upr.outstanding + len(message) > upr.buffer_size:
+                await upr.wait_for_frame()
+            upr.outstanding += len(message)
+            await self.stream.send_all(message)
+
 
 @dataclass
 class ScriptedUpr:
@@ -123,10 +136,15 @@ class ScriptedUpr:
     requests: list[Request] = field(default_factory=list)
     received: list[Reply] = field(default_factory=list)
     """Every frame a consumer sent after its OPEN and CONTROLs were answered."""
+    buffer_size: int = 0
+    """The consumer's CONTROL connection_buffer_size (0: none)."""
+    outstanding: int = 0
+    """Counted bytes ``send_counted`` sent that no BUFFER_ACKNOWLEDGEMENT returned yet."""
     connections: int = 0
     """UPR connections opened (OPEN received)."""
     closed: int = 0
     """UPR connections the consumer closed."""
+    _arrived: trio.Event = field(default_factory=trio.Event)
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -162,9 +180,16 @@ class ScriptedUpr:
             await channel.send(frame(OPEN, magic=RES, opaque=got.opaque))
             return True
         if got.magic == REQ and got.opcode == CONTROL:
+            if got.key == b"connection_buffer_size":
+                self.buffer_size = int(got.value)
             await channel.send(frame(CONTROL, magic=RES, opaque=got.opaque))
             return False
         self.received.append(got)
+        if got.magic == REQ and got.opcode == BUFFER_ACK:
+            # ``BufferLog::free``: clamps at zero, no answer
+            self.outstanding = max(0, self.outstanding - struct.unpack(">I", got.extras)[0])
+        self._arrived.set()
+        self._arrived = trio.Event()
         if got.magic == REQ and got.opcode == STREAM_REQ:
             flags, _, start, end, uuid, snap_start, snap_end = struct.unpack(">IIQQQQQ", got.extras)
             request = Request(got.status, got.opaque, flags, start, end, uuid, snap_start, snap_end)
@@ -183,6 +208,10 @@ class ScriptedUpr:
             frame(STAT, magic=RES, key=k.encode(), value=v.encode(), opaque=got.opaque)
             for k, v in pairs
         ]
+
+    async def wait_for_frame(self) -> None:
+        """Until the consumer sends the next frame."""
+        await self._arrived.wait()
 
     def replies(self, opcode: int) -> list[Reply]:
         return [r for r in self.received if r.magic == RES and r.opcode == opcode]

@@ -149,11 +149,15 @@ class UprUpstream:
         """Return ``size`` freed bytes to the producer's flow-control window, in one
         BUFFER_ACKNOWLEDGEMENT once a fifth of the buffer is free, as a 3.0
         consumer does (ep-engine dcp/flow-control.cc: "a buffer ack when at least
-        20% of the buffer is drained"), not one per TAP ack. The producer never
-        stalls on what is held back: it stops only with the whole buffer unacked,
-        and then every byte the TAP peer acks is freed here."""
+        20% of the buffer is drained"), not one per TAP ack; and at once when the
+        TAP peer freed everything received. A 3.0 producer holds a message that
+        does not fit in what is left of the buffer (upr-producer.cc
+        ``BufferLog::insert``): a message larger than four fifths of it would
+        otherwise wait forever on bytes held back here (3.0's consumer also
+        acks on a timer, ``UprConsumer::handleFlowCtl``)."""
         self._freed += size
-        if self._freed < self.window.buffer_size // ACK_FRACTION:
+        window = self.window
+        if self._freed < window.buffer_size // ACK_FRACTION and self._freed < window.unacked_bytes:
             return
         size = self.window.release(self._freed)
         self._freed = 0

@@ -263,3 +263,29 @@ async def test_a_malformed_message_closes_upstream_and_tap_peer(
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "0x" in r.getMessage()]
     assert len(errors) == 1, [r.getMessage() for r in caplog.records]
     assert "0x57" in errors[0].getMessage() or "0x5f" in errors[0].getMessage()
+
+
+async def test_a_large_item_after_small_ones_is_not_stalled_by_held_back_acks(
+    nursery: trio.Nursery,
+) -> None:
+    """A 3.0 producer holds a message that does not fit in what is left of the
+    buffer (v3.0.0 src/upr-producer.cc ``BufferLog::insert``), and a 3.0 consumer
+    returns what it freed after a fifth of the buffer or on a timer
+    (src/upr-consumer.cc ``handleFlowCtl``). A message larger than four fifths
+    of the buffer, after a few small ones all acked by the TAP peer, must not
+    wait forever for an ack held back below the fifth."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(stream_ok(req))
+        await channel.send_counted(
+            marker(o, 0, 3, DISK),
+            mutation(o, 1, b"1"),
+            mutation(o, 2, b"2", b"x" * 900),
+            mutation(o, 3, b"3"),
+            stream_end(o, 0),
+        )
+
+    upr = ScriptedUpr(play)
+    events, _ = await run_client(nursery, upr, buffer_size=1000)
+    assert shape(events) == ["I", "m1", "m2", "m3", "C"]
