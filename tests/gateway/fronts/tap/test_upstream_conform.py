@@ -289,3 +289,34 @@ async def test_a_large_item_after_small_ones_is_not_stalled_by_held_back_acks(
     upr = ScriptedUpr(play)
     events, _ = await run_client(nursery, upr, buffer_size=1000)
     assert shape(events) == ["I", "m1", "m2", "m3", "C"]
+
+
+async def test_a_backfill_from_zero_served_from_memory_is_still_a_backfill(
+    nursery: trio.Nursery,
+) -> None:
+    """A 3.0 producer serves a stream from 0 straight from memory when the
+    checkpoints still hold seqno 1 on (v3.0.0 src/upr-stream.cc
+    ``ActiveStream::scheduleBackfill``: no backfill task when ``backfillStart``
+    is not below the cursor's seqno; ``nextCheckpointItem`` then sends a MEMORY
+    marker first). The TAP client asked for a backfill, and a 2.x server wraps a
+    backfill in OPAQUE(INITIAL_VBUCKET_STREAM) ... OPAQUE(CLOSE_BACKFILL) (2.5.1
+    src/tapconnection.cc ``TapProducer::scheduleBackfill_UNLOCKED``): the
+    receiver resets the vbucket on the first, so the first snapshot must be
+    wrapped so whatever its flags."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 3, MEMORY),
+            mutation(o, 1, b"1"),
+            mutation(o, 2, b"2"),
+            mutation(o, 3, b"3"),
+            marker(o, 4, 5, MEMORY | CHECKPOINT),
+            mutation(o, 4, b"4"),
+            mutation(o, 5, b"5"),
+            stream_end(o, 0),
+        )
+
+    events, _ = await run_client(nursery, ScriptedUpr(play))
+    assert shape(events) == ["I", "m1", "m2", "m3", "C", "S", "m4", "m5", "E"]
