@@ -141,3 +141,29 @@ async def test_a_251_session_is_logged_and_acked_as_251_waits_for_it(
     assert isinstance(got[4], upr.Deletion) and (got[4].key, got[4].rev_seqno) == (b"k1-0", 2)
     assert [e.key for e in items_of(vb2)] == [k for k, _ in items[2]]
     assert 0 not in front.logs.logs  # the connection-wide OPAQUEs opened no log
+
+
+async def test_a_flush_deletes_every_vbucket_it_streams(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """2.5.1 sends TAP_FLUSH on vbucket 0 for a flush of the whole bucket
+    (tapconnmap.cc ``addFlushEvent``, ep_engine.cc ``doWalkTapQueue``), and its
+    consumer flushes the whole bucket (ep_engine.cc ``tapNotify``: ``flush(cookie, 0)``)."""
+    done = trio.Event()
+    items = {vb: [(b"k%d-%d" % (vb, i), b"v") for i in range(2)] for vb in STREAMED}
+
+    async def play(s: Session) -> None:
+        await backfill(s, items)
+        await s.send(t.flush(seqno=s.next()))
+        await s.wait_ack(s.seqno)
+        done.set()
+
+    node = Tap251Node(play)
+    with trio.fail_after(20):
+        front, port = await start(nursery, tmp_path, node)
+        await done.wait()
+        streamed = {vb: items_of(await stream_items(port, vb, 4)) for vb in STREAMED}
+    for vb in STREAMED:
+        assert [type(e) for e in streamed[vb]] == [upr.Mutation] * 2 + [upr.Deletion] * 2, vb
+        assert {e.key for e in streamed[vb][2:]} == {k for k, _ in items[vb]}
+    assert 0 not in front.logs.logs
