@@ -170,8 +170,8 @@ async def _read_frame(
                 return header, body
         try:
             data = await stream.receive_some(65536)
-        except trio.BrokenResourceError:
-            return None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None  # the ingest's reset, or the script closed it
         if not data:
             return None
         buffer += data
