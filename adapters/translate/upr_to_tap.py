@@ -5,8 +5,11 @@ and, for a backfill, an initial vbucket stream. ``UprToTap`` turns each
 event of one vbucket's UPR stream into the TAP messages a 2.x server would
 have sent (unstamped: the TAP producer adds sequence numbers and ack flags):
 
-- the first snapshot of a stream that backfills from zero, a DISK snapshot,
-  becomes OPAQUE(INITIAL_VBUCKET_STREAM), its items, OPAQUE(CLOSE_BACKFILL);
+- the first snapshot of a stream that backfills from zero becomes
+  OPAQUE(INITIAL_VBUCKET_STREAM), its items, OPAQUE(CLOSE_BACKFILL): a DISK
+  snapshot usually, a MEMORY one when the producer still holds every item
+  in memory (a 2.x server backfilled a new client all the same, and its
+  receiver resets the vbucket on the first message);
 - every other snapshot becomes CHECKPOINT_START(id), its items,
   CHECKPOINT_END(id), with ids increasing per vbucket (drawn from
   ``checkpoint_ids``, which a caller may share between streams);
@@ -44,7 +47,6 @@ from adapters.tap.events import (
     TapVbucketSet,
 )
 from adapters.tap.item_messages import ItemMessages
-from adapters.upr.constants import SnapshotFlags
 from adapters.upr.events import (
     Deletion,
     Expiration,
@@ -162,7 +164,7 @@ class UprToTap:
                 self.open = replace(self.open, end=max(self.open.end, marker.end_seqno))
                 return []
         out = self._close()
-        if self._expect_backfill and marker.flags & SnapshotFlags.DISK:
+        if self._expect_backfill:
             self.open = OpenSnapshot(marker.start_seqno, marker.end_seqno, None)
             out.append(TapOpaque(OpaqueCode.INITIAL_VBUCKET_STREAM, vbucket=self.vbucket))
         else:
@@ -208,7 +210,7 @@ class UprToTap:
         returns None, changing nothing, for a marker ``feed`` must take."""
         if self._resuming or self.open is not None:
             return None
-        if self._expect_backfill and flags & SnapshotFlags.DISK:
+        if self._expect_backfill:
             return None
         checkpoint_id = next(self._ids)
         self.open = _open_snapshot(start, end, checkpoint_id)

@@ -56,7 +56,7 @@ from adapters.tap.producer import TapProducer
 from gateway.fronts.tap.peer import TapPeer
 from gateway.fronts.tap.plan import ConnectionPlan
 from gateway.fronts.tap.registry import Registry
-from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError
+from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError, UprUpstreamMalformed
 from gateway.fronts.tap.upstream_streams import UpstreamStreams
 from gateway.io.connection import PacketConnection
 from gateway.io.door import Answer, refuse_command
@@ -200,6 +200,11 @@ class TapSession:
             except UprUpstreamError as exc:
                 failures += 1
                 await self._upstream_lost(exc, failures)
+            except UprUpstreamMalformed:
+                # Not retried (the upstream would send it again): what came
+                # before reaches the peer, then both connections close.
+                await peer.flush()
+                raise
         await streams.finish()
         await peer.flush()
 

@@ -12,8 +12,8 @@ runs of items in place from ``reader.buffer``, anything else frame by frame
 with ``next_frame``), and returns freed buffer bytes with ``acknowledge``.
 
 Errors: ``UprUpstreamError`` for anything that makes the connection unusable
-(refused, closed, a failed OPEN), so the session can reconnect; malformed
-frames raise the codec's ``ProtocolError``.
+(refused, closed, a failed OPEN), so the session can reconnect;
+``UprUpstreamMalformed`` for what the session must not retry.
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ _LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, Connection
 
 class UprUpstreamError(GatewayError):
     """The upstream connection failed or closed; a reconnect may help."""
+
+
+class UprUpstreamMalformed(GatewayError):
+    """The upstream sent what no 3.0 producer sends (an unknown opcode, a wrong
+    extras length, a message for no stream of ours): a reconnect would replay it,
+    so the upstream connection and the TAP peer's are closed."""
 
 
 class UprUpstream:
@@ -143,11 +149,15 @@ class UprUpstream:
         """Return ``size`` freed bytes to the producer's flow-control window, in one
         BUFFER_ACKNOWLEDGEMENT once a fifth of the buffer is free, as a 3.0
         consumer does (ep-engine dcp/flow-control.cc: "a buffer ack when at least
-        20% of the buffer is drained"), not one per TAP ack. The producer never
-        stalls on what is held back: it stops only with the whole buffer unacked,
-        and then every byte the TAP peer acks is freed here."""
+        20% of the buffer is drained"), not one per TAP ack; and at once when the
+        TAP peer freed everything received. A 3.0 producer holds a message that
+        does not fit in what is left of the buffer (upr-producer.cc
+        ``BufferLog::insert``): a message larger than four fifths of it would
+        otherwise wait forever on bytes held back here (3.0's consumer also
+        acks on a timer, ``UprConsumer::handleFlowCtl``)."""
         self._freed += size
-        if self._freed < self.window.buffer_size // ACK_FRACTION:
+        window = self.window
+        if self._freed < window.buffer_size // ACK_FRACTION and self._freed < window.unacked_bytes:
             return
         size = self.window.release(self._freed)
         self._freed = 0

@@ -37,7 +37,7 @@ from adapters.upr.flow_control import counts
 from gateway.fronts.tap.peer import TapPeer
 from gateway.fronts.tap.plan import ConnectionPlan
 from gateway.fronts.tap.registry import Registry
-from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError
+from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamMalformed
 from gateway.fronts.tap.vbstream import VbStream
 from gateway.metrics.figures import GatewayStats, StreamStats
 from gateway.tools.capture.mapping import UprRecording
@@ -269,13 +269,7 @@ class UpstreamStreams:
         try:
             event = upr.decode_frame(frame, upstream.dialect)
         except ProtocolError as exc:
-            vb = self.by_opaque.get(frame.opaque)
-            self.gateway_stats.protocol_errors_total["tap_front", "upstream_malformed"] += 1
-            if vb is None or not frame.is_request:
-                raise UprUpstreamError(f"malformed message from upstream: {exc}") from None
-            log.error("%s: vbucket %d: ending the stream: %s", self.name, vb.vbucket, exc)
-            await self._end_stream(vb, "malformed")
-            return
+            raise self._malformed(str(exc)) from None
         if isinstance(event, _RESPONSES):
             await self._on_response(event)
             return
@@ -284,7 +278,10 @@ class UpstreamStreams:
             return
         vb = self.by_opaque.get(event.opaque)
         if vb is None:
-            raise UprUpstreamError(f"{event.NAME} for an unknown stream opaque {event.opaque}")
+            raise self._malformed(
+                f"{event.NAME} for no stream of this connection "
+                f"opcode=0x{frame.opcode:02x} field=opaque value={event.opaque}"
+            )
         peer = self.peer
         settling = peer.settlements.settling
         if counts(event):
@@ -294,11 +291,14 @@ class UpstreamStreams:
             settling.arrival = time.time()
         if self.captured_in is not None:
             self.captured_in.record(event, vb.vbucket, time.time())
-        if type(event) in _FAST_ITEMS and peer.captured_out is None:
-            await self._emit_item(event, vb)  # type: ignore[arg-type]
-        else:
-            for message in vb.translate(event):
-                await peer.emit(message, vb)
+        try:
+            if type(event) in _FAST_ITEMS and peer.captured_out is None:
+                await self._emit_item(event, vb)  # type: ignore[arg-type]
+            else:
+                for message in vb.translate(event):
+                    await peer.emit(message, vb)
+        except ProtocolError as exc:  # no place in a stream (FLUSH), a seqno going back
+            raise self._malformed(f"{exc} opcode=0x{frame.opcode:02x}") from None
         reply = vb.reply_due(event)
         if reply is not None:
             # Looked up again: a flush while emitting may have ended the settlement.
@@ -307,6 +307,15 @@ class UpstreamStreams:
         self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
+
+    def _malformed(self, what: str) -> UprUpstreamMalformed:
+        self.gateway_stats.protocol_errors_total["tap_front", "upstream_malformed"] += 1
+        upstream = self.upstream
+        address = upstream.address if upstream is not None else "?"
+        return UprUpstreamMalformed(
+            f"UPR upstream {address} sent what no 3.0 producer sends: {what}; "
+            "closing it and this TAP connection"
+        )
 
     async def _emit_item(
         self, item: upr.Mutation | upr.Deletion | upr.Expiration, vb: VbStream

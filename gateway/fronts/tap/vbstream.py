@@ -146,7 +146,12 @@ class VbStream:
             progress.sent_seqno = event.by_seqno
             progress.upstream_high_seqno = max(progress.upstream_high_seqno, event.by_seqno)
         out = self.translator.feed(event)
-        if progress.backfilling and not self.translator.in_backfill:
+        if self.translator.in_backfill:
+            if not progress.backfilling and isinstance(event, upr.SnapshotMarker):
+                # a backfill served from memory (no DISK flag)
+                progress.backfilling = True
+                progress.backfill_end_seqno = event.end_seqno
+        elif progress.backfilling:
             progress.backfilling = False
         return out
 

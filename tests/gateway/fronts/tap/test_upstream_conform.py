@@ -1,0 +1,322 @@
+"""The TAP front as the consumer of what a released 3.0 producer sends.
+
+A scripted producer (tests/support/scripted_upr.py) plays what ep-engine
+v3.0.0 sends and the reference node never does. Each test names the source
+it follows: src/upr-stream.cc ``ActiveStream`` (``markDiskSnapshot``,
+``nextCheckpointItem``, ``endStream``), src/upr-producer.cc
+``UprProducer::step`` and ``vbucketStateChanged``, src/upr-response.h.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+
+import pytest
+import trio
+
+from adapters.tap import (
+    ConnectFlags,
+    OpaqueCode,
+    TapCheckpointEnd,
+    TapCheckpointStart,
+    TapDelete,
+    TapEvent,
+    TapMutation,
+    TapOpaque,
+)
+from gateway.fronts.tap.server import TapFront
+from gateway.metrics.figures import TAP_FRONT
+from tests.support.scripted_upr import (
+    CHECKPOINT,
+    DISK,
+    MEMORY,
+    Channel,
+    Request,
+    ScriptedUpr,
+    deletion,
+    expiration,
+    marker,
+    mutation,
+    stream_end,
+    stream_ok,
+)
+from tests.support.tap_client import TapClient, connect_event
+from tests.support.tapfront import start_front
+from tests.support.waiting import until
+
+F = ConnectFlags
+BACKFILL = F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK
+
+
+def shape(events: list[TapEvent]) -> list[str]:
+    """The stream as a list of short names: I/C for backfill open/close, S/E for
+    checkpoint start/end, mN/dN for items (by key)."""
+    out = []
+    for event in events:
+        if isinstance(event, TapOpaque):
+            if event.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM:
+                out.append("I")
+            elif event.opaque_code == OpaqueCode.CLOSE_BACKFILL:
+                out.append("C")
+        elif isinstance(event, TapCheckpointStart):
+            out.append("S")
+        elif isinstance(event, TapCheckpointEnd):
+            out.append("E")
+        elif isinstance(event, TapMutation):
+            out.append("m" + event.key.decode())
+        elif isinstance(event, TapDelete):
+            out.append("d" + event.key.decode())
+    return out
+
+
+async def run_client(
+    nursery: trio.Nursery, upr: ScriptedUpr, connect_flags: ConnectFlags = BACKFILL, **kw: object
+) -> tuple[list[TapEvent], TapFront]:
+    port = await nursery.start(upr.serve)
+    front, front_port = await start_front(nursery, port, reconnect_attempts=2, **kw)
+    backfill = 0 if connect_flags & F.BACKFILL else None
+    connect = connect_event(b"conform", connect_flags, backfill_date=backfill, vbuckets=(0,))
+    with trio.fail_after(20):
+        client = await TapClient.open(front_port, connect)
+        events = await client.collect()  # up to the close, acking as asked
+    return events, front
+
+
+async def test_every_snapshot_kind_of_a_3_0_producer(nursery: trio.Nursery) -> None:
+    """A disk snapshot whose end no item reaches (deduplicated), then memory ones
+    with and without CHECKPOINT, an empty one among them (src/upr-stream.cc
+    ``markDiskSnapshot``, ``nextCheckpointItem``): one backfill, then one TAP
+    checkpoint per marker, each closed before the next opens."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 3, DISK),
+            mutation(o, 1, b"1"),
+            mutation(o, 2, b"2"),
+            marker(o, 4, 5, MEMORY | CHECKPOINT),
+            mutation(o, 4, b"4"),
+            mutation(o, 5, b"5"),
+            marker(o, 6, 6, MEMORY),  # empty
+            marker(o, 7, 8, MEMORY),
+            mutation(o, 7, b"7"),
+            deletion(o, 8, b"8"),
+            stream_end(o, 0),
+        )
+
+    events, _ = await run_client(nursery, ScriptedUpr(play))
+    assert shape(events) == [
+        *("I", "m1", "m2", "C"),
+        *("S", "m4", "m5", "E"),
+        *("S", "E"),
+        *("S", "m7", "d8", "E"),
+    ]
+
+
+async def test_items_with_metadata_lock_time_and_expirations(nursery: trio.Nursery) -> None:
+    """3.0's item layouts (src/upr-response.h ``MutationResponse``, memcached
+    v3.0.0 protocol_binary.h ``protocol_binary_request_upr_mutation``: nmeta
+    bytes of metadata after the value; DELETION and EXPIRATION with 18 bytes
+    of extras): the metadata is not part of the TAP value, an expiration is a
+    TAP DELETE."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 4, DISK),
+            mutation(o, 1, b"a", b"value-a", meta=b"\x01\x00\x04\x00\x00\x00\x01", lock_time=15),
+            deletion(o, 2, b"b", meta=b"\x01\x00\x04\x00\x00\x00\x02"),
+            expiration(o, 3, b"c"),
+            mutation(o, 4, b"d", b"", meta=b"\x01\x00\x04\x00\x00\x00\x03"),
+            stream_end(o, 0),
+        )
+
+    events, _ = await run_client(nursery, ScriptedUpr(play))
+    assert shape(events) == ["I", "ma", "db", "dc", "md", "C"]
+    values = {e.key: e.value for e in events if isinstance(e, TapMutation)}
+    assert values == {b"a": b"value-a", b"d": b""}
+
+
+async def test_a_first_marker_that_starts_below_the_stream_start(nursery: trio.Nursery) -> None:
+    """A live-only stream starts at the high seqno; 3.0's first memory marker
+    starts at the request's snap_start (src/upr-stream.cc ``nextCheckpointItem``:
+    ``isFirstSnapshot``) and a disk one at min(snap_start, start)
+    (``markDiskSnapshot``), so the range may start below the stream start."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        assert req.start == 100
+        await channel.send(
+            stream_ok(req),
+            marker(o, 90, 102, MEMORY),
+            mutation(o, 101, b"x"),
+            mutation(o, 102, b"y"),
+            stream_end(o, 0),
+        )
+
+    events, _ = await run_client(nursery, ScriptedUpr(play), F.LIST_VBUCKETS | F.SUPPORT_ACK)
+    assert shape(events) == ["S", "mx", "my", "E"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "name"),
+    [(0, "ok"), (1, "closed"), (2, "state_changed"), (3, "disconnected"), (4, "too_slow")],
+)
+async def test_stream_end_of_each_reason_ends_the_vbucket(
+    nursery: trio.Nursery, reason: int, name: str
+) -> None:
+    """STREAM_END ends the vbucket whatever its reason (src/upr-stream.cc
+    ``ActiveStream::endStream``; STATE_CHANGED is what ``UprProducer::
+    vbucketStateChanged`` sends when the vbucket stops being active): the open
+    checkpoint is closed, and with every vbucket ended the TAP connection
+    closes instead of waiting for items that never come."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 2, DISK),
+            mutation(o, 1, b"1"),
+            marker(o, 3, 9, MEMORY),
+            mutation(o, 3, b"3"),
+            stream_end(o, reason),
+        )
+
+    events, front = await run_client(nursery, ScriptedUpr(play))
+    assert shape(events) == ["I", "m1", "C", "S", "m3", "E"]
+    assert front.stats.stream_ends_total[TAP_FRONT, name] == 1
+
+
+@pytest.mark.parametrize("status", [0x07, 0x22, 0x02])
+async def test_a_refused_stream_request_ends_the_vbucket(
+    nursery: trio.Nursery, status: int
+) -> None:
+    """NOT_MY_VBUCKET, ERANGE, KEY_EEXISTS: what src/upr-producer.cc
+    ``UprProducer::streamRequest`` answers for a vbucket it lacks, a start
+    above the end, a stream already open."""
+    from tests.support.raw_dcp import RES, STREAM_REQ, frame
+
+    async def play(channel: Channel, req: Request) -> None:
+        await channel.send(frame(STREAM_REQ, magic=RES, vbucket=status, opaque=req.opaque))
+
+    events, front = await run_client(nursery, ScriptedUpr(play))
+    assert shape(events) == []
+    ends = front.stats.stream_ends_total
+    assert ends[TAP_FRONT, f"refused_0x{status:02x}"] == 1
+
+
+# -- what no 3.0 producer sends: one line, the upstream closed, the TAP peer told --
+
+
+def bad_mutation(opaque: int, seqno: int, key: bytes) -> bytes:
+    """A MUTATION with 30 bytes of extras (3.0's are 31)."""
+    from tests.support.raw_dcp import MUTATION, frame
+
+    extras = struct.pack(">QQIIIH", seqno, 1, 0, 0, 0, 0)
+    return frame(MUTATION, extras=extras, key=key, value=b"v", opaque=opaque)
+
+
+def unknown_request(opaque: int) -> bytes:
+    from tests.support.raw_dcp import frame
+
+    return frame(0x5F, extras=b"\x00\x00\x00\x00", opaque=opaque)
+
+
+@pytest.mark.parametrize("bad", ["extras", "opcode", "opcode_other_opaque"])
+async def test_a_malformed_message_closes_upstream_and_tap_peer(
+    nursery: trio.Nursery, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing after a message a 3.0 producer never sends reaches the TAP peer:
+    one error line names the opcode, field and value, the upstream connection is
+    closed (not reconnected to play the same bytes again), and the TAP peer
+    sees its connection close once what came before is delivered, as a 2.x
+    producer's client saw a lost source."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        if bad == "extras":
+            broken = bad_mutation(o, 2, b"2")
+        elif bad == "opcode":
+            broken = unknown_request(o)
+        else:
+            broken = unknown_request(o + 1000)
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 9, DISK),
+            mutation(o, 1, b"1"),
+            broken,
+            mutation(o, 3, b"3"),
+            mutation(o, 4, b"4"),
+        )
+
+    upr = ScriptedUpr(play)
+    events, front = await run_client(nursery, upr)
+    assert "m3" not in shape(events) and "m4" not in shape(events)
+    assert shape(events)[:2] == ["I", "m1"]
+    assert upr.connections == 1
+    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 1
+    with trio.fail_after(10):
+        await until(lambda: upr.closed == 1)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "0x" in r.getMessage()]
+    assert len(errors) == 1, [r.getMessage() for r in caplog.records]
+    assert "0x57" in errors[0].getMessage() or "0x5f" in errors[0].getMessage()
+
+
+async def test_a_large_item_after_small_ones_is_not_stalled_by_held_back_acks(
+    nursery: trio.Nursery,
+) -> None:
+    """A 3.0 producer holds a message that does not fit in what is left of the
+    buffer (v3.0.0 src/upr-producer.cc ``BufferLog::insert``), and a 3.0 consumer
+    returns what it freed after a fifth of the buffer or on a timer
+    (src/upr-consumer.cc ``handleFlowCtl``). A message larger than four fifths
+    of the buffer, after a few small ones all acked by the TAP peer, must not
+    wait forever for an ack held back below the fifth."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(stream_ok(req))
+        await channel.send_counted(
+            marker(o, 0, 3, DISK),
+            mutation(o, 1, b"1"),
+            mutation(o, 2, b"2", b"x" * 900),
+            mutation(o, 3, b"3"),
+            stream_end(o, 0),
+        )
+
+    upr = ScriptedUpr(play)
+    events, _ = await run_client(nursery, upr, buffer_size=1000)
+    assert shape(events) == ["I", "m1", "m2", "m3", "C"]
+
+
+async def test_a_backfill_from_zero_served_from_memory_is_still_a_backfill(
+    nursery: trio.Nursery,
+) -> None:
+    """A 3.0 producer serves a stream from 0 straight from memory when the
+    checkpoints still hold seqno 1 on (v3.0.0 src/upr-stream.cc
+    ``ActiveStream::scheduleBackfill``: no backfill task when ``backfillStart``
+    is not below the cursor's seqno; ``nextCheckpointItem`` then sends a MEMORY
+    marker first). The TAP client asked for a backfill, and a 2.x server wraps a
+    backfill in OPAQUE(INITIAL_VBUCKET_STREAM) ... OPAQUE(CLOSE_BACKFILL) (2.5.1
+    src/tapconnection.cc ``TapProducer::scheduleBackfill_UNLOCKED``): the
+    receiver resets the vbucket on the first, so the first snapshot must be
+    wrapped so whatever its flags."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 3, MEMORY),
+            mutation(o, 1, b"1"),
+            mutation(o, 2, b"2"),
+            mutation(o, 3, b"3"),
+            marker(o, 4, 5, MEMORY | CHECKPOINT),
+            mutation(o, 4, b"4"),
+            mutation(o, 5, b"5"),
+            stream_end(o, 0),
+        )
+
+    events, _ = await run_client(nursery, ScriptedUpr(play))
+    assert shape(events) == ["I", "m1", "m2", "m3", "C", "S", "m4", "m5", "E"]
