@@ -222,6 +222,8 @@ class ProducerMachine(Generic[S]):
         self._upr_opcodes = dialect.commands
         self._noop_due: float | None = None
         self._noop_outstanding: int | None = None
+        self._noop_last: int | None = None
+        """The last NOOP's opaque: the one a NOOP reply may carry."""
         self._opaques = itertools.count(1)
 
     # -- input -------------------------------------------------------------------
@@ -276,15 +278,30 @@ class ProducerMachine(Generic[S]):
         return (EndStream(stream), self._ok(Command.CLOSE_STREAM, req.opaque))
 
     def _response(self, event: Any) -> tuple[Output, ...]:
-        command = getattr(event, "command", None)
+        # ep-engine 3.0 upr-producer.cc ``handleResponse``: a reply a stream waits
+        # for goes to it whatever its status; item and STREAM_END replies are
+        # ignored; anything else drops the connection.
+        command = getattr(event, "command", None) or event.COMMAND
         if command is Command.NOOP:
-            if event.opaque == self._noop_outstanding:
-                self._noop_outstanding = None
+            if event.opaque != self._noop_last:
+                return (Fail(self._unexpected(command, "opaque", event.opaque)),)
+            self._noop_outstanding = None
         elif command is Command.SET_VBUCKET_STATE or command is Command.SNAPSHOT_MARKER:
             for stream in self.streams.values():
                 if stream.opaque == event.opaque and stream.live:
                     return (Deliver(stream, event),)
+        elif command not in _IGNORED_RESPONSES:
+            return (Fail(self._unexpected(command, "opcode", self.dialect.opcodes[command])),)
         return NOTHING
+
+    def _unexpected(self, command: Command, field: str, value: int) -> ProtocolError:
+        return ProtocolError(
+            f"a consumer's {command.name} response is not one a producer expects",
+            opcode=self.dialect.opcodes[command],
+            field=field,
+            value=value,
+            offset=1 if field == "opcode" else 12,
+        )
 
     # -- flow control and settings ----------------------------------------------------
 
@@ -368,7 +385,7 @@ class ProducerMachine(Generic[S]):
                 f"consumer {self.name!r} did not answer a NOOP within "
                 f"{self.noop_interval:g} seconds"
             )
-        self._noop_outstanding = next(self._opaques)
+        self._noop_outstanding = self._noop_last = next(self._opaques)
         self._noop_due = now + self.noop_interval
         return encode(Noop(opaque=self._noop_outstanding), self.dialect)
 
@@ -381,6 +398,21 @@ class ProducerMachine(Generic[S]):
         command = getattr(event, "COMMAND", Command.OPEN)
         refused = Response(command, event.opaque, status, text.encode())
         return (Reply(encode(refused, self.dialect)),)
+
+
+_IGNORED_RESPONSES = frozenset(
+    {
+        Command.MUTATION,
+        Command.DELETION,
+        Command.EXPIRATION,
+        Command.STREAM_END,
+        # The draft's own messages, which 3.0 never sends (no reply to refuse).
+        Command.STREAM_START,
+        Command.SNAPSHOT_START,
+        Command.SNAPSHOT_END,
+    }
+)
+"""Replies to stream messages a producer takes and ignores (3.0 ``handleResponse``)."""
 
 
 def _shown(value: bytes) -> str:
