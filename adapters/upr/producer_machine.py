@@ -46,12 +46,16 @@ Requests, by event class (``_REQUESTS``, the one transition table):
   bad value EINVAL. None closes the connection.
 - BUFFER_ACKNOWLEDGEMENT: credited to the window (more than is outstanding
   empties it), never answered: ``Room``.
-- NOOP (UPR's): answered OK.
-- Anything else a consumer may not send a producer: NOT_SUPPORTED.
+- A second OPEN: NOT_SUPPORTED, the connection stays.
+- A request only a consumer takes (ADD_STREAM, the stream messages, UPR's
+  NOOP, ...): ``Fail`` without a reply (3.0 ``ConnHandler`` answers
+  ENGINE_DISCONNECT, and memcached closes).
 
-Responses: NOOP's clears the NOOP outstanding; SET_VBUCKET_STATE's and
-SNAPSHOT_MARKER's go to the live stream with that opaque (``Deliver``); the
-rest are dropped.
+Responses (3.0 ``handleResponse``): NOOP's clears the NOOP outstanding when
+it carries the last NOOP's opaque; SET_VBUCKET_STATE's and SNAPSHOT_MARKER's
+go to the live stream with that opaque (``Deliver``), whatever their status;
+MUTATION's, DELETION's, EXPIRATION's and STREAM_END's are dropped; any other
+``Fail``.
 
 NOOP liveness: once enabled, a NOOP is due ``noop_interval`` after the last
 one (or after the setting changed); ``on_timer`` at the deadline returns the
@@ -80,6 +84,7 @@ from adapters.upr.events import (
     Control,
     GetFailoverLog,
     Noop,
+    Open,
     StreamRequest,
     UprEvent,
 )
@@ -245,9 +250,21 @@ class ProducerMachine(Generic[S]):
         if event.IS_RESPONSE:
             return self._response(event)
         transition = _REQUESTS.get(type(event))
-        if transition is None:
-            return self._refuse(event, Status.NOT_SUPPORTED, f"{event.NAME} is not for a producer")
-        return transition(self, event, now)
+        if transition is not None:
+            return transition(self, event, now)
+        if isinstance(event, Open):
+            return self._refuse(event, Status.NOT_SUPPORTED, "the connection is open already")
+        # A consumer's message sent to a producer: 3.0's ``ConnHandler`` answers
+        # ENGINE_DISCONNECT, and memcached closes without a reply.
+        command = event.COMMAND
+        error = ProtocolError(
+            f"{event.NAME} is a request for a consumer, not a producer",
+            opcode=self.dialect.opcodes[command],
+            field="opcode",
+            value=self.dialect.opcodes[command],
+            offset=1,
+        )
+        return (Fail(error),)
 
     # -- the stream table ------------------------------------------------------------
 
@@ -312,9 +329,6 @@ class ProducerMachine(Generic[S]):
             return NOTHING  # nothing was counted, so there is nothing to credit
         self.window.acknowledged(ack.buffer_bytes)
         return ROOM
-
-    def _noop(self, req: Noop, _now: float) -> tuple[Output, ...]:
-        return (self._ok(Command.NOOP, req.opaque),)
 
     def _control(self, req: Control, now: float) -> tuple[Output, ...]:
         key = req.key
@@ -426,7 +440,6 @@ _REQUESTS: dict[type, _Transition] = {
     CloseStream: ProducerMachine._close_stream,
     Control: ProducerMachine._control,
     BufferAcknowledgement: ProducerMachine._buffer_ack,
-    Noop: ProducerMachine._noop,
 }
 """The transition table: what each request a consumer sends a producer does."""
 
