@@ -256,7 +256,7 @@ class ProducerMachine(Generic[S]):
             return self._refuse(event, Status.NOT_SUPPORTED, "the connection is open already")
         # A consumer's message sent to a producer: 3.0's ``ConnHandler`` answers
         # ENGINE_DISCONNECT, and memcached closes without a reply.
-        command = event.COMMAND
+        command: Command = getattr(event, "COMMAND", Command.OPEN)
         error = ProtocolError(
             f"{event.NAME} is a request for a consumer, not a producer",
             opcode=self.dialect.opcodes[command],
