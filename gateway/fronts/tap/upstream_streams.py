@@ -277,9 +277,11 @@ class UpstreamStreams:
             await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
             return
         vb = self.by_opaque.get(event.opaque)
-        if vb is None:
+        if vb is None or vb.ended:
+            # (a 3.0 stream sends nothing after its STREAM_END)
+            which = "no stream of this connection" if vb is None else "a stream that ended"
             raise self._malformed(
-                f"{event.NAME} for no stream of this connection "
+                f"{event.NAME} for {which} "
                 f"opcode=0x{frame.opcode:02x} field=opaque value={event.opaque}"
             )
         peer = self.peer
