@@ -95,6 +95,8 @@ class UpstreamStreams:
         self.upstream: UprUpstream | None = None
         """The connection the streams are requested on (set by the session)."""
         self.captured_in: UprRecording | None = None
+        self._stale_said: set[int] = set()
+        """Vbuckets whose dropped stale item was logged."""
 
     @property
     def all_ended(self) -> bool:
@@ -289,6 +291,9 @@ class UpstreamStreams:
         if counts(event):
             upstream.window.unacked_bytes += frame.size
             settling.credit += frame.size
+        if isinstance(event, _ITEMS) and event.by_seqno <= vb.translator.last_seqno:
+            self._drop_stale(vb, event)  # its bytes are freed with what follows
+            return
         if not settling.arrival and isinstance(event, _ITEMS):
             settling.arrival = time.time()
         if self.captured_in is not None:
@@ -309,6 +314,22 @@ class UpstreamStreams:
         self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
+
+    def _drop_stale(self, vb: VbStream, item: upr.Mutation | upr.Deletion | upr.Expiration) -> None:
+        """An item whose seqno does not grow: dropped, the stream goes on, as a 3.0
+        consumer does (ep-engine 3.0 dcp-stream.cc ``PassiveStream::messageReceived``
+        answers ERANGE for that item only). Said once per vbucket and connection."""
+        self.gateway_stats.protocol_errors_total["tap_front", "upstream_seqno_not_growing"] += 1
+        if vb.vbucket not in self._stale_said:
+            self._stale_said.add(vb.vbucket)
+            log.warning(
+                "%s: vbucket %d: dropping %s by_seqno %d from upstream: not above %d",
+                self.name,
+                vb.vbucket,
+                item.NAME,
+                item.by_seqno,
+                vb.translator.last_seqno,
+            )
 
     def _malformed(self, what: str) -> UprUpstreamMalformed:
         self.gateway_stats.protocol_errors_total["tap_front", "upstream_malformed"] += 1
