@@ -171,7 +171,10 @@ class UpstreamStreams:
                 marker = snapshot_marker(reader.buffer, reader.offset)
                 if marker is not None and await self._marker_fast(upstream, *marker):
                     continue
-            frame = upstream.next_frame()
+            try:
+                frame = upstream.next_frame()
+            except ProtocolError as exc:  # no frame at all (a bad magic, a huge length)
+                raise self._malformed(str(exc)) from None
             if frame is None:
                 return
             await self._on_frame(frame)

@@ -457,3 +457,29 @@ async def test_what_a_3_0_stream_never_carries_closes_both_connections(
     assert "m3" not in shape(events)
     assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 1
     assert upr.connections == 1
+
+
+@pytest.mark.parametrize("bad", ["magic", "oversize"])
+async def test_a_frame_that_cannot_be_framed_closes_both_connections(
+    nursery: trio.Nursery, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A header with a magic that is neither request nor response, or a body
+    longer than any frame the gateway accepts: memcached v3.0.0 daemon/memcached.c
+    (``try_read_command``) closes such a connection. The line says the upstream
+    sent it, so the TAP client is not blamed."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        if bad == "magic":
+            broken = b"\x82" + mutation(o, 2, b"2")[1:]
+        else:
+            broken = struct.pack(">BBHBBHIIQ", 0x80, 0x57, 1, 31, 0, 0, 0x7FFFFFFF, o, 0)
+        await channel.send(stream_ok(req), marker(o, 0, 9, DISK), mutation(o, 1, b"1"), broken)
+
+    upr = ScriptedUpr(play)
+    events, front = await run_client(nursery, upr)
+    assert shape(events)[:2] == ["I", "m1"]
+    assert upr.connections == 1
+    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 1
+    lines = [r.getMessage() for r in caplog.records if "closing connection" in r.getMessage()]
+    assert len(lines) == 1 and "UPR upstream" in lines[0], lines
