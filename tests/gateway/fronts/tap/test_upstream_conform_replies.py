@@ -36,7 +36,10 @@ from tests.support.waiting import until
 
 F = ConnectFlags
 ACK = 0x08
-PENDING, ACTIVE = 3, 1
+PENDING, ACTIVE = 0x02, 0x01
+"""As memcached v3.0.0 daemon/memcached.c (``dcp_message_set_vbucket_state``) puts
+them on the wire: pending as 2 and replica as 3, the draft's numbering, while the
+engine's order (which its own consumer casts the byte to) has them the other way."""
 
 
 def set_state(opaque: int, state: int) -> bytes:
@@ -44,6 +47,11 @@ def set_state(opaque: int, state: int) -> bytes:
 
 
 async def test_a_3_0_takeover_gets_each_reply_it_waits_for(nursery: trio.Nursery) -> None:
+    """The TAP peer sees VBUCKET_SET(pending) then VBUCKET_SET(active), as a 2.x
+    takeover sent them: a producer sends no other state in a stream (ep-engine
+    3.0 ``ActiveStream``: ``takeoverState`` is pending, then active), so the 2 a
+    3.0 producer sends is pending, whatever the engine's order calls 2."""
+
     async def play(channel: Channel, req: Request) -> None:
         o = req.opaque
         upr = channel.upr
