@@ -230,6 +230,17 @@ BAD = {
     ),
     # a command the TAP stream never carries
     "unknown opcode": (bytes([0x80, 0x99]) + bytes(22), ("opcode=0x99", "field=opcode")),
+    # not a packet: memcached closes the connection (``try_read_command``)
+    "bad magic": (bytes([0x42, 0x41]) + bytes(22), ("opcode=0x41", "field=magic", "value=66")),
+    "body over the frame limit": (
+        _patched(t.noop(), 8, b"\xff\xff\xff\xff"),
+        ("opcode=0x0a", "field=total_body", "value=4294967295"),
+    ),
+    # an error response where the producer never answers: the upstream refuses the stream
+    "error response": (
+        bytes([0x81, 0x41, 0, 0, 0, 0, 0, 0x84]) + (4).to_bytes(4, "big") + bytes(12) + b"fail",
+        ("0x84", "MUTATION", "fail"),
+    ),
 }
 
 
