@@ -29,7 +29,7 @@ from typing import Protocol, TypeVar
 from adapters.mcbp.constants import Magic
 from adapters.mcbp.frames import DEFAULT_MAX_FRAME_SIZE, HEADER
 from adapters.tap.constants import TapFlags, TapOpcode
-from adapters.translate.log_records import BLOCK_ITEM, ItemKind, LogMark
+from adapters.translate.log_records import BLOCK_ITEM, ItemKind, MarkKind
 from adapters.translate.tap_to_upr import TapToUpr, Version
 
 # TAP extras of a mutation (engine-specific length, TAP flags, ttl, 3 reserved,
@@ -55,6 +55,8 @@ OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
 _TAP_FLAGS = struct.Struct(">HH")
 _ID = struct.Struct(">Q")
 _ITEM_MUTATION = ItemKind.MUTATION.value
+_MARK_START = MarkKind.CHECKPOINT_START.value
+_MARK_END = MarkKind.CHECKPOINT_END.value
 _tuple_new = tuple.__new__
 
 
@@ -80,17 +82,19 @@ class PackBuffer(Protocol):
         """``count`` items, seqnos ``first`` to ``high``, were packed into ``data``."""
         ...
 
+    def add_mark_fields(self, kind: int, value: int) -> None:
+        """Close the open block, append the mark ``LogMark(kind, value)``."""
+        ...
+
 
 class ItemSink(Protocol):
-    """What ``log_buffer`` feeds: a vbucket's translator, its write buffer, its marks."""
+    """What ``log_buffer`` feeds: a vbucket's translator and its write buffer."""
 
     @property
     def translator(self) -> TapToUpr: ...
 
     @property
     def buffer(self) -> PackBuffer: ...
-
-    def append_mark(self, mark: LogMark) -> None: ...
 
 
 S = TypeVar("S", bound=ItemSink)
@@ -243,9 +247,11 @@ def _log(
                     cached = -1
                 mark_id = _ID.unpack_from(data, key_end)[0]
                 if opcode == OP_CHECKPOINT_START:
-                    sink.append_mark(sink.translator.checkpoint_start(mark_id))
+                    sink.translator.open_checkpoint(mark_id)
+                    sink.buffer.add_mark_fields(_MARK_START, mark_id)
                 else:
-                    sink.append_mark(sink.translator.checkpoint_end(mark_id))
+                    sink.translator.close_checkpoint(mark_id)
+                    sink.buffer.add_mark_fields(_MARK_END, mark_id)
                 touched[vbucket] = sink
                 if tap_flags & _ACK:
                     acks.append(ack(_RESPONSE, opcode, 0, 0, 0, 0, 0, opaque, 0))

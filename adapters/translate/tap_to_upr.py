@@ -141,17 +141,25 @@ class TapToUpr:
         raise ProtocolError(f"{message.NAME} has no place in a vbucket stream", field="opcode")
 
     def checkpoint_start(self, checkpoint_id: int) -> LogMark:
-        """The mark of a TAP CHECKPOINT_START (shared with ``tap_to_log_fast``)."""
-        self.checkpoint_id = checkpoint_id
-        self._checkpoint_start = True
+        """The mark of a TAP CHECKPOINT_START."""
+        self.open_checkpoint(checkpoint_id)
         return LogMark(MarkKind.CHECKPOINT_START, checkpoint_id)
 
     def checkpoint_end(self, checkpoint_id: int) -> LogMark:
-        """The mark of a TAP CHECKPOINT_END (shared with ``tap_to_log_fast``)."""
+        """The mark of a TAP CHECKPOINT_END."""
+        self.close_checkpoint(checkpoint_id)
+        return LogMark(MarkKind.CHECKPOINT_END, checkpoint_id)
+
+    def open_checkpoint(self, checkpoint_id: int) -> None:
+        """What a CHECKPOINT_START changes (``tap_to_log_fast`` frames the mark itself)."""
+        self.checkpoint_id = checkpoint_id
+        self._checkpoint_start = True
+
+    def close_checkpoint(self, checkpoint_id: int) -> None:
+        """What a CHECKPOINT_END changes (``tap_to_log_fast`` frames the mark itself)."""
         self.checkpoint_id = None
         self._checkpoint_start = False
         self.last_closed_checkpoint = checkpoint_id
-        return LogMark(MarkKind.CHECKPOINT_END, checkpoint_id)
 
     def _opaque(self, message: TapOpaque, now: float) -> list[LogRecord]:
         code = message.opaque_code

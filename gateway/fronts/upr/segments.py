@@ -108,7 +108,12 @@ def frame_item(item: LogItem) -> bytes:
 def frame_mark(mark: LogMark) -> bytes:
     """``frame(to_row(mark))`` without the enum's ``.value`` descriptor (a live 2.x
     stream logs two checkpoint marks per item)."""
-    payload: bytes = _pack([1, int(mark.kind), mark.value])
+    return frame_mark_fields(int(mark.kind), mark.value)
+
+
+def frame_mark_fields(kind: int, value: int) -> bytes:
+    """``frame_mark(LogMark(kind, value))`` without the mark."""
+    payload: bytes = _pack([1, kind, value])
     return _frame_head(len(payload), _crc32(payload)) + payload
 
 

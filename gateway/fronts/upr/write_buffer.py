@@ -23,7 +23,7 @@ from gateway.fronts.upr.segments import (
     SPARSE_EVERY,
     buffer_items,
     close_block,
-    frame_mark,
+    frame_mark_fields,
 )
 
 
@@ -85,8 +85,15 @@ class WriteBuffer:
 
     def add_mark(self, mark: LogMark) -> None:
         """Buffer one mark the translator made."""
-        self.close_block()
-        self.data += frame_mark(mark)
+        self.add_mark_fields(int(mark.kind), mark.value)
+
+    def add_mark_fields(self, kind: int, value: int) -> None:
+        """Buffer the mark ``LogMark(kind, value)`` (the ingest's fast path: no mark
+        object for the two checkpoint marks of each live item)."""
+        if self.block >= 0:
+            close_block(self.data, self.block)
+            self.block = -1
+        self.data += frame_mark_fields(kind, value)
 
     def close_block(self) -> None:
         close_block(self.data, self.block)
