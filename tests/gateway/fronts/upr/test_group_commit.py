@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters import upr
-from gateway.fronts.upr.commit import MAX_PENDING_BYTES, GroupCommit
+from gateway.fronts.upr.commit import (
+    COMMIT_SPACING_PER_FILE,
+    EARLY_COMMIT_INTERVAL,
+    MAX_PENDING_BYTES,
+    GroupCommit,
+)
 from gateway.fronts.upr.ingest import RECEIVE_SIZE
 from gateway.fronts.upr.vblog import VbLog
 from tests.gateway.fronts.upr.support import (
@@ -278,3 +284,42 @@ async def test_the_ingest_stops_reading_when_too_far_ahead_of_a_held_commit(
         release.set()
     with trio.fail_after(30):
         await until(lambda: caught_up(front, store))
+
+
+class _EarlyLog:
+    """A log ``GroupCommit.submit`` writes early (fsync batch): nothing to write."""
+
+    def write_early(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("files", [1, 8, 64])
+def test_early_commits_start_apart_by_their_files(files: int) -> None:
+    """Under fsync batch a commit starts ``EARLY_COMMIT_INTERVAL`` after the last one at
+    least, or ``COMMIT_SPACING_PER_FILE`` per file it covers when that is longer (its
+    CPU grows with the files it fsyncs), files touched during the wait included;
+    trio's mock clock, not the wall clock."""
+    starts: list[tuple[float, int]] = []
+
+    async def commit_logs(touched: dict[int, Any]) -> None:
+        starts.append((trio.current_time(), len(touched)))
+
+    async def send(data: bytes) -> None:
+        pass
+
+    async def main() -> None:
+        group = GroupCommit(commit_logs, send, early=True)
+        logs: dict[int, Any] = {vb: _EarlyLog() for vb in range(files)}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(group.run)
+            for _ in range(4):
+                for vb in range(files):  # one file at a time: the wait grows as they come
+                    group.submit({vb: logs[vb]}, [b"ack"])
+                    await trio.sleep(0.0001)
+            await group.flush()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert sum(n for _, n in starts) >= files and max(n for _, n in starts) == files
+    for (a, _), (b, n) in pairwise(starts):
+        assert b - a >= max(EARLY_COMMIT_INTERVAL, n * COMMIT_SPACING_PER_FILE)
