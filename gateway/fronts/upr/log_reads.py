@@ -28,12 +28,15 @@ class LogReads:
     """Highest seqno published (readers see up to here)."""
     tail: LogTail
     _swapping: trio.Event | None
-    _changed: trio.Event
+    _changed: trio.Event | None
+    """Set when ``high_seqno`` grows, for the tasks in ``wait_beyond`` (None: none waits)."""
     _watchers: list[Callable[[], None]]
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        changed = self._changed
+        if changed is not None:  # only when a task waits: not one Event per publish
+            self._changed = None
+            changed.set()
         for wake in self._watchers:
             wake()
 
@@ -47,6 +50,8 @@ class LogReads:
     async def wait_beyond(self, seqno: int) -> None:
         """Until ``high_seqno`` exceeds ``seqno`` (returns at once if it does)."""
         while self.high_seqno <= seqno:
+            if self._changed is None:
+                self._changed = trio.Event()
             await self._changed.wait()
 
     def begin_segment_swap(self) -> None:

@@ -151,7 +151,7 @@ class VbLog(LogReads):
         self.handing_over = False
         """A takeover is handing this vbucket over: every committer publishes only
         synced records of it (``commit``), ``write_early`` skips it."""
-        self._changed = trio.Event()
+        self._changed: trio.Event | None = None
         self._watchers: list[Callable[[], None]] = []
         self.compacted_path: Path | None = None
 
