@@ -23,7 +23,8 @@ each submission's records are written and published at once
 (``VbLog.write_early``), not when their commit starts: a live item reaches
 consumers without waiting for the fsync of the commit before, and commits
 start at most every ``EARLY_COMMIT_INTERVAL``, or ``COMMIT_SPACING_PER_FILE``
-per file to fsync when that is longer (a commit's CPU grows with its files). So
+per file to fsync when that is longer (a commit's CPU grows with its files) and
+less than ``SPACED_BYTES`` were read meanwhile. So
 while one
 commit's fsyncs run the next batch accumulates, a commit covers all that
 arrived before it, each file is fsynced once per commit however many items
@@ -53,15 +54,21 @@ EARLY_COMMIT_INTERVAL = 0.005
 before their fsync (fsync batch): consumers do not wait for commits then, only the
 TAP acks do, and at low rates each fsync covers several items instead of one (an
 fsync and its hand-offs cost about 100-250 µs of CPU here)."""
-COMMIT_SPACING_PER_FILE = 0.00025
+COMMIT_SPACING_PER_FILE = 0.0005
 """Seconds between the starts of two such commits at least, per file the next one
-fsyncs: a commit costs about 50 µs of CPU per file here (its fsync, the thread
-hand-offs, locks and settling: 3.4 ms for 64 files, two thirds of it in the
-kernel), so a live stream touching 64 vbuckets every 5 ms spent over half a core
-on commits alone (34 µs per item at 20k items/s). Spaced so, commits take at most
-about a fifth of a core whatever the number of files; only the TAP acks wait
-longer (16 ms for 64 files, far inside a 2.x producer's ack window), consumers
-never do."""
+fsyncs: a commit costs 50-100 µs of CPU per file here (its fsync, the thread
+hand-offs and settling: 3.4 ms for 64 files on a quiet machine, two thirds of it
+in the kernel), so a live stream touching 64 vbuckets, committed as soon as the
+last commit returned, spent about half a core on commits alone. Spaced so, they
+take about a tenth of a core whatever the number of files; only the TAP acks
+wait longer (32 ms for 64 files), consumers never do. ``SPACED_BYTES`` bounds
+the wait."""
+SPACED_BYTES = 512 * 1024
+"""Bytes read since the last commit began beyond which the next one waits only
+``EARLY_COMMIT_INTERVAL``: a 2.x producer stops sending at 10,000 messages not
+acknowledged (``tap_ack_window_size`` x ``tap_ack_interval``, ep-engine 2.x
+src/tapconnection.cc ``TapProducer::windowIsFull``), about 1.5 MB of 100-byte
+items, so a fast stream is acked long before the window fills."""
 MAX_PENDING_BYTES = 16 * 1024 * 1024
 """Bytes the ingest may read beyond the commit in progress before it waits for it."""
 
@@ -287,9 +294,9 @@ class GroupCommit:
                 self._work = trio.Event()
                 continue
             if self.early:
-                # The files touched meanwhile count too: the wait is recomputed after it.
+                # Files touched and bytes read meanwhile count too: checked again as it goes.
                 while (wait := self._started + self._spacing() - trio.current_time()) > 0:
-                    await trio.sleep(wait)
+                    await trio.sleep(min(wait, EARLY_COMMIT_INTERVAL))
                 self._started = trio.current_time()
             upto = self._submitted
             touched, out = self._touched, self._out
@@ -306,6 +313,8 @@ class GroupCommit:
 
     def _spacing(self) -> float:
         """Seconds from the start of the last commit to the next (fsync batch)."""
+        if self.pending_bytes >= SPACED_BYTES:
+            return EARLY_COMMIT_INTERVAL
         return max(EARLY_COMMIT_INTERVAL, len(self._touched) * COMMIT_SPACING_PER_FILE)
 
     async def flush(self, touched: dict[int, VbLog] | None = None) -> None:

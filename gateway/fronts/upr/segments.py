@@ -300,16 +300,17 @@ def walk_records(
         length, crc = unpack_frame(data, offset)
         body = offset + 8
         end = body + length
-        if length > MAX_RECORD or end > size:
+        if length > MAX_RECORD or end > size or not length:
             break
+        first = data[body]
+        if first == _MARK_ROW and not verify:
+            offset = end  # a mark (a msgpack array of 3): no item in it, not even copied
+            continue
         payload = bytes(view[body:end])
         if verify and crc32(payload) != crc:
             break
-        if not length:
-            break
-        first = payload[0]
         if first == _MARK_ROW:
-            pass  # a mark (a msgpack array of 3): no item in it, nothing to unpack
+            pass  # a mark: no item in it, nothing to unpack
         elif first == BLOCK_TAG:
             state = sink.block(payload)
             if state < 0:

@@ -29,6 +29,7 @@ from gateway.fronts.upr.commit import (
     COMMIT_SPACING_PER_FILE,
     EARLY_COMMIT_INTERVAL,
     MAX_PENDING_BYTES,
+    SPACED_BYTES,
     GroupCommit,
 )
 from gateway.fronts.upr.ingest import RECEIVE_SIZE
@@ -322,4 +323,33 @@ def test_early_commits_start_apart_by_their_files(files: int) -> None:
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert sum(n for _, n in starts) >= files and max(n for _, n in starts) == files
     for (a, _), (b, n) in pairwise(starts):
-        assert b - a >= max(EARLY_COMMIT_INTERVAL, n * COMMIT_SPACING_PER_FILE)
+        assert b - a >= max(EARLY_COMMIT_INTERVAL, n * COMMIT_SPACING_PER_FILE) - 1e-9
+
+
+def test_early_commits_of_a_fast_stream_wait_only_the_interval() -> None:
+    """Once ``SPACED_BYTES`` were read since the last commit began, the next starts
+    ``EARLY_COMMIT_INTERVAL`` after it whatever its files: a 2.x producer stops at
+    10,000 messages not acked (mock clock)."""
+    starts: list[float] = []
+
+    async def commit_logs(touched: dict[int, Any]) -> None:
+        starts.append(trio.current_time())
+
+    async def send(data: bytes) -> None:
+        pass
+
+    async def main() -> None:
+        group = GroupCommit(commit_logs, send, early=True)
+        logs: dict[int, Any] = {vb: _EarlyLog() for vb in range(64)}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(group.run)
+            for _ in range(4):
+                group.submit(logs, [b"ack"])
+                group.pending_bytes += SPACED_BYTES  # what the reader adds as it reads
+                await group.flush()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(starts) == 4
+    for a, b in pairwise(starts):
+        assert EARLY_COMMIT_INTERVAL - 1e-9 <= b - a < 64 * COMMIT_SPACING_PER_FILE
