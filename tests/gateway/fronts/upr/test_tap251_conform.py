@@ -27,6 +27,7 @@ for one, once applied.
 from __future__ import annotations
 
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,8 @@ async def backfill(s: Session, items: dict[int, list[tuple[bytes, bytes]]]) -> N
             for vb in STREAMED for k, v in items[vb][n : n + 1]]  # fmt: skip
     for n, (vb, key, value) in enumerate(rows):
         last = n == len(rows) - 1  # the queue ran empty: an ack is asked for
-        await s.send(t.mutation(vb, key, value, seqno=s.next(), cas=100 + n, flags=0x01020304,
+        cas = zlib.crc32(b"%d:%s:%s" % (vb, key, value))  # a new value, a new cas
+        await s.send(t.mutation(vb, key, value, seqno=s.next(), cas=cas, flags=0x01020304,
                                 network_order=n % 2 == 0, ack=last))  # fmt: skip
     await s.wait_ack(s.seqno)
     for vb in STREAMED:
@@ -230,6 +232,17 @@ BAD = {
     ),
     # a command the TAP stream never carries
     "unknown opcode": (bytes([0x80, 0x99]) + bytes(22), ("opcode=0x99", "field=opcode")),
+    # not a packet: memcached closes the connection (``try_read_command``)
+    "bad magic": (bytes([0x42, 0x41]) + bytes(22), ("opcode=0x41", "field=magic", "value=66")),
+    "body over the frame limit": (
+        _patched(t.noop(), 8, b"\xff\xff\xff\xff"),
+        ("opcode=0x0a", "field=total_body", "value=4294967295"),
+    ),
+    # an error response where the producer never answers: the upstream refuses the stream
+    "error response": (
+        bytes([0x81, 0x41, 0, 0, 0, 0, 0, 0x84]) + (4).to_bytes(4, "big") + bytes(12) + b"fail",
+        ("0x84", "MUTATION", "fail"),
+    ),
 }
 
 
@@ -327,3 +340,39 @@ async def test_the_reconnect_names_the_last_closed_checkpoints_2_5_1_resumes_aft
     vbuckets = struct.pack(">HHH", 2, *STREAMED)
     assert connect.value == struct.pack(">Q", 0) + vbuckets + struct.pack(">HHQ", 1, 1, 5)
     assert [(e.key, e.by_seqno) for e in got] == [(b"k1", 1), (b"in-5", 2), (b"in-6", 3)]
+
+
+async def test_a_second_interleaved_backfill_reconciles_each_vbucket(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A 2.5.1 node that lost the registered cursor (a restart: tapconnection.cc
+    ``registerCursor`` finds no checkpoint to resume) backfills every vbucket
+    again, interleaved, and closes each backfill only once all of it is acked:
+    each vbucket's unchanged keys keep their seqnos, a changed one gets a new
+    seqno, and a key the backfill no longer holds becomes a deletion at its
+    CLOSE_BACKFILL."""
+    done = trio.Event()
+    first = {1: [(b"a", b"1"), (b"b", b"1")], 2: [(b"c", b"1"), (b"d", b"1")]}
+    second = {1: [(b"a", b"1"), (b"b", b"2")], 2: [(b"c", b"1")]}
+
+    async def play(s: Session) -> None:
+        if len(node.sessions) == 1:
+            await backfill(s, first)
+            await s.stream.aclose()
+            return
+        # The same cas for an unchanged key: the backfill sends each key's cas.
+        await backfill(s, second)
+        done.set()
+
+    node = Tap251Node(play)
+    with trio.fail_after(20):
+        _, port = await start(nursery, tmp_path, node)
+        await done.wait()
+        vb1 = items_of(await stream_items(port, 1, 3))
+        vb2 = items_of(await stream_items(port, 2, 3))
+    assert [(type(e), e.key, e.by_seqno) for e in vb1] == [
+        (upr.Mutation, b"a", 1), (upr.Mutation, b"b", 2), (upr.Mutation, b"b", 3)
+    ]  # fmt: skip
+    assert [(type(e), e.key, e.by_seqno) for e in vb2] == [
+        (upr.Mutation, b"c", 1), (upr.Mutation, b"d", 2), (upr.Deletion, b"d", 3)
+    ]  # fmt: skip
