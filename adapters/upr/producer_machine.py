@@ -362,7 +362,13 @@ class ProducerMachine(Generic[S]):
         return (self.noop_enabled,)
 
     def _noop_interval(self, value: bytes, now: float) -> tuple[object] | str:
-        interval = seconds(value)
+        # 3.0 reads whole seconds (``parseUint32``), 0 included; its clock ticks
+        # in seconds, so 0 means a NOOP at the next second. A fraction is ours.
+        whole = parse_uint32(value)
+        if whole is not None:
+            interval: float | None = float(whole or 1)
+        else:
+            interval = seconds(value) if b"." in value else None
         if interval is None:
             return f"set_noop_interval must be a positive number of seconds, not {_shown(value)!r}"
         self.noop_interval = interval
