@@ -291,12 +291,15 @@ class UpstreamStreams:
             )
         peer = self.peer
         settling = peer.settlements.settling
-        if counts(event):
+        counted = counts(event)
+        if counted:
             upstream.window.unacked_bytes += frame.size
-            settling.credit += frame.size
         if isinstance(event, _ITEMS) and event.by_seqno <= vb.translator.last_seqno:
-            self._drop_stale(vb, event)  # its bytes are freed with what follows
+            self._drop_stale(vb, event)
+            await upstream.acknowledge(frame.size)  # freed now: no TAP ack will cover it
             return
+        if counted:
+            settling.credit += frame.size
         if not settling.arrival and isinstance(event, _ITEMS):
             settling.arrival = time.time()
         if self.captured_in is not None:
