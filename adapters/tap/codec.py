@@ -106,22 +106,13 @@ def _key_bounds(frame: Frame, key_start: int, es_len: int) -> tuple[int, int]:
 
 
 def _rev_meta(frame: Frame, body: bytes, at: int, es_len: int) -> tuple[int | None, int | None]:
-    """2.x engine-specific data: rev_seqno u64, then nru u8 on mutations."""
-    if es_len == 0:
-        return None, None
-    if es_len == 8:
-        return _U64.unpack_from(body, at)[0], None
-    if es_len == 9 and frame.opcode == TapOpcode.MUTATION:
-        rev, nru = _REV_NRU.unpack_from(body, at)
-        return rev, nru
-    raise ProtocolError(
-        "unsupported engine-specific length",
-        opcode=frame.opcode,
-        field="engine_specific_length",
-        value=es_len,
-        offset=_BODY,
-        status=_INVALID,
-    )
+    """2.x engine-specific data, read as 2.5.1's consumer reads it (ep_engine.cc
+    ``tapNotify``): a mutation has metadata from 8 bytes on (rev_seqno, then nru when
+    there are exactly 9), a delete with exactly 8; any other length is no metadata."""
+    if es_len == 8 or (es_len > 8 and frame.opcode == TapOpcode.MUTATION):
+        rev = _U64.unpack_from(body, at)[0]
+        return rev, body[at + 8] if es_len == 9 else None
+    return None, None
 
 
 def _decode_mutation(frame: Frame) -> TapMutation:

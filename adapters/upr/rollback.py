@@ -13,9 +13,10 @@ checks and the purge rule and returns the response event to send.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from adapters.mcbp.constants import Status
-from adapters.upr.constants import Command
+from adapters.upr.constants import Command, StreamFlags
 from adapters.upr.events import StreamRequest
 from adapters.upr.responses import Response, StreamRequestOk, StreamRequestRollback
 
@@ -27,18 +28,28 @@ def rollback_decision(
     uuid: int,
     snap_start: int,
     snap_end: int,
+    purge_seqno: int = 0,
 ) -> int | None:
     """The seqno a consumer must roll back to, or ``None`` to stream from ``start``.
 
-    ``entries`` is the producer's failover log, newest first. The 3.0 rule:
-    a consumer starting from 0 has nothing to lose; an unknown uuid means an
-    unknown history (back to 0); otherwise the consumer's history agrees with
-    ours up to ``upper``, the seqno where the next newer history began (or
-    our high seqno for the newest), and a snapshot reaching past it must be
-    rolled back to its start, or to ``upper`` if that is lower.
+    ``entries`` is the producer's failover log, newest first. The 3.0 rule
+    (ep-engine src/failover-table.cc ``FailoverTable::needsRollback``): a
+    consumer starting from 0 has nothing to lose. A consumer at the end of its
+    snapshot has all of it, so its snapshot counts as (start, start). A
+    snapshot beginning below ``purge_seqno`` may miss purged tombstones: back
+    to 0. An unknown uuid means an unknown history: back to 0. Otherwise the
+    consumer's history agrees with ours up to ``upper``, the seqno where the
+    next newer history began (or our high seqno for the newest): a snapshot
+    ending there is fine; one starting at or past it rolls back to ``upper``;
+    one reaching past it rolls back to its start, unless the consumer has
+    nothing of it yet (``start == snap_start``).
     """
     if start == 0:
         return None
+    if start == snap_end:
+        snap_start = start
+    if snap_start < purge_seqno:
+        return 0
     for index, (entry_uuid, _) in enumerate(entries):
         if entry_uuid == uuid:
             upper = high_seqno if index == 0 else entries[index - 1][1]
@@ -47,7 +58,26 @@ def rollback_decision(
         return 0
     if snap_end <= upper:
         return None
-    return min(snap_start, upper)
+    if snap_start == start and upper == start:
+        return None
+    if snap_start >= upper:
+        return upper
+    if snap_start == start:
+        return None
+    return snap_start
+
+
+_TO_WHAT_EXISTS = StreamFlags.LATEST | StreamFlags.DISK_ONLY
+
+
+def resolve_end(req: StreamRequest, high_seqno: int) -> StreamRequest:
+    """``req`` with the end seqno it asks for: LATEST (the high seqno at the
+    request) and DISKONLY (the last persisted seqno; here what the producer
+    holds) replace whatever end the consumer sent, before the range checks
+    (ep-engine 3.0 src/upr-producer.cc ``streamRequest``)."""
+    if req.flags & _TO_WHAT_EXISTS:
+        return replace(req, end_seqno=high_seqno)
+    return req
 
 
 StreamAnswer = StreamRequestOk | StreamRequestRollback | Response
@@ -68,9 +98,9 @@ def answer_stream_request(
     """OK with the failover log, ROLLBACK, or RANGE_ERROR, for a known vbucket.
 
     The draft names no snapshot: its consumers resume at snapshot
-    boundaries, so their snapshot is (start, start). A consumer whose start
-    lies below ``purge_seqno`` may have missed purged tombstones: it must
-    start over from 0 (as 3.0 does).
+    boundaries, so their snapshot is (start, start). A consumer whose
+    snapshot starts below ``purge_seqno`` may have missed purged tombstones:
+    it must start over from 0 (as 3.0 does).
     """
     start, end = req.start_seqno, req.end_seqno
     if start > end:
@@ -82,9 +112,9 @@ def answer_stream_request(
             Status.RANGE_ERROR,
             f"start seqno {start} outside snapshot {snap_start}..{snap_end}",
         )
-    rollback = rollback_decision(entries, high_seqno, start, req.vbucket_uuid, snap_start, snap_end)
-    if rollback is None and 0 < start < purge_seqno:
-        rollback = 0
+    rollback = rollback_decision(
+        entries, high_seqno, start, req.vbucket_uuid, snap_start, snap_end, purge_seqno
+    )
     if rollback is not None:
         return StreamRequestRollback(rollback, req.opaque)
     return StreamRequestOk(tuple(entries), req.opaque)

@@ -13,5 +13,8 @@
   it becomes a stream (SASL PLAIN, NOOP, VERSION, STAT), with a hook for each
   role's stream opcodes and commands;
 - ``named``: open connections by name, where a newer namesake replaces the
-  older one (the node's TAP and UPR connections, both fronts').
+  older one (the node's TAP and UPR connections, both fronts');
+- ``upr_producer`` and ``upr_stream``: the trio side of a UPR producer
+  connection and of one of its streams, the node's and the UPR front's alike
+  (their rules are ``adapters.upr.producer_machine`` and ``stream_machine``).
 """

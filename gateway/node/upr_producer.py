@@ -38,6 +38,7 @@ from adapters import upr
 from adapters.mcbp import Status
 from adapters.upr.flow_control import counts
 from adapters.upr.opening import Opening
+from adapters.upr.rollback import resolve_end
 from gateway.io.connection import PacketConnection
 from gateway.io.upr_producer import UprProducerBase
 from gateway.node.upr_hub import UprHub
@@ -106,7 +107,10 @@ class ProducerConnection(UprProducerBase[ProducerStream]):
     # -- requests ----------------------------------------------------------------
 
     async def _stream_request(self, req: upr.StreamRequest) -> None:
-        answer = check_request(self.node.store, req, self.settings.draft)
+        store = self.node.store
+        if 0 <= req.vbucket < store.n_vbuckets:
+            req = resolve_end(req, store.high_seqno(req.vbucket))
+        answer = check_request(store, req, self.settings.draft)
         if not isinstance(answer, upr.StreamRequestOk):
             await self.respond(answer)
             return

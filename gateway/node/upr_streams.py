@@ -49,6 +49,8 @@ from adapters.mcbp import Status
 from adapters.translate.upr_snapshots import item_event
 from adapters.upr.constants import StreamState
 from adapters.upr.rollback import answer_stream_request, refusal
+from adapters.upr.stream_machine import StreamMachine, stats_rows
+from gateway.io.upr_stream import StreamTask
 from gateway.node.items import Item, VBucketState
 
 if TYPE_CHECKING:
@@ -107,35 +109,29 @@ def count_items(store: Any, vb: int, after: int, upto: int) -> int:
     return total
 
 
-class ProducerStream:
+class ProducerStream(StreamTask):
     def __init__(self, producer: ProducerConnection, req: upr.StreamRequest) -> None:
         self.producer = producer
         self.store = producer.node.store
         self.changes = producer.node.changes
         self.settings = producer.settings
+        # Everything is "on disk" here: LATEST and DISK_ONLY end at the high seqno now.
+        super().__init__(
+            StreamMachine(req, self.store.high_seqno(req.vbucket), self.settings.draft)
+        )
         self.vbucket = req.vbucket
         self.opaque = req.opaque
         self.flags = req.flags
         self.start_seqno = req.start_seqno
-        self.end_seqno = req.end_seqno
-        if req.flags & (upr.StreamFlags.LATEST | upr.StreamFlags.DISK_ONLY):
-            # Everything is "on disk" here: both mean "up to what exists now".
-            self.end_seqno = min(self.end_seqno, self.store.high_seqno(self.vbucket))
+        self.end_seqno = self.rules.end_seqno
         self.snapshot = (req.snap_start_seqno, req.snap_end_seqno)
         self.uuid = req.vbucket_uuid
-        self.takeover = bool(req.flags & upr.StreamFlags.TAKEOVER)
-        self.state = StreamState.PENDING
+        self.takeover = self.rules.takeover
         self.last_read = self.last_sent = req.start_seqno
         self.backfill_end = 0
         self.items_sent = 0
         self.markers_sent = 0
-        self.end_reason: upr.StreamEndReason | None = None
-        self.scope = trio.CancelScope()
         self._giving_up_vbucket = False
-        self._closed_by_consumer = False
-        self._unacked_markers = 0
-        self._markers_acked = trio.Event()
-        self._state_reply: trio.Event | None = None
 
     # -- life cycle --------------------------------------------------------------
 
@@ -143,34 +139,9 @@ class ProducerStream:
         reason = upr.StreamEndReason.OK
         with self.scope:
             reason = await self._stream()
-        if self._closed_by_consumer:
-            return  # its CLOSE_STREAM response was the end
-        if self.scope.cancelled_caught and self.end_reason is not None:
-            reason = self.end_reason
-        await self.producer.send_counted(
-            upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
-        )
-        self.end_reason = upr.StreamEndReason(reason)
-        self.state = StreamState.DEAD
-
-    @property
-    def live(self) -> bool:
-        return self.state is not StreamState.DEAD
-
-    def close(self, reason: upr.StreamEndReason) -> None:
-        """End the stream early: it sends STREAM_END(``reason``)."""
-        if self.end_reason is None:
-            self.end_reason = reason
-            self.scope.cancel()
-
-    def close_by_consumer(self) -> None:
-        """CLOSE_STREAM: the stream is dead at once and sends nothing more, not
-        even STREAM_END (ep-engine v3.0.0 src/upr-producer.cc ``closeStream``
-        drops the stream before its end message could be sent)."""
-        if self.end_reason is None:
-            self._closed_by_consumer = True
-            self.close(upr.StreamEndReason.CLOSED)
-            self.state = StreamState.DEAD
+        end = self.rules.finish(reason, self.scope.cancelled_caught)
+        if end is not None:
+            await self.producer.send_counted(end)
 
     async def _stream(self) -> upr.StreamEndReason:
         if self.settings.draft:
@@ -178,7 +149,7 @@ class ProducerStream:
         reason = await self._backfill()
         if reason is not None:
             return reason
-        self.state = StreamState.IN_MEMORY
+        self.rules.move(StreamState.IN_MEMORY)
         while True:
             if self.last_read >= self.end_seqno:
                 return upr.StreamEndReason.OK
@@ -211,7 +182,7 @@ class ProducerStream:
         high = min(self.store.high_seqno(self.vbucket), self.end_seqno)
         if self.last_read >= high:
             return None
-        self.state = StreamState.BACKFILLING
+        self.rules.move(StreamState.BACKFILLING)
         self.backfill_end = high
         batch = self.store.items_since(self.vbucket, self.last_read, high, BATCH)
         if batch:
@@ -245,10 +216,7 @@ class ProducerStream:
             upper = high if checkpoint.open else min(checkpoint.end_seqno, high)
             flags = SF.MEMORY | (SF.CHECKPOINT if checkpoint.start_seqno == first else SF(0))
         upper = min(upper, self.end_seqno)
-        if self.state is StreamState.TAKEOVER_SEND and not self.settings.draft:
-            # Only what is sent once the vbucket is dead here is acked
-            # (ep-engine v3.0.0 src/upr-stream.cc ``takeoverSendPhase``).
-            flags |= SF.ACK
+        flags |= self.rules.ack_flag  # only what is sent once the vbucket is dead here
         batch = self.store.items_since(vb, self.last_read, upper, BATCH)
         if batch:
             await self._marker(batch[0].by_seqno, batch[-1].by_seqno, flags)
@@ -261,20 +229,13 @@ class ProducerStream:
         return True
 
     async def _marker(self, start: int, end: int, flags: upr.SnapshotFlags) -> None:
-        if self.settings.draft:
-            await self._send(upr.SnapshotStart(opaque=self.opaque, vbucket=self.vbucket))
-        else:
-            if flags & SF.ACK:
-                if not self._unacked_markers:
-                    self._markers_acked = trio.Event()
-                self._unacked_markers += 1
-            marker = upr.SnapshotMarker(start, end, flags, opaque=self.opaque, vbucket=self.vbucket)
-            await self._send(marker)
+        await self._send(self.rules.marker(start, end, flags))
         self.markers_sent += 1
 
     async def _snapshot_end(self) -> None:
-        if self.settings.draft:
-            await self._send(upr.SnapshotEnd(opaque=self.opaque, vbucket=self.vbucket))
+        end = self.rules.snapshot_end()
+        if end is not None:
+            await self._send(end)
 
     async def _send_items(self, batch: list[Item]) -> None:
         opaque, vb, settings = self.opaque, self.vbucket, self.settings
@@ -291,38 +252,20 @@ class ProducerStream:
     # -- takeover ------------------------------------------------------------------
 
     async def _take_over(self) -> None:
-        await self._wait_for_marker_acks()
-        self.state = StreamState.TAKEOVER_WAIT
+        await self.wait_for_marker_acks()
         await self._set_vbucket_state(VBucketState.PENDING)
         # From here on this stream ends the vbucket's life here, not a state change.
         self._giving_up_vbucket = True
         self.store.set_state(self.vbucket, VBucketState.DEAD, now=time.time())
-        self.state = StreamState.TAKEOVER_SEND
+        self.rules.state_confirmed()
         while await self._memory_snapshot():
             pass  # what was written before the vbucket died
-        await self._wait_for_marker_acks()
-        self.state = StreamState.TAKEOVER_WAIT
+        await self.wait_for_marker_acks()
         await self._set_vbucket_state(VBucketState.ACTIVE)
 
-    async def _wait_for_marker_acks(self) -> None:
-        if self._unacked_markers:
-            await self._markers_acked.wait()
-
     async def _set_vbucket_state(self, state: VBucketState) -> None:
-        reply = self._state_reply = trio.Event()
-        await self._send(upr.SetVbucketState(state, opaque=self.opaque, vbucket=self.vbucket))
-        if not self.settings.draft:
-            await reply.wait()
-
-    def on_response(self, event: upr.Response) -> None:
-        """A reply of the consumer to this stream's SET_VBUCKET_STATE or marker."""
-        if event.command is upr.Command.SET_VBUCKET_STATE:
-            if self._state_reply is not None:
-                self._state_reply.set()
-        elif event.command is upr.Command.SNAPSHOT_MARKER and self._unacked_markers:
-            self._unacked_markers -= 1
-            if not self._unacked_markers:
-                self._markers_acked.set()
+        await self._send(self.state_request(state))
+        await self.wait_for_state_reply()
 
     # -- statistics ------------------------------------------------------------------
 
@@ -338,7 +281,6 @@ class ProducerStream:
         return count_items(self.store, self.vbucket, self.last_read, self.backfill_end)
 
     def stats(self) -> list[tuple[str, str]]:
-        prefix = f"stream_{self.vbucket}_"
         values: list[tuple[str, object]] = [
             ("state", self.state.value),
             ("opaque", self.opaque),
@@ -354,21 +296,13 @@ class ProducerStream:
             ("items_remaining", self.items_remaining()),
             ("backfill_remaining", self.backfill_remaining()),
             ("markers_sent", self.markers_sent),
-            ("unacked_markers", self._unacked_markers),
+            ("unacked_markers", self.rules.unacked_markers),
         ]
-        if self.end_reason is not None:
-            values.append(("end_reason", self.end_reason.name.lower()))
-        return [(prefix + name, str(value)) for name, value in values]
+        return stats_rows("", self.rules, values)
 
     def takeover_stats(self) -> dict[str, str]:
+        items = self.store.vbucket_stats(self.vbucket).items
         remaining = self.items_remaining()
-        backfill = self.backfill_remaining()
-        return {
-            "name": self.producer.name,
-            "status": self.state.value,
-            "estimate": str(remaining),
-            "backfillRemaining": str(backfill),
-            "chk_items": str(max(0, remaining - backfill)),
-            "vb_items": str(self.store.vbucket_stats(self.vbucket).items),
-            "on_disk_deletes": "0",
-        }
+        return self.rules.takeover_stats(
+            self.producer.name, remaining, self.backfill_remaining(), items
+        )

@@ -61,6 +61,7 @@ from adapters.tap import (
     TapConnect,
     TapDelete,
     TapFlags,
+    TapFlush,
     TapMutation,
     TapNoop,
     TapNoopResponse,
@@ -494,7 +495,16 @@ class Ingest:
                 await stream.send_all(b"".join(batch.replies + batch.acks))
                 batch.replies, batch.acks = [], []
             await self.state_hook(event.vbucket, event.state)
-        if not (isinstance(event, TapOpaque) and event.vbucket not in logs):
+        if isinstance(event, TapFlush):
+            # A flush of the whole bucket, sent on vbucket 0 (2.5.1 ep_engine.cc
+            # ``tapNotify`` flushes every vbucket): every log this connection writes.
+            for vbucket, vblog in logs.items():
+                vblog.ingest(TapFlush(vbucket, event.opaque, event.tap_flags, event.ttl), now)
+                batch.touched[vbucket] = vblog
+            if always:
+                await self._commit(batch.touched)
+                batch.touched = {}
+        elif not (isinstance(event, TapOpaque) and event.vbucket not in logs):
             vblog = logs.get(event.vbucket) or await self._open(event.vbucket)
             vblog.ingest(event, now)
             batch.touched[event.vbucket] = vblog

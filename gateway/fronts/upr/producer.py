@@ -47,7 +47,7 @@ from adapters.errors import ProtocolError
 from adapters.mcbp import Status
 from adapters.translate.log_records import LogItem
 from adapters.translate.log_to_upr_fast import EncodedBatch
-from adapters.upr.rollback import answer_stream_request
+from adapters.upr.rollback import answer_stream_request, resolve_end
 from gateway.fronts.upr.serving import LiveServer
 from gateway.fronts.upr.streams import LogStream
 from gateway.fronts.upr.takeover import take_over
@@ -260,6 +260,7 @@ class UprConnection(UprProducerBase[LogStream]):
 
     async def _stream_request(self, req: upr.StreamRequest) -> None:
         vblog = self.front.logs.logs[req.vbucket]  # served: the machine checked
+        req = resolve_end(req, vblog.high_seqno)
         answer = answer_stream_request(
             req,
             vblog.failover.entries,

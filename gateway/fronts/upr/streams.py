@@ -61,9 +61,12 @@ from adapters.translate.log_records import ItemKind, LogItem
 from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder, EncodedBatch
 from adapters.translate.upr_snapshots import ItemEncoder, cut_snapshots
 from adapters.upr.constants import StreamState
+from adapters.upr.stream_machine import StreamMachine, stats_rows
 from gateway.fronts.upr.damage import set_aside_damaged
 from gateway.fronts.upr.segments import LogReadError, Segment
+from gateway.fronts.upr.shared_reads import Key, Shared, shared_reads
 from gateway.fronts.upr.vblog import VbLog
+from gateway.io.upr_stream import StreamTask
 
 if TYPE_CHECKING:
     from gateway.fronts.upr.producer import UprConnection
@@ -146,7 +149,7 @@ TakeOver = Callable[["LogStream"], Awaitable[upr.StreamEndReason]]
 to the front): passed down, so a stream never calls up into the front."""
 
 
-class LogStream:
+class LogStream(StreamTask):
     def __init__(
         self,
         conn: UprConnection,
@@ -157,25 +160,17 @@ class LogStream:
         self.conn = conn
         self._take_over = take_over
         self.vblog = vblog
+        super().__init__(StreamMachine(req, vblog.high_seqno, conn.draft, StreamState.BACKFILLING))
         self.vbucket = req.vbucket
         self.opaque = req.opaque
         self.start_seqno = req.start_seqno
-        self.end_seqno = req.end_seqno
-        if req.flags & (upr.StreamFlags.LATEST | upr.StreamFlags.DISK_ONLY):
-            self.end_seqno = min(self.end_seqno, vblog.high_seqno)
-        self.takeover = bool(req.flags & upr.StreamFlags.TAKEOVER)
+        self.end_seqno = self.rules.end_seqno
+        self.takeover = self.rules.takeover
         self.position = req.start_seqno
-        self.state = StreamState.BACKFILLING
-        self.end_reason: upr.StreamEndReason | None = None
-        self.scope = trio.CancelScope()
-        self._closed_by_consumer = False
         self.items_sent = 0
         self.markers_sent = 0
         self.peak_batch_bytes = 0
         """Wire bytes of the largest batch read and sent at once (what the stream held)."""
-        self._state_reply: trio.Event | None = None
-        self._unacked_markers = 0
-        self._markers_acked = trio.Event()
         self._encoder_key: tuple[bool, bool] | None = None
         self._item_encoder: ItemEncoder | None = None
         self._batch_encoder: BatchEncoder | None = None
@@ -196,33 +191,12 @@ class LogStream:
                 # Set aside and fetched again; the stream ends as its vbucket changed.
                 await set_aside_damaged(self.conn.front, self.vblog, exc)
                 reason = upr.StreamEndReason.STATE_CHANGED
-        if self.scope.cancelled_caught and self.end_reason is not None:
-            reason = self.end_reason
-        self.end_reason = reason
-        self.state = StreamState.DEAD
-        if not self._closed_by_consumer:  # else the CLOSE_STREAM response was the end
-            await self.conn.send_counted(
-                upr.StreamEnd(reason, opaque=self.opaque, vbucket=self.vbucket)
-            )
+        end = self.rules.finish(reason, self.scope.cancelled_caught)
+        if end is not None:  # else the CLOSE_STREAM response was the end
+            await self.conn.send_counted(end)
         stats = self.conn.front.stats
+        reason = self.rules.end_reason or reason
         stats.stream_ends_total[("upr_front", reason.name.lower())] += 1
-
-    def close(self, reason: upr.StreamEndReason) -> None:
-        if self.end_reason is None:
-            self.end_reason = reason
-            self.scope.cancel()
-
-    def close_by_consumer(self) -> None:
-        """CLOSE_STREAM: dead at once, and no STREAM_END follows (ep-engine
-        v3.0.0 src/upr-producer.cc ``closeStream``)."""
-        if self.end_reason is None:
-            self._closed_by_consumer = True
-            self.close(upr.StreamEndReason.CLOSED)
-            self.state = StreamState.DEAD
-
-    @property
-    def live(self) -> bool:
-        return self.state is not StreamState.DEAD
 
     async def _stream(self) -> upr.StreamEndReason:
         if self.conn.draft:
@@ -245,7 +219,7 @@ class LogStream:
                 self.position = max(self.position, upto)  # the rest were gaps
                 if self.position >= self.end_seqno:
                     return upr.StreamEndReason.OK
-                self.state = StreamState.IN_MEMORY
+                self.rules.move(StreamState.IN_MEMORY)
                 self.progress.backfilling = False
                 if self.takeover:
                     if self._take_over is None:
@@ -277,25 +251,78 @@ class LogStream:
         if asked <= 0:
             await reads.returned()
             return None
-        # ACK only once the vbucket is being handed over (upr-stream.cc
-        # ``takeoverSendPhase``), not while catching up.
-        extra = SF.ACK if self.state is StreamState.TAKEOVER_SEND and not conn.draft else SF(0)
+        extra = self.rules.ack_flag  # only once the vbucket is being handed over
         fast = not conn.draft and not extra and conn.recording is None
         # A disk read waits for its turn before ``segments_settled``: no checkpoint
         # may come between that and the read. The turn is given back before the
         # send, which may wait for a slow consumer.
         turn = None if vblog.in_memory(self.position) else disk_turns()
-        if turn is not None:
-            await turn.acquire_on_behalf_of(self)
-            # The room measured before the wait may have gone to other streams.
-            asked = min(asked, self.conn.room_now() - reads.taken)
-            if asked <= 0:
-                turn.release_on_behalf_of(self)
-                return None
+        claim: Key | None = None
+        if turn is not None and fast:
+            # The same batch framed for another stream, or being read for one now.
+            found = await self._shared(upto, asked)
+            if not isinstance(found, tuple):
+                return found
+            asked, claim = found
         try:
+            if turn is not None:
+                await turn.acquire_on_behalf_of(self)
+                # The room measured before the wait may have gone to other streams.
+                asked = min(asked, self.conn.room_now() - reads.taken)
+                if asked <= 0:
+                    return None
             return await self._read_and_send(upto, asked, extra, fast, turn)
         finally:
             self._give_back(turn)
+            if claim is not None:
+                shared_reads().end(claim)
+
+    async def _shared(self, upto: int, asked: int) -> int | tuple[int, Key | None] | None:
+        """A disk batch another stream framed (``shared_reads``): sent, its last seqno;
+        None when the room went meanwhile; else (room, the key this stream now reads
+        for the others, if any)."""
+        shared = shared_reads()
+        vblog = self.vblog
+        while True:
+            found = shared.key(vblog, self.position, upto, DISK_BATCH, self.conn.dialect,
+                               self.fast_encoder())  # fmt: skip
+            if found is None:
+                return asked, None
+            key, segment = found
+            batch = shared.take(key, vblog, segment, asked, self.opaque)
+            if batch is not None:
+                return await self._send_shared(batch)
+            reading = shared.reading(key)
+            if reading is None:
+                shared.begin(key)
+                return asked, key
+            await reading.wait()
+            asked = min(asked, self.conn.room_now() - disk_reads(self.conn).taken)
+            if asked <= 0:
+                return None
+
+    def _behind(self) -> int:
+        """Other live streams of this log not past this one: who may want its batch."""
+        count = 0
+        for connection in self.conn.front.connections.values():
+            other = connection.streams.get(self.vbucket)
+            if (
+                other is not None
+                and other is not self
+                and other.vblog is self.vblog
+                and other.live
+                and other.position <= self.position
+            ):
+                count += 1
+        return count
+
+    async def _send_shared(self, batch: Shared) -> int:
+        encoded = batch.encoded
+        whole = batch.stop is not None and batch.whole and encoded.items
+        self._resume = (encoded.last, *batch.stop) if whole and batch.stop is not None else None
+        if encoded.items:
+            await self._send_encoded(encoded)
+        return encoded.last
 
     def _give_back(self, turn: trio.CapacityLimiter | None) -> None:
         if turn is not None and self in turn.statistics().borrowers:
@@ -335,8 +362,14 @@ class LogStream:
                                DISK_BATCH, asked)  # fmt: skip
                 resume = self._resume
                 start = resume[1:] if resume is not None and resume[0] == self.position else None
+                shared = shared_reads()
+                found = shared.key(vblog, self.position, upto, DISK_BATCH, self.conn.dialect,
+                                   cut.encoder)  # fmt: skip
                 stop = await vblog.read_disk(self.position, upto, cut, resume=start)
                 encoded = cut.finish()
+                if found is not None:  # for the streams that want the same batch
+                    shared.put(found[0], vblog, found[1], encoded, self.opaque, stop,
+                               cut.whole, asked, cut.left, self._behind())  # fmt: skip
                 # Where the next read may start, once this batch went out.
                 whole = stop is not None and cut.whole and encoded.items
                 self._resume = (encoded.last, *stop) if whole and stop is not None else None
@@ -391,7 +424,6 @@ class LogStream:
         """Markers and items of one batch, encoded at once and sent joined (the event
         path: the draft dialect, a takeover's send phase, a capture)."""
         conn = self.conn
-        draft = conn.draft
         encode = self._encoder().encode
         messages: list[bytes] = []
         items: list[LogItem | None] = []
@@ -405,9 +437,9 @@ class LogStream:
                 messages.append(encode(item))
                 items.append(item)
                 kinds[item.kind] += 1
-            if draft:
-                messages.append(self._encode(upr.SnapshotEnd(opaque=self.opaque,
-                                                             vbucket=self.vbucket)))  # fmt: skip
+            end = self.rules.snapshot_end()
+            if end is not None:
+                messages.append(self._encode(end))
                 items.append(None)
         if conn.recording is not None:
             self._record(messages, items)
@@ -473,15 +505,7 @@ class LogStream:
         return upr.encode(event, self.conn.dialect)
 
     def _marker(self, start: int, end: int, flags: upr.SnapshotFlags) -> bytes:
-        if self.conn.draft:
-            return self._encode(upr.SnapshotStart(opaque=self.opaque, vbucket=self.vbucket))
-        if flags & SF.ACK:
-            if not self._unacked_markers:
-                self._markers_acked = trio.Event()
-            self._unacked_markers += 1
-        return self._encode(
-            upr.SnapshotMarker(start, end, flags, opaque=self.opaque, vbucket=self.vbucket)
-        )
+        return self._encode(self.rules.marker(start, end, flags))
 
     def _record(self, messages: list[bytes], items: list[LogItem | None]) -> None:
         """Capture what this batch sends (only with ``capture_dir``: decodes each message)."""
@@ -505,30 +529,15 @@ class LogStream:
             last = await self._next(upto, budget)
             if last is not None and (last >= upto or not last):
                 self.position = max(self.position, upto)
-        if self._unacked_markers:
-            await self._markers_acked.wait()
+        await self.wait_for_marker_acks()
 
     async def set_state(self, state: VBucketState) -> None:
         """SET_VBUCKET_STATE to the consumer; returns once it replied."""
         await self.catch_up()
-        self.state = StreamState.TAKEOVER_WAIT
-        reply = self._state_reply = trio.Event()
-        await self.conn.send_counted(
-            upr.SetVbucketState(state, opaque=self.opaque, vbucket=self.vbucket)
-        )
+        await self.conn.send_counted(self.state_request(state))
         self.conn.stream_stats.items_sent["state"] += 1
-        if not self.conn.draft:
-            await reply.wait()
-        self.state = StreamState.TAKEOVER_SEND
-
-    def on_response(self, event: upr.Response) -> None:
-        if event.command is upr.Command.SET_VBUCKET_STATE:
-            if self._state_reply is not None:
-                self._state_reply.set()
-        elif event.command is upr.Command.SNAPSHOT_MARKER and self._unacked_markers:
-            self._unacked_markers -= 1
-            if not self._unacked_markers:
-                self._markers_acked.set()
+        await self.wait_for_state_reply()
+        self.rules.state_confirmed()
 
     # -- statistics ------------------------------------------------------------
 
@@ -549,18 +558,9 @@ class LogStream:
             ("markers_sent", self.markers_sent),
             ("takeover", str(self.takeover).lower()),
         ]
-        if self.end_reason is not None:
-            values.append(("end_reason", self.end_reason.name.lower()))
-        return [(f"{prefix}stream_{self.vbucket}_{name}", str(value)) for name, value in values]
+        return stats_rows(prefix, self.rules, values)
 
     def takeover_stats(self) -> dict[str, str]:
         remaining = self.items_remaining()
-        return {
-            "name": self.conn.name,
-            "status": self.state.value,
-            "estimate": str(remaining),
-            "backfillRemaining": "0",
-            "chk_items": str(remaining),
-            "vb_items": str(self.vblog.translator.live_keys),
-            "on_disk_deletes": "0",
-        }
+        return self.rules.takeover_stats(self.conn.name, remaining, 0,
+                                         self.vblog.translator.live_keys)  # fmt: skip

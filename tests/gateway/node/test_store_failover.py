@@ -48,7 +48,10 @@ def test_store_rollback_decision_uses_its_log_and_high_seqno() -> None:
     for n in range(5):
         store.set(0, b"j%d" % n, b"", now=0.0)
     assert store.failover_log(0) == ((second, 10), (first, 0))
-    assert store.rollback_decision(0, 12, first, 8, 12) == 8
+    # At the end of its snapshot (8..12) the consumer has all of it: back to 10,
+    # where the histories part (src/failover-table.cc ``needsRollback``).
+    assert store.rollback_decision(0, 12, first, 8, 12) == 10
+    assert store.rollback_decision(0, 11, first, 8, 12) == 8
     assert store.rollback_decision(0, 10, first, 8, 10) is None
     assert store.rollback_decision(0, 15, second, 15, 15) is None
     assert store.rollback_decision(0, 16, second, 16, 16) == 15
