@@ -47,6 +47,7 @@ __all__ = ["UpstreamStreams"]
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
+_ENOENT = Status.KEY_NOT_FOUND.value
 _ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
 _FAST_ITEMS = frozenset(_ITEMS)
 _MARKER_ACK = upr.SnapshotFlags.ACK.value
@@ -96,6 +97,7 @@ class UpstreamStreams:
         """The connection the streams are requested on (set by the session)."""
         self.captured_in: UprRecording | None = None
         self._stale_said: set[int] = set()
+        self._stray_said = False
         """Vbuckets whose dropped stale item was logged."""
 
     @property
@@ -283,20 +285,19 @@ class UpstreamStreams:
             return
         vb = self.by_opaque.get(event.opaque)
         if vb is None or vb.ended:
-            # (a 3.0 stream sends nothing after its STREAM_END)
-            which = "no stream of this connection" if vb is None else "a stream that ended"
-            raise self._malformed(
-                f"{event.NAME} for {which} "
-                f"opcode=0x{frame.opcode:02x} field=opaque value={event.opaque}"
-            )
+            await self._stray(event, frame, vb)
+            return
         peer = self.peer
         settling = peer.settlements.settling
-        if counts(event):
+        counted = counts(event)
+        if counted:
             upstream.window.unacked_bytes += frame.size
-            settling.credit += frame.size
         if isinstance(event, _ITEMS) and event.by_seqno <= vb.translator.last_seqno:
-            self._drop_stale(vb, event)  # its bytes are freed with what follows
+            self._drop_stale(vb, event)
+            await upstream.acknowledge(frame.size)  # freed now: no TAP ack will cover it
             return
+        if counted:
+            settling.credit += frame.size
         if not settling.arrival and isinstance(event, _ITEMS):
             settling.arrival = time.time()
         if self.captured_in is not None:
@@ -317,6 +318,33 @@ class UpstreamStreams:
         self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
+
+    async def _stray(self, event: upr.UprEvent, frame: Frame, vb: VbStream | None) -> None:
+        """A stream message for no stream of this connection, or for one that ended
+        (a 3.0 stream sends nothing after STREAM_END): dropped with KEY_ENOENT, and
+        the connection goes on, as a 3.0 consumer does (ep-engine 3.0 upr-consumer.cc
+        ``mutation`` and the others: no such active stream, ENOENT; memcached
+        answers it and the producer ignores the answer). Said once per connection."""
+        upstream = self.upstream
+        assert upstream is not None
+        self.gateway_stats.protocol_errors_total["tap_front", "upstream_stray"] += 1
+        if not self._stray_said:
+            self._stray_said = True
+            which = "no stream of this connection" if vb is None else "a stream that ended"
+            log.warning(
+                "%s: dropping %s from upstream for %s (opcode=0x%02x field=opaque value=%d)",
+                self.name,
+                event.NAME,
+                which,
+                frame.opcode,
+                event.opaque,
+            )
+        command = getattr(event, "COMMAND", None)
+        if command is not None:
+            await upstream.send_event(upr.Response(command, event.opaque, _ENOENT))
+        if counts(event):
+            upstream.window.unacked_bytes += frame.size
+            await upstream.acknowledge(frame.size)
 
     def _drop_stale(self, vb: VbStream, item: upr.Mutation | upr.Deletion | upr.Expiration) -> None:
         """An item whose seqno does not grow: dropped, the stream goes on, as a 3.0
