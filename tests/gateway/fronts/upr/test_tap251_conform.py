@@ -98,10 +98,12 @@ async def start(
     return front, port
 
 
+@pytest.mark.parametrize("events", [False, True], ids=["fast", "events"])
 @pytest.mark.parametrize("fsync", ["batch", "always", "never"])
 async def test_a_251_session_is_logged_and_acked_as_251_waits_for_it(
-    nursery: trio.Nursery, tmp_path: Path, fsync: str
+    nursery: trio.Nursery, tmp_path: Path, fsync: str, events: bool
 ) -> None:
+    """``events``: with a capture, every frame takes the event path."""
     done = trio.Event()
     items = {vb: [(b"k%d-%d" % (vb, i), b"v%d-%d" % (vb, i)) for i in range(3)] for vb in STREAMED}
 
@@ -123,7 +125,9 @@ async def test_a_251_session_is_logged_and_acked_as_251_waits_for_it(
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        front, port = await start(nursery, tmp_path, node, fsync=fsync)
+        capture = {"capture_dir": tmp_path / "capture"} if events else {}
+        front, port = await start(nursery, tmp_path / "state", node, fsync=fsync, **capture)
+        assert (front.ingest.recording is not None) == events
         await done.wait()
         session = node.sessions[0]
         vb1 = await stream_items(port, 1, 5)
