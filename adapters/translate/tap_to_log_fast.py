@@ -4,16 +4,17 @@
 event with an ``IntFlag`` field and a list per item. For the dominant
 messages (MUTATION and DELETE with the 2.x engine-specific rev_seqno,
 CHECKPOINT_START/END in the server layout) ``log_buffer`` walks the frames
-of one socket read in place (one unpack of header and extras per mutation,
-the key and value sliced out of the read) and hands the fields to the
-same translator methods the event path ends in (``TapToUpr.mutation``,
-``.delete``, ``.checkpoint_start``/``_end``), so both paths log the same
-records (a property test holds them together). The commonest case, a
-mutation of a key the vbucket's index lacks outside a reconcile, is
-``TapToUpr.mutation`` inline, with the translator's state read once per run
-of one vbucket's items. It stops at anything else
-(other layouts, frames the decoder would refuse, control messages), which
-keeps the event path, which names what is wrong.
+of one socket read in place (one unpack of header and extras per mutation)
+and packs each item's record straight into its vbucket's write buffer
+(``PackBuffer``: the block layout of ``log_records.BLOCK_ITEM``, the key and
+value copied from the read in one slice), with no ``LogItem`` in between. A
+mutation is ``TapToUpr.mutation`` inline (the frame always carries a
+rev_seqno), with the translator's and the buffer's state read once per run
+of one vbucket's items; a delete and the checkpoints call the translator's
+own methods (``.delete``, ``.checkpoint_start``/``_end``). A property test
+holds both paths to the same records, bytes, blocks and sparse index. It
+stops at anything else (other layouts, frames the decoder would refuse,
+control messages), which keeps the event path, which names what is wrong.
 
 ``ack_frame`` is the TAP ack ``encode(TapResponse(opcode, opaque, 0))``
 makes, packed in one struct.
@@ -22,13 +23,13 @@ makes, packed in one struct.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol, TypeVar
 
 from adapters.mcbp.constants import Magic
 from adapters.mcbp.frames import DEFAULT_MAX_FRAME_SIZE, HEADER
 from adapters.tap.constants import TapFlags, TapOpcode
-from adapters.translate.log_records import ItemKind, LogItem, LogMark
+from adapters.translate.log_records import BLOCK_ITEM, ItemKind, LogMark
 from adapters.translate.tap_to_upr import TapToUpr, Version
 
 # TAP extras of a mutation (engine-specific length, TAP flags, ttl, 3 reserved,
@@ -53,23 +54,48 @@ OP_CHECKPOINT_START = TapOpcode.CHECKPOINT_START.value
 OP_CHECKPOINT_END = TapOpcode.CHECKPOINT_END.value
 _TAP_FLAGS = struct.Struct(">HH")
 _ID = struct.Struct(">Q")
-_ITEM_MUTATION = ItemKind.MUTATION
+_ITEM_MUTATION = ItemKind.MUTATION.value
 _tuple_new = tuple.__new__
 
 
+class PackBuffer(Protocol):
+    """Where ``log_buffer`` packs a vbucket's items (``gateway.fronts.upr.write_buffer``):
+    its bytes, the block of items open at their end, the sparse index's entries."""
+
+    data: bytearray
+    block: int
+    """Offset in ``data`` of the block open at its end (-1: none)."""
+    block_bytes: int
+    """A block is closed once it holds more than this many bytes."""
+    sparse: list[tuple[int, int]]
+    due: int
+    """Items to pack before the next one ``sparse`` names (0: the next)."""
+    sparse_every: int
+
+    def new_block(self) -> int:
+        """Close the open block, open one at the end of ``data``; its offset."""
+        ...
+
+    def added(self, count: int, first: int, high: int) -> None:
+        """``count`` items, seqnos ``first`` to ``high``, were packed into ``data``."""
+        ...
+
+
 class ItemSink(Protocol):
-    """What ``log_frames`` feeds: a vbucket's translator and where its items go."""
+    """What ``log_buffer`` feeds: a vbucket's translator, its write buffer, its marks."""
 
     @property
     def translator(self) -> TapToUpr: ...
 
-    def append_items(self, items: list[LogItem]) -> None: ...
+    @property
+    def buffer(self) -> PackBuffer: ...
 
     def append_mark(self, mark: LogMark) -> None: ...
 
 
 S = TypeVar("S", bound=ItemSink)
 _ACK = TapFlags.ACK.value
+_item_pack = BLOCK_ITEM.pack
 
 
 def log_buffer(
@@ -81,26 +107,46 @@ def log_buffer(
     acks: list[bytes],
     max_frames: int = -1,
 ) -> tuple[int, int]:
-    """Log the run of MUTATION/DELETE frames (each unpacked once, in place, straight
-    to its log item) and CHECKPOINT_START/END frames of the server layout that
-    ``data`` holds from offset ``start``, at most ``max_frames`` of them (-1: no limit).
+    """Log the run of MUTATION/DELETE frames (each unpacked once, in place, and packed
+    straight into its vbucket's write buffer) and CHECKPOINT_START/END frames of the
+    server layout that ``data`` holds from offset ``start``, at most ``max_frames`` of
+    them (-1: no limit).
 
     Returns (offset, frames): where it stopped, and how many frames it took.
     It stops at a frame cut short by the end of ``data`` and at one it leaves
     for the event path (another message, a new vbucket, anything
     ``FrameReader`` or the decoder would refuse: that path names what is wrong).
 
-    Each item goes to its vbucket's sink (the items of a vbucket in one call
-    per run between its marks), the sink into ``touched``, and the ack a
-    frame asks for onto ``acks``, in order.
+    Each item goes to its vbucket's buffer, the sink into ``touched``, and the
+    ack a frame asks for onto ``acks``, in order.
     """
-    runs: dict[int, list[LogItem]] = {}
+    run = _Run()
     try:
-        return _log(data, start, sinks, now, touched, acks, max_frames, runs)
+        return _log(data, start, sinks, now, touched, acks, max_frames, run)
     finally:
-        for vbucket, items in runs.items():
-            if items:
-                sinks[vbucket].append_items(items)
+        run.end()
+
+
+class _Run:
+    """The items ``_log`` packed into one vbucket's buffer since it last reported them."""
+
+    __slots__ = ("buffer", "count", "due", "first", "high")
+
+    def __init__(self) -> None:
+        self.buffer: PackBuffer | None = None
+        self.count = 0
+        self.due = 0
+        self.first = 0
+        self.high = 0
+
+    def end(self) -> None:
+        buffer = self.buffer
+        if buffer is not None:
+            buffer.due = self.due
+            if self.count:
+                buffer.added(self.count, self.first, self.high)
+            self.buffer = None
+            self.count = 0
 
 
 def _log(
@@ -111,140 +157,185 @@ def _log(
     touched: dict[int, S],
     acks: list[bytes],
     max_frames: int,
-    runs: dict[int, list[LogItem]],
+    run: _Run,
 ) -> tuple[int, int]:
-    """``log_buffer``'s loop; each vbucket's items are left in ``runs`` (a mark hands
-    its vbucket's run to the sink first)."""
+    """``log_buffer``'s loop. The vbucket of the last item keeps its translator state
+    and its buffer's in locals (``cached``); ``run`` holds what is to be reported to
+    that buffer (``_Run.end``: before anything else touches it, and at the end)."""
     header, mutation, delete = _HEADER.unpack_from, _MUTATION.unpack_from, _DELETE.unpack_from
     head_item = _HEADER_MUTATION.unpack_from
     host_flags = _HOST_FLAGS.unpack_from
     ack = _RESPONSE_HEADER.pack
+    pack = _item_pack
     size = len(data)
     offset = start
     taken = 0
-    new = _tuple_new
-    item: LogItem | None
-    # The translator state of the vbucket of the last item inlined (-1: none cached).
-    plain_vb = -1
-    plain = backfill = False
-    checkpoint = 0
-    translator: TapToUpr  # set with plain_vb
+    # The vbucket whose state the locals below hold (-1: none).
+    cached = -1
+    translator: TapToUpr
     index: dict[bytes, Version] = {}
     index_get = index.get
-    # The run of the vbucket of the last item (-1: none cached).
-    run_vb = -1
-    no_run: list[LogItem] = []
-    run_append: Callable[[LogItem], None] = no_run.append
-    while offset + 24 <= size and taken != max_frames:
-        if data[offset + 1] == OP_MUTATION and offset + 48 <= size:
-            # The common case: header, extras and rev_seqno in one unpack (checked below).
-            (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas, es_len,
-             tap_flags, _, flags, expiration, rev_seqno) = head_item(data, offset)  # fmt: skip
-        else:
-            magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas = header(
-                data, offset
-            )
-            es_len = -1
-        body = offset + 24
-        end = body + bodylen
-        if (
-            magic != _REQUEST
-            or not keylen
-            or end > size
-            or bodylen > MAX_BODY
-            or extlen + keylen > bodylen
-        ):
-            break
-        sink = sinks.get(vbucket)
-        if sink is None:
-            break
-        if opcode == OP_MUTATION:
-            if bodylen < 24:
+    resetting: set[bytes] | None = None
+    backfill = first_pending = False
+    bits = checkpoint = 0
+    buf = bytearray()
+    block = limit = due = every = 0
+    no_sparse: list[tuple[int, int]] = []
+    sparse_append = no_sparse.append
+    count = run_first = seqno = 0
+    try:
+        while offset + 24 <= size and taken != max_frames:
+            if data[offset + 1] == OP_MUTATION and offset + 48 <= size:
+                # The common case: header, extras and rev_seqno in one unpack (checked below).
+                (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas, es_len,
+                 tap_flags, _, flags, expiration, rev_seqno) = head_item(data, offset)  # fmt: skip
+            else:
+                magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas = header(
+                    data, offset
+                )
+                es_len = -1
+            body = offset + 24
+            end = body + bodylen
+            if (
+                magic != _REQUEST
+                or not keylen
+                or end > size
+                or bodylen > MAX_BODY
+                or extlen + keylen > bodylen
+            ):
                 break
-            if es_len < 0:
-                es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(data, body)
-            if es_len != 8 and es_len != 9:
+            sink = sinks.get(vbucket)
+            if sink is None:
                 break
-            key_start = body + 16 + es_len
-            key_end = key_start + keylen
-            if key_end > end:
+            if opcode == OP_MUTATION:
+                if bodylen < 24:
+                    break
+                if es_len < 0:
+                    es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(data, body)
+                if es_len != 8 and es_len != 9:
+                    break
+                key_start = body + 16 + es_len
+                key_end = key_start + keylen
+                if key_end > end:
+                    break
+                if not tap_flags & _NETWORK_BYTE_ORDER:
+                    flags = host_flags(data, body + 8)[0]
+            elif opcode == OP_DELETE:
+                if bodylen < 16:
+                    break
+                es_len, tap_flags, _, rev_seqno = delete(data, body)
+                if es_len != 8 or 16 + keylen > bodylen:
+                    break
+                key_start = body + 16
+                key_end = key_start + keylen
+            elif opcode in (OP_CHECKPOINT_START, OP_CHECKPOINT_END):
+                # The server layout (a key, the id as an 8-byte value): one per live item
+                # of a 2.x stream that keeps up, so not worth an event each.
+                if bodylen < 16:
+                    break
+                es_len, tap_flags = _TAP_FLAGS.unpack_from(data, body)
+                key_end = body + 16 + es_len + keylen
+                if key_end > end or end - key_end != 8:
+                    break
+                if cached >= 0:
+                    run.count, run.due, run.first, run.high = count, due, run_first, seqno
+                    run.end()
+                    cached = -1
+                mark_id = _ID.unpack_from(data, key_end)[0]
+                if opcode == OP_CHECKPOINT_START:
+                    sink.append_mark(sink.translator.checkpoint_start(mark_id))
+                else:
+                    sink.append_mark(sink.translator.checkpoint_end(mark_id))
+                touched[vbucket] = sink
+                if tap_flags & _ACK:
+                    acks.append(ack(_RESPONSE, opcode, 0, 0, 0, 0, 0, opaque, 0))
+                offset = end
+                taken += 1
+                continue
+            else:
                 break
-            if not tap_flags & _NETWORK_BYTE_ORDER:
-                flags = host_flags(data, body + 8)[0]
-            key = data[key_start:key_end]
-            if vbucket != plain_vb:
-                # This vbucket's translator state, read once per run of its items.
+            if vbucket != cached:
+                if cached >= 0:
+                    run.count, run.due, run.first, run.high = count, due, run_first, seqno
+                    run.end()
+                # This vbucket's translator and buffer state, read once per run of its items.
                 translator = sink.translator
-                index, index_get = translator.index, translator.index.get
-                plain = translator.resetting is None and not translator._checkpoint_start
+                index = translator.index
+                index_get = index.get
+                resetting = translator.resetting
                 backfill = translator.in_backfill
                 checkpoint = 0 if backfill else translator.checkpoint_id or 0
-                plain_vb = vbucket
-            if plain and index_get(key) is None:
-                # ``TapToUpr.mutation`` inline for a new key outside a reconcile and
-                # after a checkpoint's first item (no resetting set, no duplicate,
-                # no first-item bit): one Python call less per item.
-                translator.high_seqno = seqno = translator.high_seqno + 1
-                index[key] = (seqno, cas, rev_seqno, expiration, False)
-                item = new(LogItem, (
-                    seqno, _ITEM_MUTATION, key, data[key_end:end], rev_seqno, cas, flags,
-                    expiration, 0, datatype, checkpoint, backfill, False, now, 0,
-                ))  # fmt: skip
-            else:
-                item = sink.translator.mutation(
-                    key, data[key_end:end], cas, flags, expiration, rev_seqno, datatype,
-                    tap_flags | _NETWORK_BYTE_ORDER, now,
-                )  # fmt: skip
-                plain_vb = -1  # its state may have moved (first item of a checkpoint)
-        elif opcode == OP_DELETE:
-            if bodylen < 16:
-                break
-            es_len, tap_flags, _, rev_seqno = delete(data, body)
-            if es_len != 8 or 16 + keylen > bodylen:
-                break
-            item = sink.translator.delete(data[body + 16 : body + 16 + keylen], cas, rev_seqno, now)
-            plain_vb = -1
-        elif opcode in (OP_CHECKPOINT_START, OP_CHECKPOINT_END):
-            # The server layout (a key, the id as an 8-byte value): one per live item
-            # of a 2.x stream that keeps up, so not worth an event each.
-            if bodylen < 16:
-                break
-            es_len, tap_flags = _TAP_FLAGS.unpack_from(data, body)
-            key_end = body + 16 + es_len + keylen
-            if key_end > end or end - key_end != 8:
-                break
-            checkpoint = _ID.unpack_from(data, key_end)[0]
-            translator = sink.translator
-            run = runs.get(vbucket)
-            if run:
-                sink.append_items(run)
-                runs[vbucket] = []
-            run_vb = -1  # its run is a new list
-            if opcode == OP_CHECKPOINT_START:
-                sink.append_mark(translator.checkpoint_start(checkpoint))
-            else:
-                sink.append_mark(translator.checkpoint_end(checkpoint))
-            item = None
-            plain_vb = -1
-        else:
-            break
-        if item is not None:
-            if vbucket == run_vb:
-                run_append(item)
-            else:
-                run = runs.get(vbucket)
-                if run is None:
-                    run = runs[vbucket] = [item]
-                    touched[vbucket] = sink
+                first_pending = translator._checkpoint_start
+                bits = 1 if backfill else 2 if first_pending else 0
+                buffer = sink.buffer
+                run.buffer = buffer
+                buf = buffer.data
+                block = buffer.block
+                limit = block + buffer.block_bytes if block >= 0 else -1
+                due = buffer.due
+                every = buffer.sparse_every
+                sparse_append = buffer.sparse.append
+                count = 0
+                touched[vbucket] = sink
+                cached = vbucket
+            key = data[key_start:key_end]
+            if opcode == OP_MUTATION:
+                # ``TapToUpr.mutation`` inline (the frame always carries rev_seqno).
+                if resetting is not None:
+                    resetting.add(key)
+                old = index_get(key)
+                if old is not None and old[2] == rev_seqno and old[1] == cas and not old[4]:
+                    translator.duplicates += 1
                 else:
-                    run.append(item)
-                run_vb, run_append = vbucket, run.append
-        else:
-            touched[vbucket] = sink
-        if tap_flags & _ACK:
-            acks.append(ack(_RESPONSE, opcode, 0, 0, 0, 0, 0, opaque, 0))
-        offset = end
-        taken += 1
+                    translator.high_seqno = seqno = translator.high_seqno + 1
+                    index[key] = (seqno, cas, rev_seqno, expiration, False)
+                    if len(buf) > limit:
+                        block = buffer.new_block()
+                        limit = block + buffer.block_bytes
+                    if due:
+                        due -= 1
+                    else:
+                        sparse_append((seqno, block))
+                        due = every - 1
+                    buf += pack(seqno, _ITEM_MUTATION, bits, datatype, keylen,
+                                end - key_end, rev_seqno, cas, flags, expiration, 0,
+                                checkpoint, now, 0)  # fmt: skip
+                    buf += data[key_start:end]  # the key and the value, as a block holds them
+                    if not count:
+                        run_first = seqno
+                    count += 1
+                    if first_pending:
+                        translator._checkpoint_start = first_pending = False
+                        bits = 1 if backfill else 0
+            else:
+                item = translator.delete(key, cas, rev_seqno, now)
+                if first_pending and not translator._checkpoint_start:
+                    first_pending = False
+                    bits = 1 if backfill else 0
+                if item is not None:
+                    seqno = item.by_seqno
+                    if len(buf) > limit:
+                        block = buffer.new_block()
+                        limit = block + buffer.block_bytes
+                    if due:
+                        due -= 1
+                    else:
+                        sparse_append((seqno, block))
+                        due = every - 1
+                    (seqno, kind, key, _, rev, cas, _, _, _, _, cp, bf, cs, _, dt) = item
+                    buf += pack(seqno, kind, bf | cs << 1, 0, keylen, 0, rev, cas, 0, 0, 0, cp,
+                                now, dt)  # fmt: skip
+                    buf += key
+                    if not count:
+                        run_first = seqno
+                    count += 1
+            if tap_flags & _ACK:
+                acks.append(ack(_RESPONSE, opcode, 0, 0, 0, 0, 0, opaque, 0))
+            offset = end
+            taken += 1
+    finally:
+        if cached >= 0:  # what ``run.end`` reports, whatever stopped the loop
+            run.count, run.due, run.first, run.high = count, due, run_first, seqno
     return offset, taken
 
 

@@ -24,7 +24,8 @@ have sent (unstamped: the TAP producer adds sequence numbers and ack flags):
   at the end of the stream;
 - mutations become MUTATION, deletions and expirations DELETE, built by
   ``adapters.tap.item_messages`` as every TAP producer here builds them;
-- SET_VBUCKET_STATE becomes VBUCKET_SET.
+- SET_VBUCKET_STATE becomes VBUCKET_SET (a "replica" read as pending, see
+  ``_in_stream``).
 
 Anything else in a vbucket's stream is a protocol error naming it.
 """
@@ -38,6 +39,7 @@ from dataclasses import dataclass, replace
 
 from adapters.errors import ProtocolError
 from adapters.fastinit import positional_constructor
+from adapters.mcbp.constants import VBucketState
 from adapters.tap.constants import OpaqueCode
 from adapters.tap.events import (
     TapCheckpointEnd,
@@ -146,7 +148,7 @@ class UprToTap:
         if isinstance(event, StreamEnd):
             return self._close()
         if isinstance(event, SetVbucketState):
-            return [*self._close(), TapVbucketSet(event.state, vbucket=self.vbucket)]
+            return [*self._close(), TapVbucketSet(_in_stream(event.state), vbucket=self.vbucket)]
         raise ProtocolError(
             f"{event.NAME} has no place in a vbucket stream", field="opcode", value=event.NAME
         )
@@ -244,3 +246,12 @@ class UprToTap:
     def finish(self) -> list[TapStreamMessage]:
         """The stream ended without STREAM_END (e.g. a dump reached its end)."""
         return self._close()
+
+
+def _in_stream(state: VBucketState) -> VBucketState:
+    """The state a producer meant in a stream's SET_VBUCKET_STATE. Producers send
+    only pending, then active (ep-engine 3.0 src/dcp-stream.cc ``ActiveStream``
+    ``takeoverState``), but 3.0 puts pending on the wire as 2 (memcached 3.0
+    daemon/memcached.c ``dcp_message_set_vbucket_state``), which the engine's
+    order, the released dialect's, reads as replica."""
+    return VBucketState.PENDING if state is VBucketState.REPLICA else state

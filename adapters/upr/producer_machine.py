@@ -46,12 +46,16 @@ Requests, by event class (``_REQUESTS``, the one transition table):
   bad value EINVAL. None closes the connection.
 - BUFFER_ACKNOWLEDGEMENT: credited to the window (more than is outstanding
   empties it), never answered: ``Room``.
-- NOOP (UPR's): answered OK.
-- Anything else a consumer may not send a producer: NOT_SUPPORTED.
+- A second OPEN: NOT_SUPPORTED, the connection stays.
+- A request only a consumer takes (ADD_STREAM, the stream messages, UPR's
+  NOOP, ...): ``Fail`` without a reply (3.0 ``ConnHandler`` answers
+  ENGINE_DISCONNECT, and memcached closes).
 
-Responses: NOOP's clears the NOOP outstanding; SET_VBUCKET_STATE's and
-SNAPSHOT_MARKER's go to the live stream with that opaque (``Deliver``); the
-rest are dropped.
+Responses (3.0 ``handleResponse``): NOOP's clears the NOOP outstanding when
+it carries the last NOOP's opaque; SET_VBUCKET_STATE's and SNAPSHOT_MARKER's
+go to the live stream with that opaque (``Deliver``), whatever their status;
+MUTATION's, DELETION's, EXPIRATION's and STREAM_END's are dropped; any other
+``Fail``.
 
 NOOP liveness: once enabled, a NOOP is due ``noop_interval`` after the last
 one (or after the setting changed); ``on_timer`` at the deadline returns the
@@ -80,6 +84,7 @@ from adapters.upr.events import (
     Control,
     GetFailoverLog,
     Noop,
+    Open,
     StreamRequest,
     UprEvent,
 )
@@ -222,6 +227,8 @@ class ProducerMachine(Generic[S]):
         self._upr_opcodes = dialect.commands
         self._noop_due: float | None = None
         self._noop_outstanding: int | None = None
+        self._noop_last: int | None = None
+        """The last NOOP's opaque: the one a NOOP reply may carry."""
         self._opaques = itertools.count(1)
 
     # -- input -------------------------------------------------------------------
@@ -243,9 +250,21 @@ class ProducerMachine(Generic[S]):
         if event.IS_RESPONSE:
             return self._response(event)
         transition = _REQUESTS.get(type(event))
-        if transition is None:
-            return self._refuse(event, Status.NOT_SUPPORTED, f"{event.NAME} is not for a producer")
-        return transition(self, event, now)
+        if transition is not None:
+            return transition(self, event, now)
+        if isinstance(event, Open):
+            return self._refuse(event, Status.NOT_SUPPORTED, "the connection is open already")
+        # A consumer's message sent to a producer: 3.0's ``ConnHandler`` answers
+        # ENGINE_DISCONNECT, and memcached closes without a reply.
+        command: Command = getattr(event, "COMMAND", Command.OPEN)
+        error = ProtocolError(
+            f"{event.NAME} is a request for a consumer, not a producer",
+            opcode=self.dialect.opcodes[command],
+            field="opcode",
+            value=self.dialect.opcodes[command],
+            offset=1,
+        )
+        return (Fail(error),)
 
     # -- the stream table ------------------------------------------------------------
 
@@ -276,15 +295,30 @@ class ProducerMachine(Generic[S]):
         return (EndStream(stream), self._ok(Command.CLOSE_STREAM, req.opaque))
 
     def _response(self, event: Any) -> tuple[Output, ...]:
-        command = getattr(event, "command", None)
+        # ep-engine 3.0 upr-producer.cc ``handleResponse``: a reply a stream waits
+        # for goes to it whatever its status; item and STREAM_END replies are
+        # ignored; anything else drops the connection.
+        command = getattr(event, "command", None) or event.COMMAND
         if command is Command.NOOP:
-            if event.opaque == self._noop_outstanding:
-                self._noop_outstanding = None
+            if event.opaque != self._noop_last:
+                return (Fail(self._unexpected(command, "opaque", event.opaque)),)
+            self._noop_outstanding = None
         elif command is Command.SET_VBUCKET_STATE or command is Command.SNAPSHOT_MARKER:
             for stream in self.streams.values():
                 if stream.opaque == event.opaque and stream.live:
                     return (Deliver(stream, event),)
+        elif command not in _IGNORED_RESPONSES:
+            return (Fail(self._unexpected(command, "opcode", self.dialect.opcodes[command])),)
         return NOTHING
+
+    def _unexpected(self, command: Command, field: str, value: int) -> ProtocolError:
+        return ProtocolError(
+            f"a consumer's {command.name} response is not one a producer expects",
+            opcode=self.dialect.opcodes[command],
+            field=field,
+            value=value,
+            offset=1 if field == "opcode" else 12,
+        )
 
     # -- flow control and settings ----------------------------------------------------
 
@@ -295,9 +329,6 @@ class ProducerMachine(Generic[S]):
             return NOTHING  # nothing was counted, so there is nothing to credit
         self.window.acknowledged(ack.buffer_bytes)
         return ROOM
-
-    def _noop(self, req: Noop, _now: float) -> tuple[Output, ...]:
-        return (self._ok(Command.NOOP, req.opaque),)
 
     def _control(self, req: Control, now: float) -> tuple[Output, ...]:
         key = req.key
@@ -368,7 +399,7 @@ class ProducerMachine(Generic[S]):
                 f"consumer {self.name!r} did not answer a NOOP within "
                 f"{self.noop_interval:g} seconds"
             )
-        self._noop_outstanding = next(self._opaques)
+        self._noop_outstanding = self._noop_last = next(self._opaques)
         self._noop_due = now + self.noop_interval
         return encode(Noop(opaque=self._noop_outstanding), self.dialect)
 
@@ -383,6 +414,21 @@ class ProducerMachine(Generic[S]):
         return (Reply(encode(refused, self.dialect)),)
 
 
+_IGNORED_RESPONSES = frozenset(
+    {
+        Command.MUTATION,
+        Command.DELETION,
+        Command.EXPIRATION,
+        Command.STREAM_END,
+        # The draft's own messages, which 3.0 never sends (no reply to refuse).
+        Command.STREAM_START,
+        Command.SNAPSHOT_START,
+        Command.SNAPSHOT_END,
+    }
+)
+"""Replies to stream messages a producer takes and ignores (3.0 ``handleResponse``)."""
+
+
 def _shown(value: bytes) -> str:
     return value.decode("utf-8", "replace")
 
@@ -394,7 +440,6 @@ _REQUESTS: dict[type, _Transition] = {
     CloseStream: ProducerMachine._close_stream,
     Control: ProducerMachine._control,
     BufferAcknowledgement: ProducerMachine._buffer_ack,
-    Noop: ProducerMachine._noop,
 }
 """The transition table: what each request a consumer sends a producer does."""
 

@@ -67,6 +67,7 @@ from adapters.upr.responses import Response
 __all__ = ["StreamMachine", "Wake", "stats_rows"]
 
 _S = StreamState
+MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 _NEXT: dict[StreamState, frozenset[StreamState]] = {
     _S.PENDING: frozenset({_S.BACKFILLING, _S.IN_MEMORY, _S.DEAD}),
     _S.BACKFILLING: frozenset({_S.IN_MEMORY, _S.DEAD}),
@@ -102,6 +103,10 @@ class StreamMachine:
             # Both mean "up to what exists now".
             self.end_seqno = min(self.end_seqno, high_seqno)
         self.takeover = bool(req.flags & StreamFlags.TAKEOVER)
+        if self.takeover:
+            # A takeover runs to the hand-off whatever end it asked for
+            # (upr-stream.cc ``ActiveStream::ActiveStream``).
+            self.end_seqno = MAX_SEQNO
         self.draft = draft
         self.state = state
         self.end_reason: StreamEndReason | None = None

@@ -110,9 +110,10 @@ async def test_buffer_ack_beyond_what_is_outstanding_empties_the_window_silently
         await client.send(dcp.stream_req(1, opaque=10, end=high_seqno(server, 1)))
         assert (await client.response(10)).status == 0
         sent = sum(m.size for m in await read_stream(client, 10))
-        await client.send(dcp.buffer_ack(sent + 1000, opaque=77), dcp.frame(dcp.NOOP, opaque=78))
+        # memcached's NOOP (0x0a) as a barrier: a producer takes no UPR NOOP request.
+        await client.send(dcp.buffer_ack(sent + 1000, opaque=77), dcp.frame(dcp.MC_NOOP, opaque=78))
         answer = await client.next()  # the NOOP's answer: nothing for the ack before it
-        assert answer is not None and (answer.opcode, answer.opaque) == (dcp.NOOP, 78)
+        assert answer is not None and (answer.opcode, answer.opaque) == (dcp.MC_NOOP, 78)
         status, pairs = await stats(port, b"dcp")
         assert status == 0 and pairs["eq_dcpq:greedy:unacked_bytes"] == "0"
         await client.send(
@@ -343,9 +344,9 @@ async def test_close_stream_response_is_the_end_of_the_stream(
             got = await client.next()
             assert got is not None
             items += got.opcode == dcp.MUTATION
-        await client.send(dcp.close_stream(1, opaque=20), dcp.frame(dcp.NOOP, opaque=21))
+        await client.send(dcp.close_stream(1, opaque=20), dcp.frame(dcp.MC_NOOP, opaque=21))
         seen: list[Reply] = []
-        while not seen or (seen[-1].opcode, seen[-1].opaque) != (dcp.NOOP, 21):
+        while not seen or (seen[-1].opcode, seen[-1].opaque) != (dcp.MC_NOOP, 21):
             got = await client.next()
             assert got is not None
             seen.append(got)

@@ -62,3 +62,27 @@ async def test_a_start_past_the_high_seqno_with_latest_is_a_range_error(
         await client.send(dcp.stream_req(1, opaque=12))
         assert (await client.response(12)).status == 0
         await client.aclose()
+
+
+@pytest.mark.parametrize("end", [0, 3])
+async def test_a_takeover_stream_runs_past_the_end_the_consumer_sent(
+    nursery: trio.Nursery, side: str, tmp_path: Path, end: int
+) -> None:
+    """ep-engine 3.0 src/upr-stream.cc ``ActiveStream::ActiveStream``: a takeover
+    stream's end seqno is the largest there is, whatever the request said (the
+    request's own range is checked first): it sends everything, hands the
+    vbucket over (SET_VBUCKET_STATE pending, then active) and ends OK."""
+    store = filled(40)
+    server, port = await serve(nursery, store, side, tmp_path)
+    high = high_seqno(server, 1)
+    with trio.fail_after(30):
+        client = await producer(port, b"taker-end")
+        await client.send(dcp.stream_req(1, opaque=10, end=end, flags=dcp.TAKEOVER))
+        assert (await client.response(10)).status == 0
+        messages = await read_stream(client, 10)
+        await client.aclose()
+    seqnos = [m.by_seqno for m in messages if m.opcode == dcp.MUTATION]
+    assert seqnos[-1] == high
+    states = [m.extras for m in messages if m.opcode == dcp.SET_VBUCKET_STATE]
+    assert states == [b"\x03", b"\x01"]  # pending, then active
+    assert struct.unpack(">I", messages[-1].extras)[0] == 0  # STREAM_END OK

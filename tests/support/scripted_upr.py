@@ -111,9 +111,11 @@ class Channel:
 
     stream: trio.SocketStream
     upr: ScriptedUpr
+    _sending: trio.StrictFIFOLock = field(default_factory=trio.StrictFIFOLock)
 
     async def send(self, *data: bytes) -> None:
-        await self.stream.send_all(b"".join(data))
+        async with self._sending:
+            await self.stream.send_all(b"".join(data))
 
     async def send_counted(self, *data: bytes) -> None:
         """Send stream messages as a 3.0 producer with flow control does
@@ -125,7 +127,7 @@ class Channel:
             while upr.outstanding and upr.outstanding + len(message) > upr.buffer_size:
                 await upr.wait_for_frame()
             upr.outstanding += len(message)
-            await self.stream.send_all(message)
+            await self.send(message)
 
 
 @dataclass

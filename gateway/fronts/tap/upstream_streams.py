@@ -95,6 +95,8 @@ class UpstreamStreams:
         self.upstream: UprUpstream | None = None
         """The connection the streams are requested on (set by the session)."""
         self.captured_in: UprRecording | None = None
+        self._stale_said: set[int] = set()
+        """Vbuckets whose dropped stale item was logged."""
 
     @property
     def all_ended(self) -> bool:
@@ -169,7 +171,10 @@ class UpstreamStreams:
                 marker = snapshot_marker(reader.buffer, reader.offset)
                 if marker is not None and await self._marker_fast(upstream, *marker):
                     continue
-            frame = upstream.next_frame()
+            try:
+                frame = upstream.next_frame()
+            except ProtocolError as exc:  # no frame at all (a bad magic, a huge length)
+                raise self._malformed(str(exc)) from None
             if frame is None:
                 return
             await self._on_frame(frame)
@@ -277,9 +282,11 @@ class UpstreamStreams:
             await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
             return
         vb = self.by_opaque.get(event.opaque)
-        if vb is None:
+        if vb is None or vb.ended:
+            # (a 3.0 stream sends nothing after its STREAM_END)
+            which = "no stream of this connection" if vb is None else "a stream that ended"
             raise self._malformed(
-                f"{event.NAME} for no stream of this connection "
+                f"{event.NAME} for {which} "
                 f"opcode=0x{frame.opcode:02x} field=opaque value={event.opaque}"
             )
         peer = self.peer
@@ -287,6 +294,9 @@ class UpstreamStreams:
         if counts(event):
             upstream.window.unacked_bytes += frame.size
             settling.credit += frame.size
+        if isinstance(event, _ITEMS) and event.by_seqno <= vb.translator.last_seqno:
+            self._drop_stale(vb, event)  # its bytes are freed with what follows
+            return
         if not settling.arrival and isinstance(event, _ITEMS):
             settling.arrival = time.time()
         if self.captured_in is not None:
@@ -307,6 +317,22 @@ class UpstreamStreams:
         self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
+
+    def _drop_stale(self, vb: VbStream, item: upr.Mutation | upr.Deletion | upr.Expiration) -> None:
+        """An item whose seqno does not grow: dropped, the stream goes on, as a 3.0
+        consumer does (ep-engine 3.0 dcp-stream.cc ``PassiveStream::messageReceived``
+        answers ERANGE for that item only). Said once per vbucket and connection."""
+        self.gateway_stats.protocol_errors_total["tap_front", "upstream_seqno_not_growing"] += 1
+        if vb.vbucket not in self._stale_said:
+            self._stale_said.add(vb.vbucket)
+            log.warning(
+                "%s: vbucket %d: dropping %s by_seqno %d from upstream: not above %d",
+                self.name,
+                vb.vbucket,
+                item.NAME,
+                item.by_seqno,
+                vb.translator.last_seqno,
+            )
 
     def _malformed(self, what: str) -> UprUpstreamMalformed:
         self.gateway_stats.protocol_errors_total["tap_front", "upstream_malformed"] += 1

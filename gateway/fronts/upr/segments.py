@@ -115,7 +115,7 @@ def frame_mark(mark: LogMark) -> bytes:
 _item_pack = ITEM.pack
 _item_unpack = ITEM.unpack_from
 _ITEM_SIZE = ITEM.size
-_BLOCK_OPEN = bytes(FRAME.size) + bytes((BLOCK_TAG,))
+BLOCK_OPEN = bytes(FRAME.size) + bytes((BLOCK_TAG,))
 """An open block: its frame header, filled in when it closes, and the tag."""
 _KINDS = tuple(ItemKind)
 _tuple_new = tuple.__new__
@@ -124,16 +124,23 @@ _MARK_ROW = 0x93
 
 
 def buffer_items(
-    buffer: bytearray, block: int, items: list[LogItem], first: int, sparse: list[tuple[int, int]]
+    buffer: bytearray,
+    block: int,
+    items: list[LogItem],
+    first: int,
+    sparse: list[tuple[int, int]],
+    block_bytes: int = BLOCK_BYTES,
+    every: int = SPARSE_EVERY,
 ) -> int:
     """Append ``items`` to ``buffer``: to the block open at offset ``block`` (-1: none
     open), opening a new one when there is none or it is full; an item a field of
     which the block cannot hold goes as a row of its own.
 
     ``sparse`` gets (seqno, offset of the record holding it) of the items at
-    ``first``, ``first + SPARSE_EVERY``, ... Returns the block open now (-1:
+    ``first``, ``first + every``, ... Returns the block open now (-1:
     none). Nothing may go into ``buffer`` but items while a block is open:
-    ``close_block`` it first.
+    ``close_block`` it first. A block is closed once it holds more than
+    ``block_bytes``.
     """
     pack = _item_pack
     for n, item in enumerate(items):
@@ -147,17 +154,17 @@ def buffer_items(
             at = len(buffer)
             buffer += frame_item(item)
         else:
-            if block < 0 or len(buffer) - block > BLOCK_BYTES:
+            if block < 0 or len(buffer) - block > block_bytes:
                 close_block(buffer, block)
                 block = len(buffer)
-                buffer += _BLOCK_OPEN
+                buffer += BLOCK_OPEN
             at = block
             buffer += packed
             buffer += key
             buffer += value
         if n == first:
             sparse.append((seqno, at))
-            first += SPARSE_EVERY
+            first += every
     return block
 
 

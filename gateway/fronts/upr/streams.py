@@ -64,6 +64,7 @@ from adapters.upr.constants import StreamState
 from adapters.upr.stream_machine import StreamMachine, stats_rows
 from gateway.fronts.upr.damage import set_aside_damaged
 from gateway.fronts.upr.segments import LogReadError, Segment
+from gateway.fronts.upr.shared_reads import Key, Shared, shared_reads
 from gateway.fronts.upr.vblog import VbLog
 from gateway.io.upr_stream import StreamTask
 
@@ -256,17 +257,72 @@ class LogStream(StreamTask):
         # may come between that and the read. The turn is given back before the
         # send, which may wait for a slow consumer.
         turn = None if vblog.in_memory(self.position) else disk_turns()
-        if turn is not None:
-            await turn.acquire_on_behalf_of(self)
-            # The room measured before the wait may have gone to other streams.
-            asked = min(asked, self.conn.room_now() - reads.taken)
-            if asked <= 0:
-                turn.release_on_behalf_of(self)
-                return None
+        claim: Key | None = None
+        if turn is not None and fast:
+            # The same batch framed for another stream, or being read for one now.
+            found = await self._shared(upto, asked)
+            if not isinstance(found, tuple):
+                return found
+            asked, claim = found
         try:
+            if turn is not None:
+                await turn.acquire_on_behalf_of(self)
+                # The room measured before the wait may have gone to other streams.
+                asked = min(asked, self.conn.room_now() - reads.taken)
+                if asked <= 0:
+                    return None
             return await self._read_and_send(upto, asked, extra, fast, turn)
         finally:
             self._give_back(turn)
+            if claim is not None:
+                shared_reads().end(claim)
+
+    async def _shared(self, upto: int, asked: int) -> int | tuple[int, Key | None] | None:
+        """A disk batch another stream framed (``shared_reads``): sent, its last seqno;
+        None when the room went meanwhile; else (room, the key this stream now reads
+        for the others, if any)."""
+        shared = shared_reads()
+        vblog = self.vblog
+        while True:
+            found = shared.key(vblog, self.position, upto, DISK_BATCH, self.conn.dialect,
+                               self.fast_encoder())  # fmt: skip
+            if found is None:
+                return asked, None
+            key, segment = found
+            batch = shared.take(key, vblog, segment, asked, self.opaque)
+            if batch is not None:
+                return await self._send_shared(batch)
+            reading = shared.reading(key)
+            if reading is None:
+                shared.begin(key)
+                return asked, key
+            await reading.wait()
+            asked = min(asked, self.conn.room_now() - disk_reads(self.conn).taken)
+            if asked <= 0:
+                return None
+
+    def _behind(self) -> int:
+        """Other live streams of this log not past this one: who may want its batch."""
+        count = 0
+        for connection in self.conn.front.connections.values():
+            other = connection.streams.get(self.vbucket)
+            if (
+                other is not None
+                and other is not self
+                and other.vblog is self.vblog
+                and other.live
+                and other.position <= self.position
+            ):
+                count += 1
+        return count
+
+    async def _send_shared(self, batch: Shared) -> int:
+        encoded = batch.encoded
+        whole = batch.stop is not None and batch.whole and encoded.items
+        self._resume = (encoded.last, *batch.stop) if whole and batch.stop is not None else None
+        if encoded.items:
+            await self._send_encoded(encoded)
+        return encoded.last
 
     def _give_back(self, turn: trio.CapacityLimiter | None) -> None:
         if turn is not None and self in turn.statistics().borrowers:
@@ -306,8 +362,14 @@ class LogStream(StreamTask):
                                DISK_BATCH, asked)  # fmt: skip
                 resume = self._resume
                 start = resume[1:] if resume is not None and resume[0] == self.position else None
+                shared = shared_reads()
+                found = shared.key(vblog, self.position, upto, DISK_BATCH, self.conn.dialect,
+                                   cut.encoder)  # fmt: skip
                 stop = await vblog.read_disk(self.position, upto, cut, resume=start)
                 encoded = cut.finish()
+                if found is not None:  # for the streams that want the same batch
+                    shared.put(found[0], vblog, found[1], encoded, self.opaque, stop,
+                               cut.whole, asked, cut.left, self._behind())  # fmt: skip
                 # Where the next read may start, once this batch went out.
                 whole = stop is not None and cut.whole and encoded.items
                 self._resume = (encoded.last, *stop) if whole and stop is not None else None

@@ -77,11 +77,9 @@ from gateway.fronts.upr.segments import (
     ItemSink,
     RecordSink,
     Segment,
-    buffer_items,
-    close_block,
-    frame_mark,
     segment_name,
 )
+from gateway.fronts.upr.write_buffer import WriteBuffer
 from gateway.runtime.files import fsync_dir, write_atomic
 
 __all__ = ["RESERVE_STEP", "SPARSE_EVERY", "LogWriteError", "Segment", "VbLog", "segment_name"]
@@ -134,16 +132,8 @@ class VbLog:
         """Set while a compaction swaps segment files under ``segments``."""
         self.file = SegmentFile(vbucket)
         """The active segment file: appends, fsyncs, what a failure takes back."""
-        self._buffer = bytearray()
-        self._block = -1
-        """Offset in the buffer of the block of items open at its end (-1: none)."""
-        self._pending: list[tuple[int, int]] = []
-        """(seqno, offset-in-buffer) of buffered items due in the sparse index."""
-        self._pending_items = 0
-        self._buffer_high = 0
-        """Seqno of the last item in the buffer (0: none)."""
-        self._buffer_first = 0
-        """Seqno of the first item in the buffer (valid while ``_pending_items``)."""
+        self.buffer = WriteBuffer()
+        """Records framed and not yet handed to the file (``write_buffer``)."""
         self._written_high = 0
         """Seqno of the last item handed to the file: what ``publish`` may expose."""
         self._mark = (0, 0, 0)
@@ -163,7 +153,6 @@ class VbLog:
         synced records of it (``commit``), ``write_early`` skips it."""
         self._changed = trio.Event()
         self._watchers: list[Callable[[], None]] = []
-        self.items_total = 0
         self.compacted_path: Path | None = None
 
     # -- opening ---------------------------------------------------------------
@@ -261,6 +250,7 @@ class VbLog:
             active = self.segments[-1]
             self.file.open(active.path, active.size, new=False)
         self._mark = (len(active.sparse), active.count, active.last)
+        self.buffer.realign(active.count)
 
     def meta(self, *, clean: bool = False) -> Meta:
         return Meta(
@@ -308,29 +298,20 @@ class VbLog:
 
     def append_mark(self, mark: LogMark) -> None:
         """Buffer one mark the translator made (the ingest's fast path calls this)."""
-        self._close_block()
-        self._buffer += frame_mark(mark)
+        self.buffer.add_mark(mark)
 
     def append_item(self, item: LogItem) -> None:
         """Buffer one item the translator made (the event path)."""
-        self.append_items([item])
+        self.buffer.add_items([item])
 
     def append_items(self, items: list[LogItem]) -> None:
-        """Buffer items the translator made, in order (the ingest's fast path: once per
-        read and vbucket)."""
-        # Only every SPARSE_EVERY-th item of a segment is indexed.
-        first = -(self.segments[-1].count + self._pending_items) % SPARSE_EVERY
-        self._block = buffer_items(self._buffer, self._block, items, first, self._pending)
-        count = len(items)
-        if not self._pending_items:
-            self._buffer_first = items[0].by_seqno
-        self._pending_items += count
-        self._buffer_high = items[-1].by_seqno
-        self.items_total += count
+        """Buffer items the translator made, in order."""
+        self.buffer.add_items(items)
 
-    def _close_block(self) -> None:
-        close_block(self._buffer, self._block)
-        self._block = -1
+    @property
+    def items_total(self) -> int:
+        """Items ever buffered since the log opened."""
+        return self.buffer.total
 
     @property
     def unsynced(self) -> bool:
@@ -365,7 +346,7 @@ class VbLog:
 
     @property
     def dirty(self) -> bool:
-        return bool(self._buffer) or self.file.unsynced or self.file.rewrite
+        return bool(self.buffer) or self.file.unsynced or self.file.rewrite
 
     def write(self) -> int:
         """Hand buffered records to the file (the OS); how many bytes.
@@ -377,9 +358,10 @@ class VbLog:
         file.adopt_orphans()
         if file.rewrite:
             file.write_again()
-        if not self._buffer:
+        buffer = self.buffer
+        if not buffer:
             return 0
-        self._close_block()
+        buffer.close_block()
         if file.broken is not None:
             raise LogWriteError(file.broken)
         if not file.written and not self.syncing:
@@ -387,19 +369,19 @@ class VbLog:
             file = self.file
         segment = self.segments[-1]
         base = file.size
-        size = len(self._buffer)
-        file.append(self._buffer)
-        for seqno, offset in self._pending:
+        data = buffer.data
+        size = len(data)
+        file.append(data)
+        for seqno, offset in buffer.sparse:
             segment.sparse.append((seqno, base + offset))
-        if self._pending_items:
-            segment.count += self._pending_items
-            segment.last = self._buffer_high
-            self._written_high = self._buffer_high
-            self._unpublished.append((self._buffer_first, self._buffer_high, bytes(self._buffer)))
+        if buffer.items:
+            segment.count += buffer.items
+            segment.last = buffer.high
+            self._written_high = buffer.high
+            self._unpublished.append((buffer.first, buffer.high, bytes(data)))
         self.disk_bytes += size
-        self._buffer.clear()
-        self._pending.clear()
-        self._pending_items = 0
+        buffer.clear()
+        buffer.realign(segment.count)
         return size
 
     def sync(self) -> None:
@@ -413,7 +395,8 @@ class VbLog:
         """After a failed fsync: cut the file back to what was published and put
         the records written since back in the buffer, to be written again; what
         was published stays so and is written again as it is (``_write_again``)."""
-        self._close_block()  # its offset is about to move
+        buffer = self.buffer
+        buffer.close_block()  # its offset is about to move
         segment = self.segments[-1]
         published = segment.size
         unpublished = self.file.take_back(published)
@@ -427,16 +410,16 @@ class VbLog:
         moved = segment.sparse[n_sparse:]
         del segment.sparse[n_sparse:]
         shift = len(unpublished)
-        self._pending = [(s, offset - published) for s, offset in moved] + [
-            (s, offset + shift) for s, offset in self._pending
+        buffer.sparse[:] = [(s, offset - published) for s, offset in moved] + [
+            (s, offset + shift) for s, offset in buffer.sparse
         ]
-        if not self._pending_items:
-            self._buffer_high = self._written_high
-        self._pending_items += segment.count - count
+        if not buffer.items:
+            buffer.high = self._written_high
+        buffer.items += segment.count - count
         segment.count, segment.last = count, last
-        self._buffer[0:0] = unpublished
+        buffer.data[0:0] = unpublished
         if self._unpublished:
-            self._buffer_first = self._unpublished[0][0]
+            buffer.first = self._unpublished[0][0]
         self._unpublished = []
         self.disk_bytes -= shift
         self.file.size = published
@@ -492,7 +475,7 @@ class VbLog:
         failure is left for the commit, which writes the buffer again and raises.
         Bytes written."""
         if (
-            not self._buffer
+            not self.buffer
             or self.lock.locked()
             or self.handing_over
             or self.file.size >= self.segment_bytes

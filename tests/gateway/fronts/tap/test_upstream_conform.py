@@ -148,7 +148,9 @@ async def test_a_first_marker_that_starts_below_the_stream_start(nursery: trio.N
 
     async def play(channel: Channel, req: Request) -> None:
         o = req.opaque
-        assert req.start == 100
+        # With the uuid STAT vbucket-seqno gave: a uuid the producer's failover
+        # log lacks means a rollback to 0 (src/failover-table.cc ``needsRollback``).
+        assert (req.start, req.uuid, req.snap_start, req.snap_end) == (100, 0xABC, 100, 100)
         await channel.send(
             stream_ok(req),
             marker(o, 90, 102, MEMORY),
@@ -320,3 +322,166 @@ async def test_a_backfill_from_zero_served_from_memory_is_still_a_backfill(
 
     events, _ = await run_client(nursery, ScriptedUpr(play))
     assert shape(events) == ["I", "m1", "m2", "m3", "C", "S", "m4", "m5", "E"]
+
+
+async def test_noops_are_answered_at_once(nursery: trio.Nursery) -> None:
+    """A 3.0 producer with ``enable_noop`` sends NOOP requests and drops a
+    consumer that does not answer (v3.0.0 src/upr-producer.cc
+    ``maybeSendNoop``/``handleResponse``): the answer has the request's opaque,
+    status 0, and goes while items of the stream wait for the TAP peer."""
+    from tests.support.raw_dcp import NOOP, frame
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 2, DISK),
+            mutation(o, 1, b"1"),
+            frame(NOOP, opaque=0xBEEF),
+        )
+        with trio.fail_after(10):
+            await until(lambda: bool(channel.upr.replies(NOOP)))
+        await channel.send(mutation(o, 2, b"2"), stream_end(o, 0))
+
+    upr = ScriptedUpr(play)
+    events, _ = await run_client(nursery, upr)
+    assert shape(events) == ["I", "m1", "m2", "C"]
+    (answer,) = upr.replies(NOOP)
+    assert (answer.opaque, answer.status, answer.extras, answer.value) == (0xBEEF, 0, b"", b"")
+
+
+async def test_a_resume_asks_from_the_last_seqno_in_its_snapshot_with_the_newest_uuid(
+    nursery: trio.Nursery,
+) -> None:
+    """After the upstream connection is lost, the stream is asked again as a 3.0
+    consumer asks it (v3.0.0 src/upr-stream.cc ``PassiveStream``, src/
+    failover-table.cc ``needsRollback``): from the last seqno received, with the
+    uuid of the newest failover entry of the STREAM_REQ answer (a log of 25
+    entries, the most 3.0 keeps) and the range of the snapshot it is in; the
+    producer's second disk marker starts at that snapshot's start
+    (``markDiskSnapshot``: min(snap_start, start)) and the TAP peer sees one
+    unbroken backfill."""
+    failover = tuple((0x1000 + i, 1000 - 40 * i) for i in range(25))
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        if len(channel.upr.requests) == 1:
+            await channel.send(
+                stream_ok(req, failover),
+                marker(o, 0, 10, DISK),
+                *(mutation(o, s, b"%d" % s) for s in range(1, 5)),
+            )
+            await channel.stream.aclose()
+            return
+        await channel.send(
+            stream_ok(req, failover),
+            marker(o, 0, 10, DISK),
+            *(mutation(o, s, b"%d" % s) for s in range(5, 11)),
+            marker(o, 11, 11, MEMORY | CHECKPOINT),
+            mutation(o, 11, b"11"),
+            stream_end(o, 0),
+        )
+
+    upr = ScriptedUpr(play)
+    events, _ = await run_client(nursery, upr)
+    assert shape(events) == ["I", *(f"m{s}" for s in range(1, 11)), "C", "S", "m11", "E"]
+    first, again = upr.requests
+    assert (first.start, first.uuid, first.snap_start, first.snap_end) == (0, 0, 0, 0)
+    assert (again.start, again.uuid, again.snap_start, again.snap_end) == (4, 0x1000, 0, 10)
+    assert again.end == first.end
+
+
+async def test_a_rollback_answer_restarts_the_vbucket_from_zero(nursery: trio.Nursery) -> None:
+    """3.0's rollback answer: status 0x23 and the seqno as an 8-byte value, no
+    extras (v3.0.0 memcached daemon/memcached.c ``upr_stream_req_executor``,
+    ep-engine src/upr-producer.cc ``streamRequest``). The TAP client cannot roll
+    back part of a vbucket: it gets a new OPAQUE(INITIAL_VBUCKET_STREAM) and the
+    whole vbucket again, asked from 0 with uuid 0."""
+    from tests.support.raw_dcp import RES, STREAM_REQ, frame
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        n = len(channel.upr.requests)
+        if n == 1:
+            await channel.send(
+                stream_ok(req), marker(o, 0, 10, DISK), *(mutation(o, s, b"%d" % s) for s in (1, 2))
+            )
+            await channel.stream.aclose()
+        elif n == 2:
+            value = struct.pack(">Q", 1)
+            await channel.send(frame(STREAM_REQ, magic=RES, vbucket=0x23, value=value, opaque=o))
+        else:
+            await channel.send(
+                stream_ok(req),
+                marker(o, 0, 3, DISK),
+                *(mutation(o, s, b"x%d" % s) for s in (1, 2, 3)),
+                stream_end(o, 0),
+            )
+
+    upr = ScriptedUpr(play)
+    events, front = await run_client(nursery, upr)
+    assert shape(events) == ["I", "m1", "m2", "C", "I", "mx1", "mx2", "mx3", "C"]
+    assert [(r.start, r.uuid, r.snap_start, r.snap_end) for r in upr.requests[1:]] == [
+        (2, 0xABC, 0, 10),
+        (0, 0, 0, 0),
+    ]
+    assert front.stats.rollbacks_total[TAP_FRONT] == 1
+
+
+@pytest.mark.parametrize("bad", ["item_after_stream_end", "flush"])
+async def test_what_a_3_0_stream_never_carries_closes_both_connections(
+    nursery: trio.Nursery, bad: str
+) -> None:
+    """Nothing follows STREAM_END on its opaque (src/upr-stream.cc ``endStream``
+    moves the stream to dead; ``deadPhase`` only drains what was queued), and a
+    3.0 producer sends no FLUSH on a stream (src/upr-producer.cc
+    ``UprProducer::step`` has no case for it): neither reaches the TAP peer."""
+    from tests.support.raw_dcp import frame
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        tail = (
+            [stream_end(o, 0), mutation(o, 3, b"3")]
+            if bad == "item_after_stream_end"
+            else [frame(0x5A, opaque=o), mutation(o, 3, b"3")]
+        )
+        await channel.send(
+            stream_ok(req), marker(o, 0, 2, DISK), mutation(o, 1, b"1"), mutation(o, 2, b"2"), *tail
+        )
+
+    upr = ScriptedUpr(play, vbuckets={0: (0xABC, 100), 1: (0xABD, 100)})
+    port = await nursery.start(upr.serve)
+    front, front_port = await start_front(nursery, port, reconnect_attempts=2)
+    connect = connect_event(b"conform", BACKFILL, backfill_date=0, vbuckets=(0, 1))
+    with trio.fail_after(20):
+        client = await TapClient.open(front_port, connect)
+        events = await client.collect()
+    assert "m3" not in shape(events)
+    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 1
+    assert upr.connections == 1
+
+
+@pytest.mark.parametrize("bad", ["magic", "oversize"])
+async def test_a_frame_that_cannot_be_framed_closes_both_connections(
+    nursery: trio.Nursery, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A header with a magic that is neither request nor response, or a body
+    longer than any frame the gateway accepts: memcached v3.0.0 daemon/memcached.c
+    (``try_read_command``) closes such a connection. The line says the upstream
+    sent it, so the TAP client is not blamed."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        if bad == "magic":
+            broken = b"\x82" + mutation(o, 2, b"2")[1:]
+        else:
+            broken = struct.pack(">BBHBBHIIQ", 0x80, 0x57, 1, 31, 0, 0, 0x7FFFFFFF, o, 0)
+        await channel.send(stream_ok(req), marker(o, 0, 9, DISK), mutation(o, 1, b"1"), broken)
+
+    upr = ScriptedUpr(play)
+    events, front = await run_client(nursery, upr)
+    assert shape(events)[:2] == ["I", "m1"]
+    assert upr.connections == 1
+    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 1
+    lines = [r.getMessage() for r in caplog.records if "closing connection" in r.getMessage()]
+    assert len(lines) == 1 and "UPR upstream" in lines[0], lines

@@ -41,6 +41,7 @@ from adapters.tap import (
 )
 from adapters.translate.log_records import ItemKind, LogItem, LogMark, MarkKind, from_row, to_row
 from adapters.translate.tap_to_log_fast import ack_frame, frame_end
+from gateway.fronts.upr import write_buffer
 from gateway.fronts.upr.config import UprFrontConfig
 from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.logset import LogOptions, LogSet
@@ -185,17 +186,28 @@ def _state(ingest: Ingest) -> list[object]:
     for vb, vblog in sorted(ingest.logs.logs.items()):
         t = vblog.translator
         out.append((vb, t.high_seqno, t.index, t.duplicates, t.in_backfill, t.checkpoint_id,
-                    vblog.items_total, vblog.read(0, 2**62, 10**6)))  # fmt: skip
+                    vblog.items_total, vblog.read(0, 2**62, 10**6),
+                    [(s.first, s.last, s.count, s.sparse) for s in vblog.segments]))  # fmt: skip
     return out
 
 
-# "always" commits after each item, so the fast path goes frame by frame there.
-@pytest.mark.parametrize("fsync", ["never", "always"])
+# "always" commits after each item, so the fast path goes frame by frame there. Small
+# blocks and a dense sparse index: the fast path packs items into the write buffer
+# itself (``WriteBuffer``), block splits and index entries included.
+@pytest.mark.parametrize(("fsync", "small"), [("never", False), ("always", False), ("never", True)])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(streams())
+@given(stream=streams())
 def test_fast_path_logs_and_acks_what_the_event_path_does(
-    fsync: str, stream: tuple[bytes, list[int]]
+    fsync: str, small: bool, stream: tuple[bytes, list[int]]
 ) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        if small:
+            patch.setattr(write_buffer, "BLOCK_BYTES", 85)
+            patch.setattr(write_buffer, "SPARSE_EVERY", 3)
+        _compare_paths(fsync, stream)
+
+
+def _compare_paths(fsync: str, stream: tuple[bytes, list[int]]) -> None:
     data, cuts = stream
     reads = [data[a:b] for a, b in pairwise([0, *cuts, len(data)])]
     results = []

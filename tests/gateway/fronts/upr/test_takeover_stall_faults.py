@@ -15,24 +15,21 @@ before its fsync until the consumer replied.
 
 from __future__ import annotations
 
-import struct
-import threading
 from collections import defaultdict
-from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 
 from adapters import upr
-from adapters.mcbp import Frame, FrameReader
+from adapters.mcbp import FrameReader
 from adapters.mcbp.constants import VBucketState
-from adapters.tap import TapFlags, TapMutation, TapVbucketSet, encode
+from adapters.tap import TapFlags, TapMutation, encode
 from gateway.fronts.upr.takeover import HANDED_OVER
 from gateway.fronts.upr.vblog import VbLog
-from tests.gateway.fronts.upr.support import UprClient, start_front, until
+from tests.gateway.fronts.upr.support import UprClient, until
+from tests.support.tap_node import HeldSyncs, ask_state, read_frame, start_front_with_node
 
-TAKEOVER_VBUCKETS = 0x08
 VBUCKETS = (0, 1, 2)
 STUCK = 1
 """The vbucket whose takeover consumer never replies to ACTIVE (one in the middle:
@@ -42,14 +39,6 @@ NOOP_INTERVAL = 2
 """Seconds: the takeover consumer answers NOOPs until it goes silent."""
 FIRST = 3
 """Items of each vbucket before the takeover."""
-
-
-async def _frame(stream: trio.SocketStream, reader: FrameReader) -> Frame:
-    while (frame := reader.next_frame()) is None:
-        data = await stream.receive_some(65536)
-        assert data, "the gateway closed the TAP connection"
-        reader.receive_data(data)
-    return frame
 
 
 def _item(vb: int, i: int, opaque: int = 0) -> bytes:
@@ -80,19 +69,16 @@ class TapNode:
         self.active_unacked = trio.Event()
         """The gateway closed the takeover connection without acking VBUCKET_SET(active)."""
 
-    async def serve(self, stream: trio.SocketStream) -> None:
-        reader = FrameReader()
-        connect = await _frame(stream, reader)
-        (flags,) = struct.unpack_from(">I", connect.extras)
-        if not flags & TAKEOVER_VBUCKETS:
-            await stream.send_all(b"".join(_item(vb, i) for vb in VBUCKETS for i in range(FIRST)))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._acks, stream, reader)
-                async for data in self._to_send:
-                    await stream.send_all(data)
-            return
-        assert await self._ask(stream, reader, VBucketState.PENDING, 1)
-        if await self._ask(stream, reader, VBucketState.ACTIVE, 2):
+    async def own(self, stream: trio.SocketStream, reader: FrameReader) -> None:
+        await stream.send_all(b"".join(_item(vb, i) for vb in VBUCKETS for i in range(FIRST)))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._acks, stream, reader)
+            async for data in self._to_send:
+                await stream.send_all(data)
+
+    async def takeover(self, stream: trio.SocketStream, reader: FrameReader) -> None:
+        assert await ask_state(stream, reader, STUCK, VBucketState.PENDING, 1) is not None
+        if await ask_state(stream, reader, STUCK, VBucketState.ACTIVE, 2) is not None:
             self.active_acked.set()
         else:
             self.active_unacked.set()
@@ -100,24 +86,9 @@ class TapNode:
 
     async def _acks(self, stream: trio.SocketStream, reader: FrameReader) -> None:
         while True:
-            frame = await _frame(stream, reader)
+            frame = await read_frame(stream, reader)
             if not frame.is_request:
                 self.acked.add(frame.opaque)
-
-    async def _ask(
-        self, stream: trio.SocketStream, reader: FrameReader, state: VBucketState, opaque: int
-    ) -> bool:
-        """Whether the gateway acked the state before it closed the connection."""
-        await stream.send_all(
-            encode(TapVbucketSet(state, STUCK, opaque=opaque, tap_flags=TapFlags.ACK))
-        )
-        try:
-            while True:
-                frame = await _frame(stream, reader)
-                if not frame.is_request and frame.opaque == opaque:
-                    return True
-        except (AssertionError, trio.BrokenResourceError):
-            return False
 
 
 class Taker:
@@ -189,26 +160,6 @@ class Watcher:
                 self.items[event.vbucket].append(event.by_seqno)
 
 
-class HeldSyncs:
-    """``VbLog.sync`` of one vbucket blocks (in its worker thread) while held."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, vbucket: int) -> None:
-        self.hold = threading.Event()
-        self.release = threading.Event()
-        self.waiting = 0
-        self._lock = threading.Lock()
-        real = VbLog.sync
-
-        def sync(vblog: VbLog) -> None:
-            if vblog.vbucket == vbucket and self.hold.is_set() and vblog.unsynced:
-                with self._lock:
-                    self.waiting += 1
-                self.release.wait()
-            real(vblog)
-
-        monkeypatch.setattr(VbLog, "sync", sync)
-
-
 async def _start(
     nursery: trio.Nursery,
     tmp_path: Path,
@@ -220,9 +171,9 @@ async def _start(
     consumer streaming ``watched``, once it was served every item sent so far (their
     connections added to ``clients``, for the caller to close)."""
     node = TapNode()
-    listeners = await nursery.start(partial(trio.serve_tcp, node.serve, 0, host="127.0.0.1"))
-    node_port = listeners[0].socket.getsockname()[1]
-    front, port, _ = await start_front(nursery, tmp_path, node_port, vbuckets=VBUCKETS, fsync=fsync)
+    front, port = await start_front_with_node(
+        nursery, tmp_path, node.own, node.takeover, vbuckets=VBUCKETS, fsync=fsync
+    )
     logs = {vb: front.logs.logs[vb] for vb in VBUCKETS}
     await until(lambda: all(v.high_seqno == FIRST and not v.unsynced for v in logs.values()))
 

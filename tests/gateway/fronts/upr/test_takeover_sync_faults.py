@@ -14,35 +14,23 @@ nothing of them): the active state must wait for those fsyncs.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
-import struct
-import threading
-from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 
 from adapters import upr
-from adapters.mcbp import Frame, FrameReader, Status
+from adapters.mcbp import FrameReader, Status
 from adapters.mcbp.constants import VBucketState
-from adapters.tap import TapFlags, TapMutation, TapVbucketSet, encode
+from adapters.tap import TapMutation, encode
+from gateway.fronts.upr.server import UprFront
 from gateway.fronts.upr.takeover import HANDED_OVER
-from gateway.fronts.upr.vblog import VbLog
-from tests.gateway.fronts.upr.support import StreamLog, UprClient, start_front, until
+from tests.gateway.fronts.upr.support import StreamLog, UprClient, until
+from tests.support.tap_node import HeldSyncs, ask_state, start_front_with_node
 
-TAKEOVER_VBUCKETS = 0x08
 VB = 0
-
-
-async def _frame(stream: trio.SocketStream, reader: FrameReader) -> Frame:
-    while (frame := reader.next_frame()) is None:
-        data = await stream.receive_some(65536)
-        assert data, "the gateway closed the TAP connection"
-        reader.receive_data(data)
-    return frame
 
 
 def _mutations(first: int, n: int) -> bytes:
@@ -64,61 +52,31 @@ class TapNode:
         self.active_unacked = trio.Event()
         """The gateway closed the takeover connection without acking VBUCKET_SET(active)."""
 
-    async def serve(self, stream: trio.SocketStream) -> None:
-        reader = FrameReader()
-        connect = await _frame(stream, reader)
-        (flags,) = struct.unpack_from(">I", connect.extras)
-        if not flags & TAKEOVER_VBUCKETS:
-            await stream.send_all(_mutations(0, 10))
-            await self.send_more.wait()
-            await stream.send_all(_mutations(10, 5))
-            await trio.sleep_forever()
-        assert await self._ask(stream, reader, VBucketState.PENDING, 1)
+    async def own(self, stream: trio.SocketStream, reader: FrameReader) -> None:
+        await stream.send_all(_mutations(0, 10))
+        await self.send_more.wait()
+        await stream.send_all(_mutations(10, 5))
+        await trio.sleep_forever()
+
+    async def takeover(self, stream: trio.SocketStream, reader: FrameReader) -> None:
+        assert await ask_state(stream, reader, VB, VBucketState.PENDING, 1) is not None
         self.pending_acked.set()
         await self.ask_active.wait()
-        if await self._ask(stream, reader, VBucketState.ACTIVE, 2):
+        if await ask_state(stream, reader, VB, VBucketState.ACTIVE, 2) is not None:
             self.active_acked.set()
         else:
             self.active_unacked.set()
         await stream.aclose()
 
-    async def _ask(
-        self, stream: trio.SocketStream, reader: FrameReader, state: VBucketState, opaque: int
-    ) -> bool:
-        """Whether the gateway acked the state before it closed the connection."""
-        await stream.send_all(
-            encode(TapVbucketSet(state, VB, opaque=opaque, tap_flags=TapFlags.ACK))
+    async def start(self, nursery: trio.Nursery, tmp_path: Path) -> tuple[UprFront, int]:
+        """The front, fsync batch, once its log of ``VB`` holds the first 10 items, synced."""
+        front, port = await start_front_with_node(
+            nursery, tmp_path, self.own, self.takeover, vbuckets=(VB,), fsync="batch"
         )
-        try:
-            while True:
-                frame = await _frame(stream, reader)
-                if not frame.is_request and frame.opaque == opaque:
-                    return True
-        except (AssertionError, trio.BrokenResourceError):
-            return False
-
-
-class HeldSyncs:
-    """``VbLog.sync`` that blocks (in its worker thread) while held, counting who waits."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.hold = threading.Event()
-        self.release = threading.Event()
-        self.fail = threading.Event()
-        self.waiting = 0
-        self._lock = threading.Lock()
-        real = VbLog.sync
-
-        def sync(vblog: VbLog) -> None:
-            if self.fail.is_set() and vblog.unsynced:
-                raise OSError(errno.EIO, "Input/output error (injected)")
-            if self.hold.is_set() and vblog.unsynced:
-                with self._lock:
-                    self.waiting += 1
-                self.release.wait()
-            real(vblog)
-
-        monkeypatch.setattr(VbLog, "sync", sync)
+        vblog = front.logs.logs[VB]
+        with trio.fail_after(10):
+            await until(lambda: vblog.high_seqno == 10 and not vblog.unsynced)
+        return front, port
 
 
 async def test_active_waits_for_the_fsync_of_records_served_early(
@@ -126,12 +84,8 @@ async def test_active_waits_for_the_fsync_of_records_served_early(
 ) -> None:
     held = HeldSyncs(monkeypatch)
     node = TapNode()
-    listeners = await nursery.start(partial(trio.serve_tcp, node.serve, 0, host="127.0.0.1"))
-    node_port = listeners[0].socket.getsockname()[1]
-    front, port, _ = await start_front(nursery, tmp_path, node_port, vbuckets=(VB,), fsync="batch")
+    front, port = await node.start(nursery, tmp_path)
     vblog = front.logs.logs[VB]
-    with trio.fail_after(10):
-        await until(lambda: vblog.high_seqno == 10 and not vblog.unsynced)
 
     client = await UprClient.connect(port)
     states: list[upr.VBucketState] = []
@@ -203,12 +157,8 @@ async def test_a_hand_off_whose_records_cannot_be_synced_fails_before_active(
     acked and the vbucket is not recorded as handed over."""
     held = HeldSyncs(monkeypatch)
     node = TapNode()
-    listeners = await nursery.start(partial(trio.serve_tcp, node.serve, 0, host="127.0.0.1"))
-    node_port = listeners[0].socket.getsockname()[1]
-    front, port, _ = await start_front(nursery, tmp_path, node_port, vbuckets=(VB,), fsync="batch")
+    front, port = await node.start(nursery, tmp_path)
     vblog = front.logs.logs[VB]
-    with trio.fail_after(10):
-        await until(lambda: vblog.high_seqno == 10 and not vblog.unsynced)
     client = await UprClient.connect(port)
     logs: list[StreamLog] = []
     try:

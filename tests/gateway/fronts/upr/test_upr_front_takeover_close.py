@@ -13,53 +13,30 @@ from __future__ import annotations
 
 import socket
 import struct
-from functools import partial
 from pathlib import Path
 
 import trio
 
 from adapters import upr
-from adapters.mcbp import Frame, FrameReader
+from adapters.mcbp import FrameReader
 from adapters.mcbp.constants import VBucketState
-from adapters.tap import TapFlags, TapNoop, TapVbucketSet, encode
-from tests.gateway.fronts.upr.support import UprClient, start_front, until
+from adapters.tap import TapNoop, encode
+from tests.gateway.fronts.upr.support import UprClient, until
+from tests.support.tap_node import ask_state, read_frame, start_front_with_node
 
-TAKEOVER_VBUCKETS = 0x08
 VB = 0
 
 
-async def _frame(stream: trio.SocketStream, reader: FrameReader) -> Frame:
-    while (frame := reader.next_frame()) is None:
-        data = await stream.receive_some(65536)
-        assert data, "the gateway closed the TAP connection"
-        reader.receive_data(data)
-    return frame
+async def _idle(stream: trio.SocketStream, reader: FrameReader) -> None:
+    await trio.sleep_forever()  # the front's own ingest: an idle stream
 
 
-async def _ask_and_wait(
-    stream: trio.SocketStream, reader: FrameReader, state: int, opaque: int
-) -> None:
-    await stream.send_all(
-        encode(TapVbucketSet(VBucketState(state), VB, opaque=opaque, tap_flags=TapFlags.ACK))
-    )
-    while True:
-        frame = await _frame(stream, reader)
-        if not frame.is_request and frame.opaque == opaque:
-            assert frame.vbucket_or_status == 0
-            return
-
-
-async def _tap_node(stream: trio.SocketStream) -> None:
+async def _hand_over(stream: trio.SocketStream, reader: FrameReader) -> None:
     """Hands the vbucket over to a takeover connection, then NOOP and a reset."""
-    reader = FrameReader()
-    connect = await _frame(stream, reader)
-    (flags,) = struct.unpack_from(">I", connect.extras)
-    if not flags & TAKEOVER_VBUCKETS:
-        await trio.sleep_forever()  # the front's own ingest: an idle stream
-    await _ask_and_wait(stream, reader, VBucketState.PENDING, 1)
-    await _ask_and_wait(stream, reader, VBucketState.ACTIVE, 2)
+    assert await ask_state(stream, reader, VB, VBucketState.PENDING, 1) == 0
+    assert await ask_state(stream, reader, VB, VBucketState.ACTIVE, 2) == 0
     await stream.send_all(encode(TapNoop()))
-    await _frame(stream, reader)  # the NOOP reply, read by nobody on a real close
+    await read_frame(stream, reader)  # the NOOP reply, read by nobody on a real close
     stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     await stream.aclose()  # linger 0: the close is a reset
 
@@ -67,9 +44,7 @@ async def _tap_node(stream: trio.SocketStream) -> None:
 async def test_takeover_ends_ok_when_the_node_resets_after_the_hand_off(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    listeners = await nursery.start(partial(trio.serve_tcp, _tap_node, 0, host="127.0.0.1"))
-    node_port = listeners[0].socket.getsockname()[1]
-    front, port, _ = await start_front(nursery, tmp_path, node_port, vbuckets=(VB,))
+    front, port = await start_front_with_node(nursery, tmp_path, _idle, _hand_over, vbuckets=(VB,))
     with trio.fail_after(10):
         await until(lambda: VB in front.logs.logs)
         client = await UprClient.connect(port)
