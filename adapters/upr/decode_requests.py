@@ -89,7 +89,9 @@ def _empty(cls: Callable[[int, int], UprEvent]) -> DecoderBuilder:
 
 def _open(dialect: Dialect, what: str) -> Decoder:
     def decode(frame: Frame) -> Open:
-        check(frame, what, 8, MUST, False, "name")
+        # memcached 3.0 ``dcp_open_validator`` ignores the body length: a
+        # value after the name passes, and nothing reads it.
+        check(frame, what, 8, MUST, True, "name")
         seqno, flags = OPEN_EXTRAS.unpack_from(frame.body)
         known = _OPEN_FLAGS.get(flags)
         return Open(
@@ -136,7 +138,7 @@ def _stream_request(dialect: Dialect, what: str) -> Decoder:
     snapshot_range = layout.snapshot_range
 
     def decode(frame: Frame) -> StreamRequest:
-        check(frame, what, size, key_rule, False, "name")
+        check(frame, what, size, key_rule, True, "name")  # a value: as OPEN's
         if snapshot_range:
             flags, _, start, end, uuid, snap_start, snap_end = unpack(frame.body)
             high = 0

@@ -4,17 +4,19 @@ Theory of operation. A listener's command door hands the first request
 whose opcode is UPR's to ``open_connection``, which decides by the
 request's class (``_OPENERS``, one table), never by its name:
 
+- OPEN with the notifier flag (0x02), whatever else is set: NOT_SUPPORTED,
+  the connection stays a command one;
 - OPEN with the producer flag (0x01): a producer connection under the
   OPEN's name; the I/O side answers the OPEN (``Opening.reply``) once the
   connection runs, so a namesake is replaced before the consumer hears OK;
-- OPEN with the notifier flag (0x02): NOT_SUPPORTED, the connection stays a
-  command one;
 - OPEN with neither: a consumer connection where the role has one (the
   reference node's; ``consumers``), else NOT_SUPPORTED;
 - STREAM_REQ or GET_FAILOVER_LOG in a dialect without OPEN (the pre-release
   draft): a producer connection named after the peer's address, which then
   handles that request (``Opening.first``);
-- any other UPR request: EINVAL, "<NAME> needs an open UPR connection";
+- any other UPR request (and, in the released dialect, STREAM_REQ or
+  GET_FAILOVER_LOG): closed without a reply, "<NAME> needs an open UPR
+  connection" (3.0 ``ENGINE_DISCONNECT``);
 - a frame that does not decode: its error reply, then the connection
   closes (``Opening.closing``).
 """
@@ -66,18 +68,19 @@ def open_connection(frame: Frame, dialect: Dialect, peer: str, *, consumers: boo
         return Opening(None, error_response(frame, exc), closing=exc)
     opener = _OPENERS.get(type(event))
     if opener is None:
-        return _refused(event, dialect, Status.INVALID_ARGUMENTS, _needs_open(event))
+        return _unopened(event, dialect)
     return opener(event, dialect, peer, consumers)
 
 
 def _open(event: Open, dialect: Dialect, _peer: str, consumers: bool) -> Opening:
     flags = event.flags
-    if flags & OpenFlags.PRODUCER:
-        role = Role.PRODUCER
-    elif flags & OpenFlags.NOTIFIER:
+    if flags & OpenFlags.NOTIFIER:
+        # A notifier whatever else is set (3.0 ep_engine.cc ``uprOpen``).
         return _refused(
             event, dialect, Status.NOT_SUPPORTED, "notifier connections are not supported"
         )
+    if flags & OpenFlags.PRODUCER:
+        role = Role.PRODUCER
     elif consumers:
         role = Role.CONSUMER
     else:
@@ -93,13 +96,24 @@ def _draft_first(
     event: StreamRequest | GetFailoverLog, dialect: Dialect, peer: str, _consumers: bool
 ) -> Opening:
     if Command.OPEN in dialect.opcodes:
-        return _refused(event, dialect, Status.INVALID_ARGUMENTS, _needs_open(event))
+        return _unopened(event, dialect)
     # The draft has no OPEN, hence no name: the peer's address stands in.
     return Opening(Role.PRODUCER, name=f"upr-draft:{peer}", first=event)
 
 
-def _needs_open(event: UprEvent) -> str:
-    return f"{event.NAME} needs an open UPR connection"
+def _unopened(event: UprEvent, dialect: Dialect) -> Opening:
+    # ep-engine 3.0 ep_engine.cc: each UPR entry point finds no connection
+    # handler before OPEN and returns ENGINE_DISCONNECT; memcached closes
+    # without a reply.
+    opcode = dialect.opcodes[getattr(event, "COMMAND", Command.OPEN)]
+    error = ProtocolError(
+        f"{event.NAME} needs an open UPR connection",
+        opcode=opcode,
+        field="opcode",
+        value=opcode,
+        offset=1,
+    )
+    return Opening(None, closing=error)
 
 
 def _refused(event: UprEvent, dialect: Dialect, status: int, text: str) -> Opening:

@@ -32,8 +32,9 @@ Requests, by event class (``_REQUESTS``, the one transition table):
 
 - STREAM_REQ: a takeover stream from a user who may not administer is
   NO_ACCESS; a vbucket the role does not serve NOT_MY_VBUCKET; a vbucket
-  with a live stream on this connection KEY_EXISTS (ep-engine 3.0
-  ``DcpProducer::streamRequest``); else ``StreamWanted``.
+  with a live stream on this connection RANGE_ERROR for a bad range, else
+  KEY_EXISTS (ep-engine 3.0 ``DcpProducer::streamRequest``); else
+  ``StreamWanted``.
 - GET_FAILOVER_LOG: ``LogWanted``.
 - CLOSE_STREAM: no live stream on the vbucket KEY_NOT_FOUND; else
   ``EndStream`` then OK (``closeStream`` drops the stream before its
@@ -90,10 +91,12 @@ from adapters.upr.events import (
 )
 from adapters.upr.flow_control import ProducerWindow
 from adapters.upr.responses import Response
+from adapters.upr.rollback import range_refusal
 
 OK = Status.SUCCESS.value
 _REQUEST = Magic.REQUEST.value
 _TRUE_FALSE = {b"true": True, b"false": False}
+_RESOLVED_END = StreamFlags.LATEST | StreamFlags.DISK_ONLY
 NOT_SUPPORTED_CONTROLS = frozenset(
     {
         b"stream_buffer_size",
@@ -225,6 +228,7 @@ class ProducerMachine(Generic[S]):
         self.admission = admission
         """None when the user may administer, else the refusal's text (counted)."""
         self._upr_opcodes = dialect.commands
+        self._draft = Command.SNAPSHOT_MARKER not in dialect.opcodes
         self._noop_due: float | None = None
         self._noop_outstanding: int | None = None
         self._noop_last: int | None = None
@@ -282,6 +286,11 @@ class ProducerMachine(Generic[S]):
             return self._refuse(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb} here")
         stream = self.streams.get(vb)
         if stream is not None and stream.live:
+            # A bad range is refused first (3.0 ``streamRequest``); with LATEST or
+            # DISKONLY the end is the role's to resolve, so the stream wins.
+            refused = None if req.flags & _RESOLVED_END else range_refusal(req, self._draft)
+            if refused is not None:
+                return (Reply(encode(refused, self.dialect)),)
             return self._refuse(req, Status.KEY_EXISTS, f"vbucket {vb} already streams")
         return (StreamWanted(req),)
 
@@ -362,7 +371,13 @@ class ProducerMachine(Generic[S]):
         return (self.noop_enabled,)
 
     def _noop_interval(self, value: bytes, now: float) -> tuple[object] | str:
-        interval = seconds(value)
+        # 3.0 reads whole seconds (``parseUint32``), 0 included; its clock ticks
+        # in seconds, so 0 means a NOOP at the next second. A fraction is ours.
+        whole = parse_uint32(value)
+        if whole is not None:
+            interval: float | None = float(whole or 1)
+        else:
+            interval = seconds(value) if b"." in value else None
         if interval is None:
             return f"set_noop_interval must be a positive number of seconds, not {_shown(value)!r}"
         self.noop_interval = interval

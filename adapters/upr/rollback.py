@@ -87,6 +87,23 @@ def refusal(req: StreamRequest, status: Status, text: str) -> Response:
     return Response(Command.STREAM_REQ, req.opaque, status.value, text.encode())
 
 
+def range_refusal(req: StreamRequest, draft: bool = False) -> Response | None:
+    """RANGE_ERROR for start > end or a start outside the snapshot, else None
+    (3.0 upr-producer.cc ``streamRequest`` checks both before whether the
+    vbucket streams already, and before the rollback rule)."""
+    start, end = req.start_seqno, req.end_seqno
+    if start > end:
+        return refusal(req, Status.RANGE_ERROR, f"start seqno {start} > end seqno {end}")
+    snap_start, snap_end = (start, start) if draft else (req.snap_start_seqno, req.snap_end_seqno)
+    if not snap_start <= start <= snap_end:
+        return refusal(
+            req,
+            Status.RANGE_ERROR,
+            f"start seqno {start} outside snapshot {snap_start}..{snap_end}",
+        )
+    return None
+
+
 def answer_stream_request(
     req: StreamRequest,
     entries: Sequence[tuple[int, int]],
@@ -102,16 +119,11 @@ def answer_stream_request(
     snapshot starts below ``purge_seqno`` may have missed purged tombstones:
     it must start over from 0 (as 3.0 does).
     """
-    start, end = req.start_seqno, req.end_seqno
-    if start > end:
-        return refusal(req, Status.RANGE_ERROR, f"start seqno {start} > end seqno {end}")
+    refused = range_refusal(req, draft)
+    if refused is not None:
+        return refused
+    start = req.start_seqno
     snap_start, snap_end = (start, start) if draft else (req.snap_start_seqno, req.snap_end_seqno)
-    if not snap_start <= start <= snap_end:
-        return refusal(
-            req,
-            Status.RANGE_ERROR,
-            f"start seqno {start} outside snapshot {snap_start}..{snap_end}",
-        )
     rollback = rollback_decision(
         entries, high_seqno, start, req.vbucket_uuid, snap_start, snap_end, purge_seqno
     )

@@ -61,6 +61,8 @@ class NodeConfig:
     tap_max_unacked: int = 10_000
     tap_backoff: float = 5.0
     tap_noop_interval: float = 20.0
+    tap_ack_grace_period: float = 300.0
+    """Seconds a support-ack client's full window may go without an ack (2.x's default)."""
     upr_noop_interval: float = 180.0
     expiry_interval: float = 1.0
     checkpoint_interval: float = 1.0

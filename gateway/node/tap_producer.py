@@ -36,7 +36,9 @@ catches up asks for an ack too (as 2.x did), so a client that acks only
 when asked still confirms everything. With nothing to send it sleeps until
 a change, an ack, a retransmit deadline or the NOOP interval, whichever
 comes first; an idle stream gets a memcached NOOP every
-``tap_noop_interval``.
+``tap_noop_interval``. A support-ack client whose window stays full with no
+ack for ``tap_ack_grace_period`` is disconnected, as 2.x's
+``TapConnMap::notifyIOThreadMain`` did.
 
 Item messages come from ``adapters.tap.item_messages``, the builder the TAP
 front uses too: flags as stored with FIX_FLAG_BYTEORDER (and the TAP flag
@@ -158,6 +160,9 @@ class TapStream:
             backoff=config.tap_backoff,
         )
         self.noop_interval: float = config.tap_noop_interval
+        self.ack_grace: float = config.tap_ack_grace_period
+        self.last_ack = trio.current_time()
+        """When the client last answered (an ack or a nack), or connected."""
         self.item_messages = ItemMessages(
             keys_only=plan.has(ConnectFlags.KEYS_ONLY),
             network_byte_order=plan.has(ConnectFlags.FIX_FLAG_BYTEORDER),
@@ -345,7 +350,8 @@ class TapStream:
         """
         while not self.producer.can_send:
             self._wake = trio.Event()
-            await self._pause()
+            await self._pause(expires=self._window_expiry())
+            self._check_window()
         stamped = self.producer.stamp(message, force_ack=last)
         self.last_stamped = stamped.opaque
         if isinstance(message, TapMutation | TapDelete):
@@ -358,13 +364,34 @@ class TapStream:
         await self.conn.send(encode(stamped))
         self.last_send = trio.current_time()
 
-    async def _pause(self, *, unless_settled: bool = False) -> None:
-        """Sleep until woken or the next deadline; then do what fell due
-        (nothing when ``unless_settled`` and every message is now acked)."""
+    def _window_expiry(self) -> float | None:
+        """When a full ack window drops the client (None: the window has room)."""
+        producer = self.producer
+        if not self.plan.support_ack or producer.unacked < producer.max_unacked:
+            return None
+        return self.last_ack + self.ack_grace
+
+    def _check_window(self) -> None:
+        """2.x's ``TapConnMap::notifyIOThreadMain``: a support-ack client whose window
+        is full and whose last ack is older than the grace is disconnected."""
+        expiry = self._window_expiry()
+        if expiry is not None and trio.current_time() >= expiry:
+            raise ProtocolError(
+                f"TAP client {self.name!r}: ack window full ({self.producer.unacked} "
+                f"unacked) and no ack for {self.ack_grace:g}s (tap_ack_grace_period)",
+                field="ack",
+                value=self.producer.unacked,
+            )
+
+    async def _pause(self, *, unless_settled: bool = False, expires: float | None = None) -> None:
+        """Sleep until woken or the next deadline (``expires`` one too); then do what
+        fell due (nothing when ``unless_settled`` and every message is now acked)."""
         deadline = self.last_send + self.noop_interval
         retransmit = self.producer.next_deadline()
         if retransmit is not None:
             deadline = min(deadline, retransmit)
+        if expires is not None:
+            deadline = min(deadline, expires)
         with trio.move_on_at(deadline):
             await self._wake.wait()
         if unless_settled and not self.producer.unacked:
@@ -414,6 +441,7 @@ class TapStream:
         scope.cancel()
 
     def _on_response(self, response: TapResponse) -> None:
+        self.last_ack = trio.current_time()  # 2.x's processAck moves the expiry on
         released = self.settlements.answered(
             response.opaque, response.status, trio.current_time(), response.text, response.opcode
         )

@@ -12,6 +12,15 @@ goes through the session's ``TapPeer``: messages into its batch, flow-control
 credit and owed replies into its settlement. A rollback answer restarts that
 vbucket from 0 behind OPAQUE(INITIAL_VBUCKET_STREAM), since a TAP client
 cannot roll back partially; a refused stream ends its vbucket.
+
+What a 3.0 producer does not send is taken as its consumer takes it
+(ep-engine 3.0 upr-consumer.cc, PassiveStream): an item whose seqno does not
+grow is dropped, a message for no live stream (a stray opaque, anything after
+STREAM_END) is answered KEY_ENOENT and dropped, the stream goes on. What
+cannot be read at all (an unknown opcode, a wrong extras length, a bad magic)
+or has no place in a stream (FLUSH) raises ``UprUpstreamMalformed``: one line,
+and the session closes the upstream and the TAP connection rather than
+reconnect to be sent the same bytes again.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ __all__ = ["UpstreamStreams"]
 log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
+_ENOENT = Status.KEY_NOT_FOUND.value
 _ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
 _FAST_ITEMS = frozenset(_ITEMS)
 _MARKER_ACK = upr.SnapshotFlags.ACK.value
@@ -97,6 +107,7 @@ class UpstreamStreams:
         self.captured_in: UprRecording | None = None
         self._stale_said: set[int] = set()
         """Vbuckets whose dropped stale item was logged."""
+        self._stray_said = False
 
     @property
     def all_ended(self) -> bool:
@@ -283,20 +294,19 @@ class UpstreamStreams:
             return
         vb = self.by_opaque.get(event.opaque)
         if vb is None or vb.ended:
-            # (a 3.0 stream sends nothing after its STREAM_END)
-            which = "no stream of this connection" if vb is None else "a stream that ended"
-            raise self._malformed(
-                f"{event.NAME} for {which} "
-                f"opcode=0x{frame.opcode:02x} field=opaque value={event.opaque}"
-            )
+            await self._stray(event, frame, vb)
+            return
         peer = self.peer
         settling = peer.settlements.settling
-        if counts(event):
+        counted = counts(event)
+        if counted:
             upstream.window.unacked_bytes += frame.size
-            settling.credit += frame.size
         if isinstance(event, _ITEMS) and event.by_seqno <= vb.translator.last_seqno:
-            self._drop_stale(vb, event)  # its bytes are freed with what follows
+            self._drop_stale(vb, event)
+            await upstream.acknowledge(frame.size)  # freed now: no TAP ack will cover it
             return
+        if counted:
+            settling.credit += frame.size
         if not settling.arrival and isinstance(event, _ITEMS):
             settling.arrival = time.time()
         if self.captured_in is not None:
@@ -307,7 +317,7 @@ class UpstreamStreams:
             else:
                 for message in vb.translate(event):
                     await peer.emit(message, vb)
-        except ProtocolError as exc:  # no place in a stream (FLUSH), a seqno going back
+        except ProtocolError as exc:  # what has no place in a stream (FLUSH)
             raise self._malformed(f"{exc} opcode=0x{frame.opcode:02x}") from None
         reply = vb.reply_due(event)
         if reply is not None:
@@ -317,6 +327,33 @@ class UpstreamStreams:
         self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
             await self._end_stream(vb, _reason_name(event.reason))
+
+    async def _stray(self, event: upr.UprEvent, frame: Frame, vb: VbStream | None) -> None:
+        """A stream message for no stream of this connection, or for one that ended
+        (a 3.0 stream sends nothing after STREAM_END): dropped with KEY_ENOENT, and
+        the connection goes on, as a 3.0 consumer does (ep-engine 3.0 upr-consumer.cc
+        ``mutation`` and the others: no such active stream, ENOENT; memcached
+        answers it and the producer ignores the answer). Said once per connection."""
+        upstream = self.upstream
+        assert upstream is not None
+        self.gateway_stats.protocol_errors_total["tap_front", "upstream_stray"] += 1
+        if not self._stray_said:
+            self._stray_said = True
+            which = "no stream of this connection" if vb is None else "a stream that ended"
+            log.warning(
+                "%s: dropping %s from upstream for %s (opcode=0x%02x field=opaque value=%d)",
+                self.name,
+                event.NAME,
+                which,
+                frame.opcode,
+                event.opaque,
+            )
+        command = getattr(event, "COMMAND", None)
+        if command is not None:
+            await upstream.send_event(upr.Response(command, event.opaque, _ENOENT))
+        if counts(event):
+            upstream.window.unacked_bytes += frame.size
+            await upstream.acknowledge(frame.size)
 
     def _drop_stale(self, vb: VbStream, item: upr.Mutation | upr.Deletion | upr.Expiration) -> None:
         """An item whose seqno does not grow: dropped, the stream goes on, as a 3.0

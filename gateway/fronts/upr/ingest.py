@@ -36,7 +36,8 @@ a vbucket still resumes from the client's cursor there (ep-engine's
 reconcile was interrupted by a crash, or its log was set aside and must be
 fetched whole again, ``VbLog.needs_refetch``), the ingest deregisters its
 name first (DEREGISTER_TAP_CLIENT drops every cursor and position) and
-omits that vbucket's checkpoint: the node backfills it from date 0, while
+names for that vbucket a checkpoint no node holds: the node backfills it
+from date 0 (left out, a 2.5.1 node would stream it from checkpoint 1), while
 the other vbuckets resume by their checkpoints or are reconciled.
 
 Takeover requests from consumer streams go through ``takeover``: a
@@ -98,6 +99,8 @@ CONNECT_FLAGS = (
     | ConnectFlags.FIX_FLAG_BYTEORDER
 )
 _ACK = int(TapFlags.ACK)
+NO_SUCH_CHECKPOINT = 2**63 - 1
+"""The last closed checkpoint named for a vbucket to fetch whole (see ``connect_event``)."""
 
 StateHook = Callable[[int, VBucketState], Awaitable[None]]
 """Called with a VBUCKET_SET before it is acked (takeover hand-off)."""
@@ -285,10 +288,14 @@ class Ingest:
         )
 
     def connect_event(self, logs: list[VbLog]) -> TapConnect:
+        # A vbucket that cannot resume names a checkpoint no node holds: a 2.5.1 node
+        # backfills a vbucket only when the checkpoint it would start at is gone
+        # (tapconnection.cc ``registerCursor``), and left out it starts at
+        # checkpoint 1, which a young vbucket still holds.
         checkpoints = tuple(
-            (v.vbucket, v.translator.last_closed_checkpoint)
+            (v.vbucket, NO_SUCH_CHECKPOINT if _cannot_resume(v) else last)
             for v in logs
-            if v.translator.last_closed_checkpoint and not _cannot_resume(v)
+            if (last := v.translator.last_closed_checkpoint) or _cannot_resume(v)
         )
         flags = CONNECT_FLAGS
         if self.takeover:

@@ -115,6 +115,26 @@ async def test_every_snapshot_kind_of_a_3_0_producer(nursery: trio.Nursery) -> N
     ]
 
 
+async def test_an_empty_disk_snapshot_is_an_empty_backfill(nursery: trio.Nursery) -> None:
+    """A disk snapshot every item of which was deleted and purged since (src/
+    upr-stream.cc ``markDiskSnapshot`` marks the range the backfill read, items
+    or none): the TAP client still gets its backfill, empty, then the
+    checkpoints."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 7, DISK),
+            marker(o, 8, 8, MEMORY | CHECKPOINT),
+            mutation(o, 8, b"8"),
+            stream_end(o, 0),
+        )
+
+    events, _ = await run_client(nursery, ScriptedUpr(play))
+    assert shape(events) == ["I", "C", "S", "m8", "E"]
+
+
 async def test_items_with_metadata_lock_time_and_expirations(nursery: trio.Nursery) -> None:
     """3.0's item layouts (src/upr-response.h ``MutationResponse``, memcached
     v3.0.0 protocol_binary.h ``protocol_binary_request_upr_mutation``: nmeta
@@ -264,7 +284,7 @@ async def test_a_malformed_message_closes_upstream_and_tap_peer(
         await until(lambda: upr.closed == 1)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "0x" in r.getMessage()]
     assert len(errors) == 1, [r.getMessage() for r in caplog.records]
-    assert "0x57" in errors[0].getMessage() or "0x5f" in errors[0].getMessage()
+    assert "opcode=0x57" in errors[0].getMessage() or "opcode=0x5f" in errors[0].getMessage()
 
 
 async def test_a_large_item_after_small_ones_is_not_stalled_by_held_back_acks(
@@ -428,25 +448,52 @@ async def test_a_rollback_answer_restarts_the_vbucket_from_zero(nursery: trio.Nu
     assert front.stats.rollbacks_total[TAP_FRONT] == 1
 
 
-@pytest.mark.parametrize("bad", ["item_after_stream_end", "flush"])
-async def test_what_a_3_0_stream_never_carries_closes_both_connections(
-    nursery: trio.Nursery, bad: str
-) -> None:
-    """Nothing follows STREAM_END on its opaque (src/upr-stream.cc ``endStream``
-    moves the stream to dead; ``deadPhase`` only drains what was queued), and a
-    3.0 producer sends no FLUSH on a stream (src/upr-producer.cc
-    ``UprProducer::step`` has no case for it): neither reaches the TAP peer."""
+async def test_a_flush_closes_both_connections(nursery: trio.Nursery) -> None:
+    """A 3.0 producer sends no FLUSH on a stream (src/upr-producer.cc
+    ``UprProducer::step`` has no case for it), and a TAP client cannot be told
+    to flush one vbucket: nothing after it reaches the TAP peer."""
     from tests.support.raw_dcp import frame
 
     async def play(channel: Channel, req: Request) -> None:
         o = req.opaque
-        tail = (
-            [stream_end(o, 0), mutation(o, 3, b"3")]
-            if bad == "item_after_stream_end"
-            else [frame(0x5A, opaque=o), mutation(o, 3, b"3")]
-        )
         await channel.send(
-            stream_ok(req), marker(o, 0, 2, DISK), mutation(o, 1, b"1"), mutation(o, 2, b"2"), *tail
+            stream_ok(req),
+            marker(o, 0, 3, DISK),
+            mutation(o, 1, b"1"),
+            mutation(o, 2, b"2"),
+            frame(0x5A, opaque=o),
+            mutation(o, 3, b"3"),
+        )
+
+    upr = ScriptedUpr(play)
+    events, front = await run_client(nursery, upr)
+    assert shape(events)[:3] == ["I", "m1", "m2"] and "m3" not in shape(events)
+    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 1
+    assert upr.connections == 1
+
+
+@pytest.mark.parametrize("stray", ["after_stream_end", "other_opaque"])
+async def test_a_message_for_no_live_stream_is_dropped_with_enoent(
+    nursery: trio.Nursery, stray: str
+) -> None:
+    """Nothing follows STREAM_END on its opaque (src/upr-stream.cc ``endStream``),
+    and every message of a stream carries its opaque. A 3.0 consumer answers a
+    message for no live stream KEY_ENOENT and goes on (src/upr-consumer.cc
+    ``UprConsumer::mutation`` and the others; the producer ignores the answer,
+    src/upr-producer.cc ``handleResponse``): the TAP peer never sees it, the
+    other vbucket streams on, and its buffer bytes come back."""
+    from tests.support.raw_dcp import MUTATION, RES
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        if req.vbucket == 1:
+            tail = [mutation(o, 3, b"3"), stream_end(o, 0)]
+        elif stray == "after_stream_end":
+            tail = [stream_end(o, 0), mutation(o, 3, b"x3")]
+        else:
+            tail = [mutation(o + 1000, 3, b"x3"), mutation(o, 3, b"3"), stream_end(o, 0)]
+        await channel.send(
+            stream_ok(req), marker(o, 0, 3, DISK), mutation(o, 1, b"1"), mutation(o, 2, b"2"), *tail
         )
 
     upr = ScriptedUpr(play, vbuckets={0: (0xABC, 100), 1: (0xABD, 100)})
@@ -456,8 +503,14 @@ async def test_what_a_3_0_stream_never_carries_closes_both_connections(
     with trio.fail_after(20):
         client = await TapClient.open(front_port, connect)
         events = await client.collect()
-    assert "m3" not in shape(events)
-    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 1
+    assert "mx3" not in shape(events)
+    assert sorted(shape(events)).count("m3") == (1 if stray == "after_stream_end" else 2)
+    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_stray"] == 1
+    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 0
+    (answer,) = [r for r in upr.received if r.magic == RES and r.opcode == MUTATION]
+    (vb0,) = [r for r in upr.requests if r.vbucket == 0]
+    expected = vb0.opaque if stray == "after_stream_end" else vb0.opaque + 1000
+    assert (answer.status, answer.opaque) == (0x01, expected)
     assert upr.connections == 1
 
 

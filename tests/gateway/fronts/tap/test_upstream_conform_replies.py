@@ -1,5 +1,8 @@
 """The replies a 3.0 producer waits for, and what its consumer lets pass.
 
+(The 3.0 sources moved from src/upr-*.cc to src/dcp-*.cc with the rename of
+UPR to DCP, the wire unchanged; the names below are the later ones.)
+
 A scripted producer (tests/support/scripted_upr.py) plays ep-engine v3.0.0's
 takeover (src/dcp-stream.cc ``ActiveStream::takeoverSendPhase``: every
 memory snapshot of the takeover phase carries the ACK flag, and
@@ -122,3 +125,24 @@ async def test_an_item_whose_seqno_does_not_grow_is_dropped_and_the_stream_goes_
     events, front = await run_client(nursery, upr, buffer_size=100_000)
     assert shape(events) == ["I", "m1", "m2", "m3", "m4", "C", "S", "m5", "E"]
     assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_seqno_not_growing"] == 2
+
+
+async def test_a_dropped_item_returns_its_buffer_bytes_on_its_own(nursery: trio.Nursery) -> None:
+    """The bytes of a dropped item come back to the producer even when no TAP
+    message follows it to carry them: a 3.0 producer holding a large item
+    (v3.0.0 src/dcp-producer.cc ``BufferLog::insert``) must not wait on them."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(stream_ok(req))
+        await channel.send_counted(marker(o, 0, 3, DISK), mutation(o, 1, b"1"))
+        with trio.fail_after(10):
+            await until(lambda: channel.upr.outstanding == 0)
+        await channel.send_counted(mutation(o, 1, b"1-again"))
+        await channel.send_counted(
+            mutation(o, 2, b"2", b"x" * 900), mutation(o, 3, b"3"), stream_end(o, 0)
+        )
+
+    upr = ScriptedUpr(play)
+    events, _ = await run_client(nursery, upr, buffer_size=1000)
+    assert shape(events) == ["I", "m1", "m2", "m3", "C"]

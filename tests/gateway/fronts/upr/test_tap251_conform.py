@@ -35,7 +35,7 @@ import trio
 
 from adapters import upr
 from gateway.fronts.upr import UprFront
-from tests.gateway.fronts.upr.support import UprClient, start_front
+from tests.gateway.fronts.upr.support import UprClient, start_front, until
 from tests.support import tap251 as t
 from tests.support.tap251 import Session, Tap251Node
 
@@ -98,10 +98,12 @@ async def start(
     return front, port
 
 
+@pytest.mark.parametrize("events", [False, True], ids=["fast", "events"])
 @pytest.mark.parametrize("fsync", ["batch", "always", "never"])
 async def test_a_251_session_is_logged_and_acked_as_251_waits_for_it(
-    nursery: trio.Nursery, tmp_path: Path, fsync: str
+    nursery: trio.Nursery, tmp_path: Path, fsync: str, events: bool
 ) -> None:
+    """``events``: with a capture, every frame takes the event path."""
     done = trio.Event()
     items = {vb: [(b"k%d-%d" % (vb, i), b"v%d-%d" % (vb, i)) for i in range(3)] for vb in STREAMED}
 
@@ -123,7 +125,9 @@ async def test_a_251_session_is_logged_and_acked_as_251_waits_for_it(
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        front, port = await start(nursery, tmp_path, node, fsync=fsync)
+        capture = {"capture_dir": tmp_path / "capture"} if events else {}
+        front, port = await start(nursery, tmp_path / "state", node, fsync=fsync, **capture)
+        assert (front.ingest.recording is not None) == events
         await done.wait()
         session = node.sessions[0]
         vb1 = await stream_items(port, 1, 5)
@@ -376,3 +380,67 @@ async def test_a_second_interleaved_backfill_reconciles_each_vbucket(
     assert [(type(e), e.key, e.by_seqno) for e in vb2] == [
         (upr.Mutation, b"c", 1), (upr.Mutation, b"d", 2), (upr.Deletion, b"d", 3)
     ]  # fmt: skip
+
+
+def checkpoint_map(connect: t.Connect) -> dict[int, int]:
+    """The CONNECT's map of last closed checkpoints (after date and vbucket list)."""
+    (count,) = struct.unpack_from(">H", connect.value, 8)
+    at = 10 + 2 * count
+    (entries,) = struct.unpack_from(">H", connect.value, at)
+    return dict(struct.iter_unpack(">HQ", connect.value[at + 2 : at + 2 + 10 * entries]))
+
+
+async def test_a_vbucket_that_cannot_resume_is_backfilled_by_2_5_1(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A reconcile cut by a gateway restart cannot resume: the ingest must have the
+    vbucket backfilled whole. 2.5.1 (tapconnection.cc ``registerCursor``) starts a
+    vbucket the CONNECT's checkpoint map leaves out, with no cursor left (the
+    ingest deregisters first), at checkpoint 1, and backfills only when the
+    checkpoint it starts at is gone (``CheckpointManager::registerTAPCursor``:
+    not found). Checkpoint 1 of a young vbucket is still in memory, so the
+    vbucket must be named with a checkpoint no node holds: then 2.5.1 backfills
+    it, the reconcile completes, and the next reconnect resumes it as usual."""
+    items = {vb: [(b"k%d" % vb, b"v")] for vb in STREAMED}
+    cut, backfilled = trio.Event(), trio.Event()
+
+    async def play(s: Session) -> None:
+        n = len(node.sessions)
+        if n == 1:  # everything; then a new backfill of vbucket 1 that a restart cuts
+            await backfill(s, items)
+            await s.send(t.opaque(1, INITIAL_VBUCKET_STREAM, seqno=s.next()))
+            await s.wait_ack(s.seqno)
+            await s.send(t.mutation(1, b"k1", b"v", seqno=s.next(), cas=1, ack=True))
+            await s.wait_ack(s.seqno)
+            cut.set()
+            return
+        wanted = checkpoint_map(s.connect)
+        await s.send(t.opaque(0, ENABLE_AUTO_NACK, seqno=s.next()))
+        await s.wait_ack(s.seqno)
+        if 1 not in wanted:  # checkpoint 1 is still in memory: no backfill
+            await s.send(t.checkpoint(t.CHECKPOINT_START, 1, 1, seqno=s.next()))
+            await s.wait_ack(s.seqno)
+            await s.send(t.mutation(1, b"k1", b"v", seqno=s.next(), cas=1, ack=True))
+        else:  # the checkpoint named is gone: the whole vbucket again
+            await s.send(t.opaque(1, INITIAL_VBUCKET_STREAM, seqno=s.next()))
+            await s.wait_ack(s.seqno)
+            await s.send(t.mutation(1, b"k1", b"v", seqno=s.next(), cas=1, ack=True))
+            await s.wait_ack(s.seqno)
+            await s.send(t.opaque(1, CLOSE_BACKFILL, seqno=s.next()))
+        await s.wait_ack(s.seqno)
+        if n == 2:
+            backfilled.set()
+            await s.stream.aclose()  # and once more
+
+    node = Tap251Node(play)
+    with trio.fail_after(20):
+        node_port = await node.start(nursery)
+        _, _, first = await start_front(nursery, tmp_path, node_port, vbuckets=STREAMED)
+        await cut.wait()
+        await first.stop()
+        await start_front(nursery, tmp_path, node_port, vbuckets=STREAMED)
+        await backfilled.wait()
+        await until(lambda: len(node.sessions) == 3)
+    assert node.deregistered == 1  # once, for the restart's re-fetch
+    assert 1 in checkpoint_map(node.sessions[1].connect)
+    assert 1 not in checkpoint_map(node.sessions[2].connect)

@@ -1,0 +1,54 @@
+"""UPR requests before OPEN, as ep-engine 3.0 src/ep_engine.cc takes them.
+
+Each UPR entry point (``EvpUprStreamReq``, ``EvpUprGetFailoverLog``, ...)
+looks up the connection's handler, finds none before OPEN, and returns
+ENGINE_DISCONNECT: memcached 3.0 daemon/memcached.c closes the connection
+without a reply. Only the pre-release draft, which has no OPEN, opens a
+producer with its first STREAM_REQ or GET_FAILOVER_LOG.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters import upr
+from adapters.mcbp import Frame, FrameReader, Status
+from adapters.upr.opening import open_connection
+
+BEFORE_OPEN = [
+    upr.StreamRequest(vbucket=1, opaque=3),
+    upr.GetFailoverLog(vbucket=1, opaque=3),
+    upr.CloseStream(vbucket=1, opaque=3),
+    upr.Control(b"connection_buffer_size", b"1024", opaque=3),
+    upr.BufferAcknowledgement(buffer_bytes=10, opaque=3),
+    upr.Noop(opaque=3),
+    upr.Mutation(key=b"k", value=b"v", by_seqno=1, opaque=3, vbucket=1),
+]
+
+
+def frame_of(data: bytes) -> Frame:
+    reader = FrameReader()
+    reader.receive_data(data)
+    (frame,) = reader.frames()
+    return frame
+
+
+@pytest.mark.parametrize("event", BEFORE_OPEN, ids=lambda e: e.NAME)
+def test_a_upr_request_before_open_closes_unanswered(event: upr.UprEvent) -> None:
+    frame = frame_of(upr.encode(event))
+    opening = open_connection(frame, upr.DCP, "peer", consumers=True)
+    assert opening.role is None and opening.reply == b""
+    assert opening.closing is not None
+    assert opening.closing.opcode == frame.opcode and opening.closing.field == "opcode"
+    assert "needs an open UPR connection" in str(opening.closing)
+
+
+def test_open_with_notifier_and_producer_is_a_notifier() -> None:
+    flags = upr.OpenFlags.PRODUCER | upr.OpenFlags.NOTIFIER
+    frame = frame_of(upr.encode(upr.Open(name=b"n", flags=flags, opaque=5)))
+    reader = FrameReader()
+    opening = open_connection(frame, upr.DCP, "peer", consumers=True)
+    assert opening.role is None
+    reader.receive_data(opening.reply)
+    (reply,) = reader.frames()
+    assert reply.vbucket_or_status == Status.NOT_SUPPORTED
