@@ -137,6 +137,39 @@ def parse_uint32(value: bytes) -> int | None:
     return number if number <= 0xFFFFFFFF else None
 
 
+_KEYS_3_0 = (
+    b"connection_buffer_size",
+    b"stream_buffer_size",
+    b"enable_noop",
+    b"set_noop_interval",
+)
+"""The CONTROL keys 3.0 knows, in the order ``UprProducer::control`` tries them."""
+
+
+def _strncmp_matches(key: bytes, literal: bytes) -> bool:
+    """``strncmp(key, literal, len(key)) == 0``: ``key`` is a prefix of
+    ``literal``, or ``literal`` followed by a NUL (and anything after it)."""
+    terminated = literal + b"\x00"
+    for i, byte in enumerate(key):
+        if i >= len(terminated) or byte != terminated[i]:
+            return False
+        if byte == 0:
+            return True
+    return True
+
+
+def control_key(key: bytes) -> bytes:
+    """The key a CONTROL names. 3.0 compares the key it received with
+    ``strncmp(key, known, nkey)``, so a key sent with its C string's NUL (or a
+    prefix of a known key) names that key; keys of later servers match whole."""
+    if key in _CONTROLS or key in NOT_SUPPORTED_CONTROLS:
+        return key
+    for known in _KEYS_3_0:
+        if _strncmp_matches(key, known):
+            return known
+    return key
+
+
 def seconds(value: bytes) -> float | None:
     try:
         parsed = float(value)
@@ -340,7 +373,7 @@ class ProducerMachine(Generic[S]):
         return ROOM
 
     def _control(self, req: Control, now: float) -> tuple[Output, ...]:
-        key = req.key
+        key = control_key(req.key)
         if key in NOT_SUPPORTED_CONTROLS:
             # upr-producer.cc ``control``: stream_buffer_size is ENGINE_ENOTSUP.
             text = f"control key {key.decode()!r} is not supported by this producer"
