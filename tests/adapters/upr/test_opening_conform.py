@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from adapters import upr
-from adapters.mcbp import Frame, FrameReader, Status
+from adapters.mcbp import Frame, FrameReader
 from adapters.upr.opening import open_connection
 
 BEFORE_OPEN = [
@@ -41,14 +41,3 @@ def test_a_upr_request_before_open_closes_unanswered(event: upr.UprEvent) -> Non
     assert opening.closing is not None
     assert opening.closing.opcode == frame.opcode and opening.closing.field == "opcode"
     assert "needs an open UPR connection" in str(opening.closing)
-
-
-def test_open_with_notifier_and_producer_is_a_notifier() -> None:
-    flags = upr.OpenFlags.PRODUCER | upr.OpenFlags.NOTIFIER
-    frame = frame_of(upr.encode(upr.Open(name=b"n", flags=flags, opaque=5)))
-    reader = FrameReader()
-    opening = open_connection(frame, upr.DCP, "peer", consumers=True)
-    assert opening.role is None
-    reader.receive_data(opening.reply)
-    (reply,) = reader.frames()
-    assert reply.vbucket_or_status == Status.NOT_SUPPORTED
