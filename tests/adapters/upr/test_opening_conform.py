@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from adapters import upr
-from adapters.mcbp import Frame, FrameReader
-from adapters.upr.opening import open_connection
+from adapters.mcbp import Frame, FrameReader, Status
+from adapters.upr.opening import Role, open_connection
 
 BEFORE_OPEN = [
     upr.StreamRequest(vbucket=1, opaque=3),
@@ -41,3 +41,18 @@ def test_a_upr_request_before_open_closes_unanswered(event: upr.UprEvent) -> Non
     assert opening.closing is not None
     assert opening.closing.opcode == frame.opcode and opening.closing.field == "opcode"
     assert "needs an open UPR connection" in str(opening.closing)
+
+
+@pytest.mark.parametrize(
+    ("flags", "role"),
+    [
+        (upr.OpenFlags.PRODUCER | upr.OpenFlags.NOTIFIER, Role.PRODUCER),
+        (upr.OpenFlags.NOTIFIER, None),
+    ],
+)
+def test_producer_comes_before_notifier(flags: upr.OpenFlags, role: Role | None) -> None:
+    frame = frame_of(upr.encode(upr.Open(name=b"n", flags=flags, opaque=5)))
+    opening = open_connection(frame, upr.DCP, "peer", consumers=True)
+    assert opening.role is role
+    if role is None:
+        assert frame_of(opening.reply).vbucket_or_status == Status.NOT_SUPPORTED
