@@ -47,10 +47,10 @@ Requests, by event class (``_REQUESTS``, the one transition table):
   bad value EINVAL. None closes the connection.
 - BUFFER_ACKNOWLEDGEMENT: credited to the window (more than is outstanding
   empties it), never answered: ``Room``.
-- A second OPEN: NOT_SUPPORTED, the connection stays.
-- A request only a consumer takes (ADD_STREAM, the stream messages, UPR's
-  NOOP, ...): ``Fail`` without a reply (3.0 ``ConnHandler`` answers
-  ENGINE_DISCONNECT, and memcached closes).
+- A second OPEN, or a request only a consumer takes (ADD_STREAM, the
+  stream messages, UPR's NOOP, ...): ``Fail`` without a reply (3.0
+  ``dcpOpen`` and ``ConnHandler`` answer ENGINE_DISCONNECT, and memcached
+  closes).
 
 Responses (3.0 ``handleResponse``): NOOP's clears the NOOP outstanding when
 it carries the last NOOP's opaque; SET_VBUCKET_STATE's and SNAPSHOT_MARKER's
@@ -289,13 +289,17 @@ class ProducerMachine(Generic[S]):
         transition = _REQUESTS.get(type(event))
         if transition is not None:
             return transition(self, event, now)
-        if isinstance(event, Open):
-            return self._refuse(event, Status.NOT_SUPPORTED, "the connection is open already")
-        # A consumer's message sent to a producer: 3.0's ``ConnHandler`` answers
-        # ENGINE_DISCONNECT, and memcached closes without a reply.
+        # A second OPEN ("another connection exists on the same socket", 3.0
+        # ep_engine.cc ``dcpOpen``) or a consumer's message sent to a producer
+        # (``ConnHandler``): ENGINE_DISCONNECT, and memcached closes, no reply.
         command: Command = getattr(event, "COMMAND", Command.OPEN)
+        reason = (
+            "OPEN on a connection open already"
+            if isinstance(event, Open)
+            else f"{event.NAME} is a request for a consumer, not a producer"
+        )
         error = ProtocolError(
-            f"{event.NAME} is a request for a consumer, not a producer",
+            reason,
             opcode=self.dialect.opcodes[command],
             field="opcode",
             value=self.dialect.opcodes[command],

@@ -5,6 +5,9 @@ looks up the connection's handler, finds none before OPEN, and returns
 ENGINE_DISCONNECT: memcached 3.0 daemon/memcached.c closes the connection
 without a reply. Only the pre-release draft, which has no OPEN, opens a
 producer with its first STREAM_REQ or GET_FAILOVER_LOG.
+
+``dcpOpen`` tests PRODUCER (0x01) before NOTIFIER (0x02): an OPEN with both
+opens a producer; NOTIFIER alone a notifier, which is not served here.
 """
 
 from __future__ import annotations
