@@ -38,7 +38,10 @@ a change, an ack, a retransmit deadline or the NOOP interval, whichever
 comes first; an idle stream gets a memcached NOOP every
 ``tap_noop_interval``. A support-ack client whose window stays full with no
 ack for ``tap_ack_grace_period`` is disconnected, as 2.x's
-``TapConnMap::notifyIOThreadMain`` did.
+``TapConnMap::notifyIOThreadMain`` did. With ``tap_wait_control_acks`` a
+support-ack stream sends nothing but OPAQUE and VBUCKET_SET while an OPAQUE
+is unacked, and no item while a checkpoint message is, as 2.x did (off by
+default: the node's window tests read a lazy acker's stream up to the window).
 
 Item messages come from ``adapters.tap.item_messages``, the builder the TAP
 front uses too: flags as stored with FIX_FLAG_BYTEORDER (and the TAP flag
@@ -79,7 +82,7 @@ from adapters.tap import (
 from adapters.tap.codec import is_tap_opcode
 from adapters.tap.connect import connect_refusal
 from adapters.tap.item_messages import ItemMessages
-from adapters.tap.producer import ProducerState, TapProducer
+from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer
 from adapters.tap.settlement import Settlement, Settlements
 from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
@@ -163,6 +166,10 @@ class TapStream:
         self.ack_grace: float = config.tap_ack_grace_period
         self.last_ack = trio.current_time()
         """When the client last answered (an ack or a nack), or connected."""
+        self.wait_control_acks = plan.support_ack and config.tap_wait_control_acks
+        self._control_sent: int | None = None
+        self._checkpoint_sent: int | None = None
+        """Sequence numbers of the last OPAQUE and checkpoint message sent."""
         self.item_messages = ItemMessages(
             keys_only=plan.has(ConnectFlags.KEYS_ONLY),
             network_byte_order=plan.has(ConnectFlags.FIX_FLAG_BYTEORDER),
@@ -348,12 +355,23 @@ class TapStream:
         ``last``: nothing more to send in this vbucket for now; as 2.x did,
         ask for an ack, so a client that acks only when asked confirms it all.
         """
+        if self.wait_control_acks and not isinstance(message, TapOpaque | TapVbucketSet):
+            # 2.x sends nothing but OPAQUE and VBUCKET_SET while an OPAQUE is unacked
+            # (ep_engine.cc ``doWalkTapQueue``: ``waitForOpaqueMsgAck``), nor an item
+            # while a checkpoint message is (``getNextItem``: ``waitForCheckpointMsgAck``).
+            await self._until_acked(self._control_sent)
+            if isinstance(message, TapMutation | TapDelete):
+                await self._until_acked(self._checkpoint_sent)
         while not self.producer.can_send:
             self._wake = trio.Event()
             await self._pause(expires=self._window_expiry())
             self._check_window()
         stamped = self.producer.stamp(message, force_ack=last)
         self.last_stamped = stamped.opaque
+        if isinstance(message, TapOpaque):
+            self._control_sent = stamped.opaque
+        elif isinstance(message, TapCheckpointStart | TapCheckpointEnd):
+            self._checkpoint_sent = stamped.opaque
         if isinstance(message, TapMutation | TapDelete):
             self.items_sent += 1
         if position is not None and self.registration is not None:
@@ -363,6 +381,18 @@ class TapStream:
             self._settled(settlements.take_ready())
         await self.conn.send(encode(stamped))
         self.last_send = trio.current_time()
+
+    def _acked(self, seqno: int | None) -> bool:
+        """The message stamped ``seqno`` is acked (an ack covers all before it)."""
+        oldest = self.producer.oldest_unacked
+        if seqno is None or oldest is None:
+            return True
+        return 0 < (oldest.opaque - seqno) % SEQNO_MODULUS < SEQNO_MODULUS // 2
+
+    async def _until_acked(self, seqno: int | None) -> None:
+        while not self._acked(seqno):
+            self._wake = trio.Event()
+            await self._pause()
 
     def _window_expiry(self) -> float | None:
         """When a full ack window drops the client (None: the window has room)."""
