@@ -54,6 +54,7 @@ sent).
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from typing import Any
 
@@ -100,6 +101,7 @@ BATCH = 256
 TAKEOVER_SETTLE_ROUNDS = 3
 """Times a takeover waits for every ack and catches up again before going dead."""
 INITIAL_NRU = 2
+_U64 = struct.Struct(">Q")
 """ep-engine 2.x's NRU value of an item not referenced since it was stored."""
 
 
@@ -295,7 +297,7 @@ class TapStream:
             if item.checkpoint_id != cursor.checkpoint:
                 await self._end_checkpoint(cursor)
                 cursor.checkpoint = item.checkpoint_id
-                await self._emit(TapCheckpointStart(item.checkpoint_id, vb))
+                await self._emit(self._checkpoint_start(item.checkpoint_id, vb))
             position = VbPosition(item.by_seqno, item.checkpoint_id)
             last = index == len(batch) - 1 and self._caught_up(vb, item.by_seqno)
             await self._emit(self._item_message(item), position, last=last)
@@ -307,6 +309,13 @@ class TapStream:
             await self._end_checkpoint(cursor)
             return True
         return False
+
+    def _checkpoint_start(self, checkpoint_id: int, vb: int) -> TapCheckpointStart:
+        """With the vbucket's max deleted rev_seqno as engine-specific bytes, as 2.x sent
+        it (ep_engine.cc ``doWalkTapQueue``) and its consumers read it."""
+        vbucket = self.store.vbucket(vb)
+        deleted_rev = vbucket.max_deleted_rev if vbucket is not None else 0
+        return TapCheckpointStart(checkpoint_id, vb, engine_specific=_U64.pack(deleted_rev))
 
     def _caught_up(self, vb: int, seqno: int, end: int | None = None) -> bool:
         """Nothing left to send in ``vb`` after ``seqno`` (up to ``end``)."""
