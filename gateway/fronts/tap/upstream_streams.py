@@ -12,6 +12,15 @@ goes through the session's ``TapPeer``: messages into its batch, flow-control
 credit and owed replies into its settlement. A rollback answer restarts that
 vbucket from 0 behind OPAQUE(INITIAL_VBUCKET_STREAM), since a TAP client
 cannot roll back partially; a refused stream ends its vbucket.
+
+What a 3.0 producer does not send is taken as its consumer takes it
+(ep-engine 3.0 upr-consumer.cc, PassiveStream): an item whose seqno does not
+grow is dropped, a message for no live stream (a stray opaque, anything after
+STREAM_END) is answered KEY_ENOENT and dropped, the stream goes on. What
+cannot be read at all (an unknown opcode, a wrong extras length, a bad magic)
+or has no place in a stream (FLUSH) raises ``UprUpstreamMalformed``: one line,
+and the session closes the upstream and the TAP connection rather than
+reconnect to be sent the same bytes again.
 """
 
 from __future__ import annotations
@@ -97,8 +106,8 @@ class UpstreamStreams:
         """The connection the streams are requested on (set by the session)."""
         self.captured_in: UprRecording | None = None
         self._stale_said: set[int] = set()
-        self._stray_said = False
         """Vbuckets whose dropped stale item was logged."""
+        self._stray_said = False
 
     @property
     def all_ended(self) -> bool:
@@ -308,7 +317,7 @@ class UpstreamStreams:
             else:
                 for message in vb.translate(event):
                     await peer.emit(message, vb)
-        except ProtocolError as exc:  # no place in a stream (FLUSH), a seqno going back
+        except ProtocolError as exc:  # what has no place in a stream (FLUSH)
             raise self._malformed(f"{exc} opcode=0x{frame.opcode:02x}") from None
         reply = vb.reply_due(event)
         if reply is not None:

@@ -115,6 +115,26 @@ async def test_every_snapshot_kind_of_a_3_0_producer(nursery: trio.Nursery) -> N
     ]
 
 
+async def test_an_empty_disk_snapshot_is_an_empty_backfill(nursery: trio.Nursery) -> None:
+    """A disk snapshot every item of which was deleted and purged since (src/
+    upr-stream.cc ``markDiskSnapshot`` marks the range the backfill read, items
+    or none): the TAP client still gets its backfill, empty, then the
+    checkpoints."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 7, DISK),
+            marker(o, 8, 8, MEMORY | CHECKPOINT),
+            mutation(o, 8, b"8"),
+            stream_end(o, 0),
+        )
+
+    events, _ = await run_client(nursery, ScriptedUpr(play))
+    assert shape(events) == ["I", "C", "S", "m8", "E"]
+
+
 async def test_items_with_metadata_lock_time_and_expirations(nursery: trio.Nursery) -> None:
     """3.0's item layouts (src/upr-response.h ``MutationResponse``, memcached
     v3.0.0 protocol_binary.h ``protocol_binary_request_upr_mutation``: nmeta

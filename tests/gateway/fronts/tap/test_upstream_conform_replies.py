@@ -1,5 +1,8 @@
 """The replies a 3.0 producer waits for, and what its consumer lets pass.
 
+(The 3.0 sources moved from src/upr-*.cc to src/dcp-*.cc with the rename of
+UPR to DCP, the wire unchanged; the names below are the later ones.)
+
 A scripted producer (tests/support/scripted_upr.py) plays ep-engine v3.0.0's
 takeover (src/dcp-stream.cc ``ActiveStream::takeoverSendPhase``: every
 memory snapshot of the takeover phase carries the ACK flag, and
