@@ -63,6 +63,8 @@ class NodeConfig:
     tap_noop_interval: float = 20.0
     tap_ack_grace_period: float = 300.0
     """Seconds a support-ack client's full window may go without an ack (2.x's default)."""
+    tap_wait_control_acks: bool = False
+    """Hold items until OPAQUE and checkpoint messages are acked, as 2.x did (tap_producer)."""
     upr_noop_interval: float = 180.0
     expiry_interval: float = 1.0
     checkpoint_interval: float = 1.0

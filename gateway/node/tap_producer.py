@@ -38,7 +38,10 @@ a change, an ack, a retransmit deadline or the NOOP interval, whichever
 comes first; an idle stream gets a memcached NOOP every
 ``tap_noop_interval``. A support-ack client whose window stays full with no
 ack for ``tap_ack_grace_period`` is disconnected, as 2.x's
-``TapConnMap::notifyIOThreadMain`` did.
+``TapConnMap::notifyIOThreadMain`` did. With ``tap_wait_control_acks`` a
+support-ack stream sends nothing but OPAQUE and VBUCKET_SET while an OPAQUE
+is unacked, and no item while a checkpoint message is, as 2.x did (off by
+default: the node's window tests read a lazy acker's stream up to the window).
 
 Item messages come from ``adapters.tap.item_messages``, the builder the TAP
 front uses too: flags as stored with FIX_FLAG_BYTEORDER (and the TAP flag
@@ -51,6 +54,7 @@ sent).
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from typing import Any
 
@@ -79,7 +83,7 @@ from adapters.tap import (
 from adapters.tap.codec import is_tap_opcode
 from adapters.tap.connect import connect_refusal
 from adapters.tap.item_messages import ItemMessages
-from adapters.tap.producer import ProducerState, TapProducer
+from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer
 from adapters.tap.settlement import Settlement, Settlements
 from gateway.io.connection import PacketConnection
 from gateway.io.replies import refusal, send_refusal
@@ -97,6 +101,7 @@ BATCH = 256
 TAKEOVER_SETTLE_ROUNDS = 3
 """Times a takeover waits for every ack and catches up again before going dead."""
 INITIAL_NRU = 2
+_U64 = struct.Struct(">Q")
 """ep-engine 2.x's NRU value of an item not referenced since it was stored."""
 
 
@@ -163,6 +168,10 @@ class TapStream:
         self.ack_grace: float = config.tap_ack_grace_period
         self.last_ack = trio.current_time()
         """When the client last answered (an ack or a nack), or connected."""
+        self.wait_control_acks = plan.support_ack and config.tap_wait_control_acks
+        self._control_sent: int | None = None
+        self._checkpoint_sent: int | None = None
+        """Sequence numbers of the last OPAQUE and checkpoint message sent."""
         self.item_messages = ItemMessages(
             keys_only=plan.has(ConnectFlags.KEYS_ONLY),
             network_byte_order=plan.has(ConnectFlags.FIX_FLAG_BYTEORDER),
@@ -288,7 +297,7 @@ class TapStream:
             if item.checkpoint_id != cursor.checkpoint:
                 await self._end_checkpoint(cursor)
                 cursor.checkpoint = item.checkpoint_id
-                await self._emit(TapCheckpointStart(item.checkpoint_id, vb))
+                await self._emit(self._checkpoint_start(item.checkpoint_id, vb))
             position = VbPosition(item.by_seqno, item.checkpoint_id)
             last = index == len(batch) - 1 and self._caught_up(vb, item.by_seqno)
             await self._emit(self._item_message(item), position, last=last)
@@ -300,6 +309,13 @@ class TapStream:
             await self._end_checkpoint(cursor)
             return True
         return False
+
+    def _checkpoint_start(self, checkpoint_id: int, vb: int) -> TapCheckpointStart:
+        """With the vbucket's max deleted rev_seqno as engine-specific bytes, as 2.x sent
+        it (ep_engine.cc ``doWalkTapQueue``) and its consumers read it."""
+        vbucket = self.store.vbucket(vb)
+        deleted_rev = vbucket.max_deleted_rev if vbucket is not None else 0
+        return TapCheckpointStart(checkpoint_id, vb, engine_specific=_U64.pack(deleted_rev))
 
     def _caught_up(self, vb: int, seqno: int, end: int | None = None) -> bool:
         """Nothing left to send in ``vb`` after ``seqno`` (up to ``end``)."""
@@ -348,12 +364,23 @@ class TapStream:
         ``last``: nothing more to send in this vbucket for now; as 2.x did,
         ask for an ack, so a client that acks only when asked confirms it all.
         """
+        if self.wait_control_acks and not isinstance(message, TapOpaque | TapVbucketSet):
+            # 2.x sends nothing but OPAQUE and VBUCKET_SET while an OPAQUE is unacked
+            # (ep_engine.cc ``doWalkTapQueue``: ``waitForOpaqueMsgAck``), nor an item
+            # while a checkpoint message is (``getNextItem``: ``waitForCheckpointMsgAck``).
+            await self._until_acked(self._control_sent)
+            if isinstance(message, TapMutation | TapDelete):
+                await self._until_acked(self._checkpoint_sent)
         while not self.producer.can_send:
             self._wake = trio.Event()
             await self._pause(expires=self._window_expiry())
             self._check_window()
         stamped = self.producer.stamp(message, force_ack=last)
         self.last_stamped = stamped.opaque
+        if isinstance(message, TapOpaque):
+            self._control_sent = stamped.opaque
+        elif isinstance(message, TapCheckpointStart | TapCheckpointEnd):
+            self._checkpoint_sent = stamped.opaque
         if isinstance(message, TapMutation | TapDelete):
             self.items_sent += 1
         if position is not None and self.registration is not None:
@@ -363,6 +390,18 @@ class TapStream:
             self._settled(settlements.take_ready())
         await self.conn.send(encode(stamped))
         self.last_send = trio.current_time()
+
+    def _acked(self, seqno: int | None) -> bool:
+        """The message stamped ``seqno`` is acked (an ack covers all before it)."""
+        oldest = self.producer.oldest_unacked
+        if seqno is None or oldest is None:
+            return True
+        return 0 < (oldest.opaque - seqno) % SEQNO_MODULUS < SEQNO_MODULUS // 2
+
+    async def _until_acked(self, seqno: int | None) -> None:
+        while not self._acked(seqno):
+            self._wake = trio.Event()
+            await self._pause()
 
     def _window_expiry(self) -> float | None:
         """When a full ack window drops the client (None: the window has room)."""

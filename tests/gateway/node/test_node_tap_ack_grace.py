@@ -14,9 +14,10 @@ import time
 
 import pytest
 import trio
+import trio.testing
 
 from adapters.tap import ConnectFlags as F
-from adapters.tap import TapMutation
+from adapters.tap import TapCheckpointStart, TapMutation, TapOpaque
 from gateway.node.store import Store
 from tests.support.tap_client import TapClient, connect_event, start_node, until, wants_ack
 
@@ -62,3 +63,37 @@ async def test_a_client_that_acks_late_but_within_the_grace_keeps_streaming(
             await client.ack(max((e for e in events if wants_ack(e)), key=lambda e: e.opaque))
             more = await client.message()
     assert isinstance(more, TapMutation)
+
+
+async def test_with_control_acks_awaited_nothing_but_opaques_passes_an_unacked_opaque(
+    nursery: trio.Nursery,
+) -> None:
+    """``tap_wait_control_acks``: ep-engine 2.5.1 src/ep_engine.cc ``doWalkTapQueue``
+    sends only OPAQUE and VBUCKET_SET while an OPAQUE is unacked
+    (``TapProducer::waitForOpaqueMsgAck``), src/tapconnection.cc ``getNextItem``
+    no item while a checkpoint message is (``waitForCheckpointMsgAck``)."""
+    store = _store(3)
+    node, port = await start_node(nursery, store, vbuckets=1, tap_wait_control_acks=True)
+    connect = connect_event(b"held", F.BACKFILL | F.SUPPORT_ACK | F.CHECKPOINT, backfill_date=0)
+    with trio.fail_after(10):
+        async with await TapClient.open(port, connect) as client:
+            opaques = [await client.message() for _ in range(3)]  # nack, sync, initial
+            assert all(isinstance(m, TapOpaque) for m in opaques), opaques
+            stream = node.tap.get("held")
+            await until(lambda: stream.last_stamped == 3)
+            await trio.testing.wait_all_tasks_blocked()
+            assert stream.last_stamped == 3  # held: the OPAQUEs are not acked
+            await client.ack(opaques[-1])  # covers all three
+            items = [await client.message() for _ in range(3)]
+            assert all(isinstance(m, TapMutation) for m in items), items
+            close = await client.message()
+            assert isinstance(close, TapOpaque)
+            await client.ack(close)
+            store.set(0, b"live", b"x", now=time.time())
+            start = await client.message()
+            assert isinstance(start, TapCheckpointStart)
+            await trio.testing.wait_all_tasks_blocked()
+            assert stream.last_stamped == start.opaque  # the item waits for its ack
+            await client.ack(start)
+            live = await client.message()
+    assert isinstance(live, TapMutation) and live.key == b"live"
