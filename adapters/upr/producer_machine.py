@@ -324,8 +324,9 @@ class ProducerMachine(Generic[S]):
         stream = self.streams.get(vb)
         if stream is not None and stream.live:
             # A bad range is refused first (3.0 ``streamRequest``); with LATEST or
-            # DISKONLY the end is the role's to resolve, so the stream wins.
-            refused = None if req.flags & _RESOLVED_END else range_refusal(req, self._draft)
+            # DISKONLY the end is the role's to resolve, the snapshot is not.
+            end_known = not req.flags & _RESOLVED_END
+            refused = range_refusal(req, self._draft, end_known=end_known)
             if refused is not None:
                 return (Reply(encode(refused, self.dialect)),)
             return self._refuse(req, Status.KEY_EXISTS, f"vbucket {vb} already streams")
