@@ -13,7 +13,7 @@ import pytest
 
 from adapters import upr
 from adapters.mcbp import Frame, FrameReader, Status
-from adapters.upr.opening import open_connection
+from adapters.upr.opening import Role, open_connection
 
 BEFORE_OPEN = [
     upr.StreamRequest(vbucket=1, opaque=3),
@@ -43,9 +43,17 @@ def test_a_upr_request_before_open_closes_unanswered(event: upr.UprEvent) -> Non
     assert "needs an open UPR connection" in str(opening.closing)
 
 
-def test_open_with_notifier_and_producer_is_a_notifier() -> None:
+def test_open_with_producer_and_notifier_is_a_producer() -> None:
+    # 3.0 src/ep_engine.cc ``uprOpen`` tests DCP_OPEN_PRODUCER before
+    # DCP_OPEN_NOTIFIER: with both set it makes a producer, not a notifier.
     flags = upr.OpenFlags.PRODUCER | upr.OpenFlags.NOTIFIER
     frame = frame_of(upr.encode(upr.Open(name=b"n", flags=flags, opaque=5)))
+    opening = open_connection(frame, upr.DCP, "peer", consumers=True)
+    assert opening.role is Role.PRODUCER
+
+
+def test_open_with_the_notifier_flag_alone_is_refused() -> None:
+    frame = frame_of(upr.encode(upr.Open(name=b"n", flags=upr.OpenFlags.NOTIFIER, opaque=5)))
     reader = FrameReader()
     opening = open_connection(frame, upr.DCP, "peer", consumers=True)
     assert opening.role is None
