@@ -191,8 +191,9 @@ def _log(
         while offset + 24 <= size and taken != max_frames:
             if data[offset + 1] == OP_MUTATION and offset + 48 <= size:
                 # The common case: header, extras and rev_seqno in one unpack (checked below).
-                (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas, es_len,
-                 tap_flags, _, flags, expiration, rev_seqno) = head_item(data, offset)  # fmt: skip
+                (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas,
+                 es_len, tap_flags, ttl, flags, expiration, rev_seqno,
+                 ) = head_item(data, offset)  # fmt: skip
             else:
                 magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas = header(
                     data, offset
@@ -215,8 +216,8 @@ def _log(
                 if bodylen < 24:
                     break
                 if es_len < 0:
-                    es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(data, body)
-                if es_len != 8 and es_len != 9:
+                    es_len, tap_flags, ttl, flags, expiration, rev_seqno = mutation(data, body)
+                if (es_len != 8 and es_len != 9) or not ttl:  # TTL 0: the event path refuses it
                     break
                 key_start = body + 16 + es_len
                 key_end = key_start + keylen
@@ -227,8 +228,8 @@ def _log(
             elif opcode == OP_DELETE:
                 if bodylen < 16:
                     break
-                es_len, tap_flags, _, rev_seqno = delete(data, body)
-                if es_len != 8 or 16 + keylen > bodylen:
+                es_len, tap_flags, ttl, rev_seqno = delete(data, body)
+                if es_len != 8 or 16 + keylen > bodylen or not ttl:
                     break
                 key_start = body + 16
                 key_end = key_start + keylen
@@ -239,7 +240,7 @@ def _log(
                     break
                 es_len, tap_flags = _TAP_FLAGS.unpack_from(data, body)
                 key_end = body + 16 + es_len + keylen
-                if key_end > end or end - key_end != 8:
+                if key_end > end or end - key_end != 8 or not data[body + 4]:  # TTL 0
                     break
                 if cached >= 0:
                     run.count, run.due, run.first, run.high = count, due, run_first, seqno
