@@ -44,6 +44,8 @@ _DELETE = struct.Struct(">HHB3xQ")
 _RESPONSE_HEADER = struct.Struct(">BBHBBHIIQ")
 _HEADER = HEADER
 _HEADER_MUTATION = struct.Struct(HEADER.format + _MUTATION.format[1:])
+_HEADER_TAP = struct.Struct(HEADER.format + "HH")
+"""A header, then the engine-specific length and TAP flags (a checkpoint's extras)."""
 MAX_BODY = DEFAULT_MAX_FRAME_SIZE
 """The body length ``FrameReader`` takes by default; a frame declaring more is refused."""
 _REQUEST = Magic.REQUEST.value
@@ -168,6 +170,8 @@ def _log(
     that buffer (``_Run.end``: before anything else touches it, and at the end)."""
     header, mutation, delete = _HEADER.unpack_from, _MUTATION.unpack_from, _DELETE.unpack_from
     head_item = _HEADER_MUTATION.unpack_from
+    head_tap = _HEADER_TAP.unpack_from
+    tap_fields, checkpoint_id = _TAP_FLAGS.unpack_from, _ID.unpack_from
     host_flags = _HOST_FLAGS.unpack_from
     ack = _RESPONSE_HEADER.pack
     pack = _item_pack
@@ -189,11 +193,16 @@ def _log(
     count = run_first = seqno = 0
     try:
         while offset + 24 <= size and taken != max_frames:
-            if data[offset + 1] == OP_MUTATION and offset + 48 <= size:
+            op = data[offset + 1]
+            if op == OP_MUTATION and offset + 48 <= size:
                 # The common case: header, extras and rev_seqno in one unpack (checked below).
                 (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas,
                  es_len, tap_flags, ttl, flags, expiration, rev_seqno,
                  ) = head_item(data, offset)  # fmt: skip
+            elif op in (OP_CHECKPOINT_START, OP_CHECKPOINT_END) and offset + 28 <= size:
+                # One per live item each: header and TAP flags in one unpack (checked below).
+                (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas, es_len,
+                 tap_flags) = head_tap(data, offset)  # fmt: skip
             else:
                 magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas = header(
                     data, offset
@@ -238,7 +247,8 @@ def _log(
                 # of a 2.x stream that keeps up, so not worth an event each.
                 if bodylen < 16:
                     break
-                es_len, tap_flags = _TAP_FLAGS.unpack_from(data, body)
+                if es_len < 0:
+                    es_len, tap_flags = tap_fields(data, body)
                 key_end = body + 16 + es_len + keylen
                 if key_end > end or end - key_end != 8 or not data[body + 4]:  # TTL 0
                     break
@@ -246,7 +256,7 @@ def _log(
                     run.count, run.due, run.first, run.high = count, due, run_first, seqno
                     run.end()
                     cached = -1
-                mark_id = _ID.unpack_from(data, key_end)[0]
+                mark_id = checkpoint_id(data, key_end)[0]
                 if opcode == OP_CHECKPOINT_START:
                     sink.translator.open_checkpoint(mark_id)
                     sink.buffer.add_mark_fields(_MARK_START, mark_id)

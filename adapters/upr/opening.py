@@ -4,11 +4,11 @@ Theory of operation. A listener's command door hands the first request
 whose opcode is UPR's to ``open_connection``, which decides by the
 request's class (``_OPENERS``, one table), never by its name:
 
-- OPEN with the notifier flag (0x02), whatever else is set: NOT_SUPPORTED,
-  the connection stays a command one;
 - OPEN with the producer flag (0x01): a producer connection under the
   OPEN's name; the I/O side answers the OPEN (``Opening.reply``) once the
   connection runs, so a namesake is replaced before the consumer hears OK;
+- OPEN with the notifier flag (0x02): NOT_SUPPORTED, the connection stays a
+  command one;
 - OPEN with neither: a consumer connection where the role has one (the
   reference node's; ``consumers``), else NOT_SUPPORTED;
 - STREAM_REQ or GET_FAILOVER_LOG in a dialect without OPEN (the pre-release
@@ -74,13 +74,12 @@ def open_connection(frame: Frame, dialect: Dialect, peer: str, *, consumers: boo
 
 def _open(event: Open, dialect: Dialect, _peer: str, consumers: bool) -> Opening:
     flags = event.flags
-    if flags & OpenFlags.NOTIFIER:
-        # A notifier whatever else is set (3.0 ep_engine.cc ``uprOpen``).
+    if flags & OpenFlags.PRODUCER:
+        role = Role.PRODUCER
+    elif flags & OpenFlags.NOTIFIER:
         return _refused(
             event, dialect, Status.NOT_SUPPORTED, "notifier connections are not supported"
         )
-    if flags & OpenFlags.PRODUCER:
-        role = Role.PRODUCER
     elif consumers:
         role = Role.CONSUMER
     else:

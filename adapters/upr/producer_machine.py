@@ -47,10 +47,10 @@ Requests, by event class (``_REQUESTS``, the one transition table):
   bad value EINVAL. None closes the connection.
 - BUFFER_ACKNOWLEDGEMENT: credited to the window (more than is outstanding
   empties it), never answered: ``Room``.
-- A second OPEN: NOT_SUPPORTED, the connection stays.
-- A request only a consumer takes (ADD_STREAM, the stream messages, UPR's
-  NOOP, ...): ``Fail`` without a reply (3.0 ``ConnHandler`` answers
-  ENGINE_DISCONNECT, and memcached closes).
+- A second OPEN, or a request only a consumer takes (ADD_STREAM, the
+  stream messages, UPR's NOOP, ...): ``Fail`` without a reply (3.0
+  ``dcpOpen`` and ``ConnHandler`` answer ENGINE_DISCONNECT, and memcached
+  closes).
 
 Responses (3.0 ``handleResponse``): NOOP's clears the NOOP outstanding when
 it carries the last NOOP's opaque; SET_VBUCKET_STATE's and SNAPSHOT_MARKER's
@@ -135,6 +135,39 @@ def parse_uint32(value: bytes) -> int | None:
         return None
     number = int(text[:digits])
     return number if number <= 0xFFFFFFFF else None
+
+
+_KEYS_3_0 = (
+    b"connection_buffer_size",
+    b"stream_buffer_size",
+    b"enable_noop",
+    b"set_noop_interval",
+)
+"""The CONTROL keys 3.0 knows, in the order ``UprProducer::control`` tries them."""
+
+
+def _strncmp_matches(key: bytes, literal: bytes) -> bool:
+    """``strncmp(key, literal, len(key)) == 0``: ``key`` is a prefix of
+    ``literal``, or ``literal`` followed by a NUL (and anything after it)."""
+    terminated = literal + b"\x00"
+    for i, byte in enumerate(key):
+        if i >= len(terminated) or byte != terminated[i]:
+            return False
+        if byte == 0:
+            return True
+    return True
+
+
+def control_key(key: bytes) -> bytes:
+    """The key a CONTROL names. 3.0 compares the key it received with
+    ``strncmp(key, known, nkey)``, so a key sent with its C string's NUL (or a
+    prefix of a known key) names that key; keys of later servers match whole."""
+    if key in _CONTROLS or key in NOT_SUPPORTED_CONTROLS:
+        return key
+    for known in _KEYS_3_0:
+        if _strncmp_matches(key, known):
+            return known
+    return key
 
 
 def seconds(value: bytes) -> float | None:
@@ -256,13 +289,17 @@ class ProducerMachine(Generic[S]):
         transition = _REQUESTS.get(type(event))
         if transition is not None:
             return transition(self, event, now)
-        if isinstance(event, Open):
-            return self._refuse(event, Status.NOT_SUPPORTED, "the connection is open already")
-        # A consumer's message sent to a producer: 3.0's ``ConnHandler`` answers
-        # ENGINE_DISCONNECT, and memcached closes without a reply.
+        # A second OPEN ("another connection exists on the same socket", 3.0
+        # ep_engine.cc ``dcpOpen``) or a consumer's message sent to a producer
+        # (``ConnHandler``): ENGINE_DISCONNECT, and memcached closes, no reply.
         command: Command = getattr(event, "COMMAND", Command.OPEN)
+        reason = (
+            "OPEN on a connection open already"
+            if isinstance(event, Open)
+            else f"{event.NAME} is a request for a consumer, not a producer"
+        )
         error = ProtocolError(
-            f"{event.NAME} is a request for a consumer, not a producer",
+            reason,
             opcode=self.dialect.opcodes[command],
             field="opcode",
             value=self.dialect.opcodes[command],
@@ -287,8 +324,9 @@ class ProducerMachine(Generic[S]):
         stream = self.streams.get(vb)
         if stream is not None and stream.live:
             # A bad range is refused first (3.0 ``streamRequest``); with LATEST or
-            # DISKONLY the end is the role's to resolve, so the stream wins.
-            refused = None if req.flags & _RESOLVED_END else range_refusal(req, self._draft)
+            # DISKONLY the end is the role's to resolve, the snapshot is not.
+            end_known = not req.flags & _RESOLVED_END
+            refused = range_refusal(req, self._draft, end_known=end_known)
             if refused is not None:
                 return (Reply(encode(refused, self.dialect)),)
             return self._refuse(req, Status.KEY_EXISTS, f"vbucket {vb} already streams")
@@ -340,7 +378,7 @@ class ProducerMachine(Generic[S]):
         return ROOM
 
     def _control(self, req: Control, now: float) -> tuple[Output, ...]:
-        key = req.key
+        key = control_key(req.key)
         if key in NOT_SUPPORTED_CONTROLS:
             # upr-producer.cc ``control``: stream_buffer_size is ENGINE_ENOTSUP.
             text = f"control key {key.decode()!r} is not supported by this producer"

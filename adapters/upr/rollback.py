@@ -87,12 +87,15 @@ def refusal(req: StreamRequest, status: Status, text: str) -> Response:
     return Response(Command.STREAM_REQ, req.opaque, status.value, text.encode())
 
 
-def range_refusal(req: StreamRequest, draft: bool = False) -> Response | None:
+def range_refusal(
+    req: StreamRequest, draft: bool = False, *, end_known: bool = True
+) -> Response | None:
     """RANGE_ERROR for start > end or a start outside the snapshot, else None
     (3.0 upr-producer.cc ``streamRequest`` checks both before whether the
-    vbucket streams already, and before the rollback rule)."""
+    vbucket streams already, and before the rollback rule). Without
+    ``end_known`` (LATEST or DISKONLY not yet resolved) only the snapshot."""
     start, end = req.start_seqno, req.end_seqno
-    if start > end:
+    if end_known and start > end:
         return refusal(req, Status.RANGE_ERROR, f"start seqno {start} > end seqno {end}")
     snap_start, snap_end = (start, start) if draft else (req.snap_start_seqno, req.snap_end_seqno)
     if not snap_start <= start <= snap_end:

@@ -45,7 +45,8 @@ class LogTail:
         """Writes just published, in order."""
         tail = self.chunks
         tail += chunks
-        self.size += sum(len(c[2]) for c in chunks)
+        for chunk in chunks:
+            self.size += len(chunk[2])
         if self.size > self.limit:
             # Drop the older half at once (amortised O(1) per write); a write bigger
             # than the whole tail is read back from the file (the page cache).

@@ -355,13 +355,15 @@ class VbLog(LogReads):
         and ``LogWriteError`` raised. Call with ``lock`` held until ``publish``.
         """
         file = self.file
-        file.adopt_orphans()
+        if file.fsyncs.orphaned:
+            file.adopt_orphans()
         if file.rewrite:
             file.write_again()
         buffer = self.buffer
-        if not buffer:
+        if not buffer.data:
             return 0
-        buffer.close_block()
+        if buffer.block >= 0:
+            buffer.close_block()
         if file.broken is not None:
             raise LogWriteError(file.broken)
         if not file.written and not self.syncing:

@@ -51,3 +51,27 @@ def test_noop_interval_values_3_0_refuses(value: bytes) -> None:
     outputs = m.receive(upr.Control(b"set_noop_interval", value, opaque=2), 0.0)
     assert answer(outputs) == Status.INVALID_ARGUMENTS
     assert m.noop_interval == 10.0
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        # ``strncmp(key, known, nkey)``: the C string's NUL sent along still names it.
+        (b"connection_buffer_size\x00", 0),
+        (b"enable_noop\x00", 0),
+        (b"stream_buffer_size\x00", Status.NOT_SUPPORTED),
+        # A prefix of a known key names the first 3.0 tries.
+        (b"connection", 0),
+        (b"enable_no", 0),
+        # Longer than a known key, or differing: unknown.
+        (b"connection_buffer_sizes", Status.INVALID_ARGUMENTS),
+        (b"enable_noop_x", Status.INVALID_ARGUMENTS),
+        (b"xyz", Status.INVALID_ARGUMENTS),
+    ],
+)
+def test_control_keys_are_matched_as_3_0_strncmp_matches_them(key: bytes, expected: int) -> None:
+    """src/upr-producer.cc ``UprProducer::control`` compares each known key with
+    ``strncmp(param, "connection_buffer_size", nkey)`` and so on, in that order."""
+    m: ProducerMachine[FakeStream] = ProducerMachine("c", upr.DCP, noop_interval=10.0)
+    outputs = m.receive(upr.Control(key, b"true" if b"noop" in key else b"4096", opaque=2), 0.0)
+    assert answer(outputs) == expected

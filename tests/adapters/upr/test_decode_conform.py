@@ -11,12 +11,20 @@ GET_FAILOVER_LOG, BUFFER_ACKNOWLEDGEMENT, FLUSH, NOOP) stay as strict.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import pytest
 
 from adapters import upr
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, FrameReader, Magic, encode_frame
+from adapters.upr import producer_machine as pm
+
+
+@dataclass
+class FakeStream:
+    opaque: int
+    live: bool = True
 
 
 def frame_of(data: bytes) -> Frame:
@@ -62,3 +70,14 @@ def test_a_stream_request_with_a_key_stays_malformed() -> None:
     data = encode_frame(Magic.REQUEST, 0x53, extras=extras, key=b"k")
     with pytest.raises(ProtocolError):
         upr.decode_frame(frame_of(data), upr.DCP)
+
+
+def test_stream_request_flags_3_0_does_not_know_are_kept_and_served() -> None:
+    """upr-producer.cc ``streamRequest`` reads only the flag bits it knows
+    (TAKEOVER, DISKONLY, LATEST) and refuses none: a request with others streams."""
+    extras = struct.pack(">IIQQQQQ", 0x80 | 0x10, 0, 0, 10, 0, 0, 0)
+    frame = frame_of(encode_frame(Magic.REQUEST, 0x53, extras=extras, opaque=6))
+    m: pm.ProducerMachine[FakeStream] = pm.ProducerMachine("c", upr.DCP, noop_interval=10.0)
+    (out,) = m.receive_frame(frame, 0.0)
+    assert isinstance(out, pm.StreamWanted) and out.request.flags == 0x90
+    assert not out.request.flags & (upr.StreamFlags.TAKEOVER | upr.StreamFlags.LATEST)

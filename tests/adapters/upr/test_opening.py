@@ -44,7 +44,7 @@ def test_open_makes_a_producer_a_consumer_or_a_refusal(
     reply = answer(opening.reply)
     assert reply.magic == Magic.RESPONSE and reply.opaque == opaque
     assert opening.closing is None
-    if flags & upr.OpenFlags.PRODUCER and not flags & upr.OpenFlags.NOTIFIER:
+    if flags & upr.OpenFlags.PRODUCER:
         assert opening.role is Role.PRODUCER and reply.vbucket_or_status == 0
     elif flags & upr.OpenFlags.NOTIFIER or not consumers:
         assert opening.role is None and reply.vbucket_or_status == Status.NOT_SUPPORTED

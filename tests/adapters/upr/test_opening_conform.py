@@ -5,6 +5,9 @@ looks up the connection's handler, finds none before OPEN, and returns
 ENGINE_DISCONNECT: memcached 3.0 daemon/memcached.c closes the connection
 without a reply. Only the pre-release draft, which has no OPEN, opens a
 producer with its first STREAM_REQ or GET_FAILOVER_LOG.
+
+``dcpOpen`` tests PRODUCER (0x01) before NOTIFIER (0x02): an OPEN with both
+opens a producer; NOTIFIER alone a notifier, which is not served here.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import pytest
 
 from adapters import upr
 from adapters.mcbp import Frame, FrameReader, Status
-from adapters.upr.opening import open_connection
+from adapters.upr.opening import Role, open_connection
 
 BEFORE_OPEN = [
     upr.StreamRequest(vbucket=1, opaque=3),
@@ -43,12 +46,16 @@ def test_a_upr_request_before_open_closes_unanswered(event: upr.UprEvent) -> Non
     assert "needs an open UPR connection" in str(opening.closing)
 
 
-def test_open_with_notifier_and_producer_is_a_notifier() -> None:
-    flags = upr.OpenFlags.PRODUCER | upr.OpenFlags.NOTIFIER
+@pytest.mark.parametrize(
+    ("flags", "role"),
+    [
+        (upr.OpenFlags.PRODUCER | upr.OpenFlags.NOTIFIER, Role.PRODUCER),
+        (upr.OpenFlags.NOTIFIER, None),
+    ],
+)
+def test_producer_comes_before_notifier(flags: upr.OpenFlags, role: Role | None) -> None:
     frame = frame_of(upr.encode(upr.Open(name=b"n", flags=flags, opaque=5)))
-    reader = FrameReader()
     opening = open_connection(frame, upr.DCP, "peer", consumers=True)
-    assert opening.role is None
-    reader.receive_data(opening.reply)
-    (reply,) = reader.frames()
-    assert reply.vbucket_or_status == Status.NOT_SUPPORTED
+    assert opening.role is role
+    if role is None:
+        assert frame_of(opening.reply).vbucket_or_status == Status.NOT_SUPPORTED

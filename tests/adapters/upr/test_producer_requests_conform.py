@@ -53,3 +53,15 @@ def test_a_request_for_a_consumer_closes_a_producer_connection_unanswered(
     assert isinstance(out, pm.Fail)
     assert out.error.field == "opcode" and out.error.opcode == frame.opcode
     assert event.NAME in str(out.error)
+
+
+def test_a_second_open_closes_the_connection_unanswered() -> None:
+    """ep-engine 3.0 src/ep_engine.cc ``dcpOpen``: "Cannot open DCP connection
+    as another connection exists on the same socket", ENGINE_DISCONNECT."""
+    m: ProducerMachine[FakeStream] = ProducerMachine("consumer", upr.DCP, noop_interval=10.0)
+    reader = FrameReader()
+    reader.receive_data(upr.encode(upr.Open(name=b"again", flags=upr.OpenFlags.PRODUCER)))
+    (frame,) = reader.frames()
+    (out,) = m.receive_frame(frame, 0.0)
+    assert isinstance(out, pm.Fail) and out.error.opcode == 0x50
+    assert "open already" in str(out.error)

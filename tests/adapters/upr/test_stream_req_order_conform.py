@@ -48,6 +48,9 @@ def streaming(dialect: upr.Dialect = upr.DCP) -> ProducerMachine[FakeStream]:
         (5, 9, (5, 7), 0, Status.KEY_EXISTS),
         # LATEST / DISKONLY: the end is the vbucket's, known to the role only.
         (5, 3, (5, 5), upr.StreamFlags.LATEST, Status.KEY_EXISTS),
+        # ... but the snapshot check does not need it: ERANGE still comes first.
+        (5, 9, (6, 7), upr.StreamFlags.LATEST, Status.RANGE_ERROR),
+        (5, 9, (6, 7), upr.StreamFlags.DISK_ONLY, Status.RANGE_ERROR),
     ],
 )
 def test_a_bad_range_comes_before_an_existing_stream(

@@ -23,16 +23,7 @@ from adapters.translate.log_to_upr_fast import BatchEncoder
 from gateway.fronts.upr.shared_reads import SharedReads, shared_reads
 from gateway.fronts.upr.vblog import VbLog
 from tests.adapters.translate.test_log_to_upr_fast import U32, build, rows
-from tests.gateway.fronts.upr.support import (
-    caught_up,
-    filled_store,
-    final_state,
-    open_producer,
-    start_front,
-    start_node,
-    store_state,
-    until,
-)
+from tests.gateway.fronts.upr import support
 
 VB = 1
 CONSUMERS = 3
@@ -103,12 +94,12 @@ def test_a_batch_is_reused_only_where_a_read_would_cut_it_alike() -> None:
 async def test_consumers_reading_a_vbucket_together_share_its_disk_reads(
     nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = filled_store(3000)
-    _, node_port = await start_node(nursery, store)
+    store = support.filled_store(3000)
+    _, node_port = await support.start_node(nursery, store)
     # A tail of one byte: every read from the start goes to the disk.
-    front, port, _ = await start_front(nursery, tmp_path, node_port, tail_bytes=1)
+    front, port, _ = await support.start_front(nursery, tmp_path, node_port, tail_bytes=1)
     with trio.fail_after(30):
-        await until(lambda: caught_up(front, store))
+        await support.until(lambda: support.caught_up(front, store))
     high = front.logs.logs[VB].high_seqno
     gate = trio.Event()
     held = 0
@@ -121,22 +112,22 @@ async def test_consumers_reading_a_vbucket_together_share_its_disk_reads(
         return await read_disk(self, *args, **kwargs)
 
     monkeypatch.setattr(VbLog, "read_disk", gated)
-    clients = [await open_producer(port, b"reader%d" % n) for n in range(CONSUMERS)]
+    clients = [await support.open_producer(port, b"reader%d" % n) for n in range(CONSUMERS)]
     got: dict[int, object] = {}
 
     async def consume(n: int) -> None:
-        got[n] = final_state(await clients[n].read_stream(n + 10))
+        got[n] = support.final_state(await clients[n].read_stream(n + 10))
 
     with trio.fail_after(60):
         for n, client in enumerate(clients):
             await client.stream_request(VB, 0, high, opaque=n + 10)
         # One stream reads the first batch; the others wait for it, not for the disk.
-        await until(lambda: held == 1 and len(shared_reads()._reading) == 1)
+        await support.until(lambda: held == 1 and len(shared_reads()._reading) == 1)
         gate.set()
         async with trio.open_nursery() as readers:
             for n in range(CONSUMERS):
                 readers.start_soon(consume, n)
     for client in clients:
         await client.aclose()
-    assert all(got[n] == store_state(store, VB) for n in range(CONSUMERS))
+    assert all(got[n] == support.store_state(store, VB) for n in range(CONSUMERS))
     assert shared_reads().hits >= CONSUMERS - 1
