@@ -196,8 +196,9 @@ def _log(
             op = data[offset + 1]
             if op == OP_MUTATION and offset + 48 <= size:
                 # The common case: header, extras and rev_seqno in one unpack (checked below).
-                (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas, es_len,
-                 tap_flags, _, flags, expiration, rev_seqno) = head_item(data, offset)  # fmt: skip
+                (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas,
+                 es_len, tap_flags, ttl, flags, expiration, rev_seqno,
+                 ) = head_item(data, offset)  # fmt: skip
             elif op in (OP_CHECKPOINT_START, OP_CHECKPOINT_END) and offset + 28 <= size:
                 # One per live item each: header and TAP flags in one unpack (checked below).
                 (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas, es_len,
@@ -224,8 +225,8 @@ def _log(
                 if bodylen < 24:
                     break
                 if es_len < 0:
-                    es_len, tap_flags, _, flags, expiration, rev_seqno = mutation(data, body)
-                if es_len != 8 and es_len != 9:
+                    es_len, tap_flags, ttl, flags, expiration, rev_seqno = mutation(data, body)
+                if (es_len != 8 and es_len != 9) or not ttl:  # TTL 0: the event path refuses it
                     break
                 key_start = body + 16 + es_len
                 key_end = key_start + keylen
@@ -236,8 +237,8 @@ def _log(
             elif opcode == OP_DELETE:
                 if bodylen < 16:
                     break
-                es_len, tap_flags, _, rev_seqno = delete(data, body)
-                if es_len != 8 or 16 + keylen > bodylen:
+                es_len, tap_flags, ttl, rev_seqno = delete(data, body)
+                if es_len != 8 or 16 + keylen > bodylen or not ttl:
                     break
                 key_start = body + 16
                 key_end = key_start + keylen
@@ -249,7 +250,7 @@ def _log(
                 if es_len < 0:
                     es_len, tap_flags = tap_fields(data, body)
                 key_end = body + 16 + es_len + keylen
-                if key_end > end or end - key_end != 8:
+                if key_end > end or end - key_end != 8 or not data[body + 4]:  # TTL 0
                     break
                 if cached >= 0:
                     run.count, run.due, run.first, run.high = count, due, run_first, seqno

@@ -51,11 +51,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
+from typing import NoReturn
 
 import trio
 
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, FrameReader, Opcode
+from adapters.mcbp import Frame, FrameReader, Opcode, Status
 from adapters.mcbp.constants import VBucketState
 from adapters.tap import (
     ConnectFlags,
@@ -69,11 +70,12 @@ from adapters.tap import (
     TapOpaque,
     TapOpcode,
     TapResponse,
+    TapStreamMessage,
     TapVbucketSet,
     decode_frame,
     encode,
 )
-from adapters.tap.acks import ack_of
+from adapters.tap.acks import ack_of, ack_opcode
 from adapters.translate.tap_to_log_fast import frame_end, log_buffer
 from gateway.fronts.upr.commit import GroupCommit, commit
 from gateway.fronts.upr.config import UprFrontConfig
@@ -470,6 +472,8 @@ class Ingest:
             self.recording.record(event, now)
         kind = type(event)
         if kind is TapMutation or kind is TapDelete:  # the common case first
+            if not event.ttl:  # type: ignore[union-attr]
+                await self._refuse_expired_ttl(event, batch, stream)  # type: ignore[arg-type]
             vbucket = event.vbucket  # type: ignore[union-attr]
             vblog = logs.get(vbucket) or await self._open(vbucket)
             vblog.ingest(event, now)  # type: ignore[arg-type]
@@ -493,6 +497,8 @@ class Ingest:
             )
         if isinstance(event, TapConnect):
             raise ProtocolError("CONNECT from a TAP producer", opcode=TapOpcode.CONNECT)
+        if not event.ttl:
+            await self._refuse_expired_ttl(event, batch, stream)
         batch.messages += 1
         if isinstance(event, TapVbucketSet) and self.state_hook is not None:
             # Durable first: what came before the state change is logged.
@@ -520,6 +526,21 @@ class Ingest:
                 batch.touched = {}
         if int(event.tap_flags) & _ACK:
             batch.acks.append(ack_of(event))
+
+    async def _refuse_expired_ttl(
+        self, event: TapStreamMessage, batch: _Batch, stream: trio.abc.Stream
+    ) -> NoReturn:
+        """memcached 2.x answers a message whose TTL ran out (relayed in a loop) EINVAL,
+        and a 2.x producer closes on that nack: once what came before is logged and
+        acked (the nack acks it implicitly there), answer so and close."""
+        await self._commit(batch.touched)
+        batch.touched = {}
+        nack = ack_of(event, Status.INVALID_ARGUMENTS, b"TTL expired")
+        await stream.send_all(b"".join([*batch.replies, *batch.acks, nack]))
+        batch.replies, batch.acks = [], []
+        raise ProtocolError(
+            "TTL expired (relayed too often)", opcode=ack_opcode(event), field="ttl", value=0
+        )
 
     async def _open(self, vbucket: int) -> VbLog:
         """The log of a vbucket the node sends and the CONNECT did not name."""

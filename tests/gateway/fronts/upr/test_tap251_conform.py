@@ -444,3 +444,42 @@ async def test_a_vbucket_that_cannot_resume_is_backfilled_by_2_5_1(
     assert node.deregistered == 1  # once, for the restart's re-fetch
     assert 1 in checkpoint_map(node.sessions[1].connect)
     assert 1 not in checkpoint_map(node.sessions[2].connect)
+
+
+@pytest.mark.parametrize("events", [False, True], ids=["fast", "events"])
+async def test_a_message_whose_ttl_ran_out_is_refused_with_einval(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture, events: bool
+) -> None:
+    """memcached 2.5 daemon/memcached.c ``process_bin_tap_packet``: a TAP message
+    with TTL 0 (relayed too often, a loop) is answered EINVAL (0x04), and 2.5.1's
+    producer closes on any nack but BUSY/TMPFAIL (tapconnection.cc
+    ``processAck``), keeping the message for the next connection. The ingest
+    answers so only once all before it is logged and acked (a 2.5.1 nack
+    implicitly acks what came before), logs one line and reconnects."""
+    backfilled, done = trio.Event(), trio.Event()
+    items = {vb: [(b"k%d" % vb, b"v")] for vb in STREAMED}
+
+    async def play(s: Session) -> None:
+        if len(node.sessions) == 1:
+            await backfill(s, items)
+            backfilled.set()
+            good = t.mutation(1, b"good", b"g", seqno=s.next(), cas=7, ack=True)
+            await s.send(good + t.mutation(1, b"looped", b"l", seqno=s.next(), cas=8, ttl=0))
+            await s.closed.wait()
+            return
+        await s.send(t.mutation(1, b"looped", b"l", seqno=s.next(), cas=8, ack=True))
+        await s.wait_ack(s.seqno)
+        done.set()
+
+    node = Tap251Node(play)
+    with trio.fail_after(20):
+        capture = {"capture_dir": tmp_path / "capture"} if events else {}
+        _, port = await start(nursery, tmp_path / "state", node, **capture)
+        await done.wait()
+        got = items_of(await stream_items(port, 1, 3))
+    assert [e.key for e in got] == [b"k1", b"good", b"looped"]
+    first = node.sessions[0].responses
+    assert [(r.opcode, r.status) for r in first[-2:]] == [(t.MUTATION, 0), (t.MUTATION, 0x04)]
+    assert [r.opaque for r in first[-2:]] == [node.sessions[0].seqno - 1, node.sessions[0].seqno]
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len([m for m in lines if "opcode=0x41" in m and "field=ttl" in m]) == 1, lines
