@@ -285,7 +285,6 @@ def _log(
                 first_pending = translator._checkpoint_start
                 bits = 1 if backfill else 2 if first_pending else 0
                 buffer = sink.buffer
-                run.buffer = buffer
                 buf = buffer.data
                 block = buffer.block
                 limit = block + buffer.block_bytes if block >= 0 else -1
@@ -294,7 +293,7 @@ def _log(
                 sparse_append = buffer.sparse.append
                 count = 0
                 touched[vbucket] = sink
-                cached = vbucket
+                run.buffer, cached = buffer, vbucket  # together: ``finally`` reports to it
             key = data[key_start:key_end]
             if opcode == OP_MUTATION:
                 # ``TapToUpr.mutation`` inline (the frame always carries rev_seqno).

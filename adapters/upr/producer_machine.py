@@ -124,7 +124,7 @@ def error_response(frame: Frame, exc: ProtocolError) -> bytes:
 
 
 def parse_uint32(value: bytes) -> int | None:
-    """A CONTROL number as ep-engine 3.0's ``parseUint32`` (src/utility.cc) reads it:
+    """A CONTROL number as ep-engine 3.x's ``parseUint32`` (src/utility.cc) reads it:
     ``strtoul`` base 10, so leading blanks and a ``+`` are fine and the number may
     be followed by a blank and anything; a ``-`` or a value over 32 bits is not."""
     text = value.lstrip(b" \t\n\r\v\f")
@@ -289,9 +289,11 @@ class ProducerMachine(Generic[S]):
         transition = _REQUESTS.get(type(event))
         if transition is not None:
             return transition(self, event, now)
-        # A second OPEN ("another connection exists on the same socket", 3.0
-        # ep_engine.cc ``dcpOpen``) or a consumer's message sent to a producer
-        # (``ConnHandler``): ENGINE_DISCONNECT, and memcached closes, no reply.
+        # A consumer's message sent to a producer (3.0 ``ConnHandler``):
+        # ENGINE_DISCONNECT, and memcached closes, no reply. A second OPEN:
+        # 3.0.0's ``uprOpen`` put a second handler over the first; later 3.x
+        # ``dcpOpen`` refuses it this way ("another connection exists on the
+        # same socket"), and so do we.
         command: Command = getattr(event, "COMMAND", Command.OPEN)
         reason = (
             "OPEN on a connection open already"

@@ -32,8 +32,11 @@ def rollback_decision(
 ) -> int | None:
     """The seqno a consumer must roll back to, or ``None`` to stream from ``start``.
 
-    ``entries`` is the producer's failover log, newest first. The 3.0 rule
-    (ep-engine src/failover-table.cc ``FailoverTable::needsRollback``): a
+    ``entries`` is the producer's failover log, newest first. The 3.x rule
+    (ep-engine src/failover-table.cc ``FailoverTable::needsRollback`` of the
+    3.0.x line after 3.0.0; 3.0.0's had neither the purge check nor the
+    (start, start) snapshot, so it rolled back further, to the snapshot's
+    start, and missed purged tombstones): a
     consumer starting from 0 has nothing to lose. A consumer at the end of its
     snapshot has all of it, so its snapshot counts as (start, start). A
     snapshot beginning below ``purge_seqno`` may miss purged tombstones: back

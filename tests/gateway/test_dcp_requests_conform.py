@@ -4,8 +4,9 @@ UPR front alike (bytes packed by ``tests.support.raw_dcp``).
 ep-engine 3.0 src/tapconnection.cc ``ConnHandler``: a producer connection
 that gets ADD_STREAM, a stream message or UPR's NOOP logs "Disconnecting -
 This connection doesn't support the ... API" and returns ENGINE_DISCONNECT,
-as src/ep_engine.cc ``dcpOpen`` does for a second OPEN ("another connection
-exists on the same socket"); memcached 3.0 daemon/memcached.c closes the
+as a later 3.x src/ep_engine.cc ``dcpOpen`` does for a second OPEN ("another
+connection exists on the same socket"; 3.0.0's ``uprOpen`` put a second
+handler over the first); memcached 3.0 daemon/memcached.c closes the
 connection without a reply. The other consumers stream on.
 """
 

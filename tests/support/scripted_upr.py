@@ -29,6 +29,7 @@ from tests.support.raw_dcp import (
     HEADER,
     MARKER,
     MUTATION,
+    NOOP,
     OPEN,
     REQ,
     RES,
@@ -96,6 +97,12 @@ def stream_end(opaque: int, reason: int, vbucket: int = 0) -> bytes:
     return frame(STREAM_END, extras=struct.pack(">I", reason), opaque=opaque, vbucket=vbucket)
 
 
+def noop(opaque: int) -> bytes:
+    """A producer's NOOP (v3.0.0 src/upr-producer.cc ``maybeSendNoop``): not counted
+    in the flow-control buffer, sent whatever else waits."""
+    return frame(NOOP, opaque=opaque)
+
+
 def stream_ok(request: Request, failover: tuple[tuple[int, int], ...] = ((0xABC, 0),)) -> bytes:
     """The STREAM_REQ success answer: the failover log in the value."""
     value = b"".join(struct.pack(">QQ", uuid, seqno) for uuid, seqno in failover)
@@ -140,6 +147,8 @@ class ScriptedUpr:
     """Every frame a consumer sent after its OPEN and CONTROLs were answered."""
     buffer_size: int = 0
     """The consumer's CONTROL connection_buffer_size (0: none)."""
+    controls: dict[bytes, bytes] = field(default_factory=dict)
+    """Every CONTROL the consumer sent, key to value (the last one of each key)."""
     outstanding: int = 0
     """Counted bytes ``send_counted`` sent that no BUFFER_ACKNOWLEDGEMENT returned yet."""
     connections: int = 0
@@ -182,6 +191,7 @@ class ScriptedUpr:
             await channel.send(frame(OPEN, magic=RES, opaque=got.opaque))
             return True
         if got.magic == REQ and got.opcode == CONTROL:
+            self.controls[got.key] = got.value
             if got.key == b"connection_buffer_size":
                 self.buffer_size = int(got.value)
             await channel.send(frame(CONTROL, magic=RES, opaque=got.opaque))

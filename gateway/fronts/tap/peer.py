@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext as nowhere
 
 import trio
 
@@ -123,14 +124,17 @@ class TapPeer:
     # -- writing -------------------------------------------------------------
 
     async def wait_for_room(self) -> None:
-        """Until the ack window has room, flushing what is batched first."""
+        """Until the ack window has room, flushing what is batched first (the upstream's
+        keeper answers its NOOPs meanwhile: ``UprUpstream.pump_away``)."""
         waited_from = time.monotonic()
-        while not self.producer.can_send:
-            # A fresh event before the flush awaits: an ack arriving meanwhile sets it.
-            self.wake = trio.Event()
-            await self.flush()
-            if not self.producer.can_send:
-                await self.wake.wait()
+        upstream = self.upstream
+        with nowhere() if upstream is None else upstream.pump_away():
+            while not self.producer.can_send:
+                # A fresh event before the flush awaits: an ack arriving meanwhile sets it.
+                self.wake = trio.Event()
+                await self.flush()
+                if not self.producer.can_send:
+                    await self.wake.wait()
         self.stats.blocked_seconds += time.monotonic() - waited_from
 
     async def emit(self, message: TapStreamMessage, vb: VbStream | None) -> None:
@@ -159,7 +163,12 @@ class TapPeer:
         if self.batch:
             data = b"".join(self.batch)
             self.batch.clear()
-            await self.conn.send(data)
+            upstream = self.upstream
+            if upstream is not None and not self.conn.outbox_room:
+                with upstream.pump_away():  # a peer that does not read: send waits
+                    await self.conn.send(data)
+            else:
+                await self.conn.send(data)
             self.stats.bytes_sent += len(data)
             self.stats.last_item_time = time.time()
             self.last_send = trio.current_time()

@@ -41,6 +41,7 @@ from gateway.cli.startup import describe, show
 from gateway.fronts.tap.plan import UpstreamVbucket, plan_connection
 from gateway.fronts.tap.registry import Registry
 from gateway.fronts.tap.session import SessionConfig, TapSession
+from gateway.fronts.tap.upstream import DEFAULT_NOOP_INTERVAL
 from gateway.io.auth import Authenticator, Users
 from gateway.io.connection import PacketConnection, RequestFailed
 from gateway.io.connection import PacketConnection as McbpClient
@@ -98,6 +99,8 @@ class TapFrontConfig:
     max_unacked: int = 10_000
     backoff: float = 5.0
     noop_interval: float = 20.0
+    upstream_noop_interval: int = DEFAULT_NOOP_INTERVAL
+    """Seconds between the upstream's NOOPs, which the front asks for (3.0 CONTROL)."""
     save_interval: float = 1.0
     reconnect_attempts: int | None = None
     capture_dir: Path | None = None
@@ -113,6 +116,7 @@ class TapFrontConfig:
             max_unacked=self.max_unacked,
             backoff=self.backoff,
             noop_interval=self.noop_interval,
+            upstream_noop_interval=self.upstream_noop_interval,
             reconnect_attempts=self.reconnect_attempts,
             capture_dir=self.capture_dir,
             ssl_context=self.upstream_ssl,

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from contextlib import AsyncExitStack
+from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +56,12 @@ from adapters.tap.producer import TapProducer
 from gateway.fronts.tap.peer import TapPeer
 from gateway.fronts.tap.plan import ConnectionPlan
 from gateway.fronts.tap.registry import Registry
-from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError, UprUpstreamMalformed
+from gateway.fronts.tap.upstream import (
+    DEFAULT_NOOP_INTERVAL,
+    UprUpstream,
+    UprUpstreamError,
+    UprUpstreamMalformed,
+)
 from gateway.fronts.tap.upstream_streams import UpstreamStreams
 from gateway.io.connection import PacketConnection
 from gateway.io.door import Answer, refuse_command
@@ -81,6 +86,9 @@ class SessionConfig:
     max_unacked: int = 10_000
     backoff: float = 5.0
     noop_interval: float = 20.0
+    """Idle seconds before a NOOP to the TAP peer."""
+    upstream_noop_interval: int = DEFAULT_NOOP_INTERVAL
+    """Seconds between the upstream's NOOPs (CONTROL set_noop_interval)."""
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
     reconnect_attempts: int | None = None
@@ -149,16 +157,17 @@ class TapSession:
                     await self._open_captures(captures)
                     nursery.start_soon(peer.read, nursery.cancel_scope)
                     nursery.start_soon(peer.timers)
-                    await self._pump()
-                    await peer.settle_all()
-                    if self.closing_messages:
-                        for message in self.closing_messages:
-                            await peer.emit(message, None)
-                        await peer.flush()
+                    await self._pump(nursery)
+                    with self._away():
                         await peer.settle_all()
-                    # Everything reaches the socket before the close, however slow the
-                    # peer reads (a dump without acks has nothing else to wait on).
-                    await self.conn.drain()
+                        if self.closing_messages:
+                            for message in self.closing_messages:
+                                await peer.emit(message, None)
+                            await peer.flush()
+                            await peer.settle_all()
+                        # Everything reaches the socket before the close, however slow
+                        # the peer reads (a dump without acks has nothing else to wait on).
+                        await self.conn.drain()
                     self.done = True
                     nursery.cancel_scope.cancel()
             finally:
@@ -181,7 +190,12 @@ class TapSession:
         self.streams.captured_in = UprRecording(inbound, delete_kind=Kind.DELETE)
         self.peer.captured_out = TapRecording(outbound)
 
-    async def _pump(self) -> None:
+    def _away(self) -> AbstractContextManager[None]:
+        """The pump is done reading: the upstream's keeper answers its NOOPs until
+        the session ends (a slow peer's last acks may take longer than its interval)."""
+        return nullcontext() if self.upstream is None else self.upstream.pump_away()
+
+    async def _pump(self, nursery: trio.Nursery) -> None:
         peer = self.peer
         streams = self.streams
         for message in self._opening_messages():
@@ -191,6 +205,7 @@ class TapSession:
         while not streams.all_ended:
             try:
                 upstream = await self._connect()
+                nursery.start_soon(upstream.keep_alive)
                 failures = 0
                 await streams.request()
                 while not streams.all_ended:
@@ -228,6 +243,7 @@ class TapSession:
             name=b"tapfront:" + self.name.encode(),
             dialect=config.dialect,
             buffer_size=config.buffer_size,
+            noop_interval=config.upstream_noop_interval,
             user=config.user,
             password=config.password,
             ssl_context=config.ssl_context,

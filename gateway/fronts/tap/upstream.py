@@ -11,6 +11,37 @@ After that the session drives it: it sends STREAM_REQs and responses with
 runs of items in place from ``reader.buffer``, anything else frame by frame
 with ``next_frame``), and returns freed buffer bytes with ``acknowledge``.
 
+Keeping the connection alive while the pump is away. A 3.0 producer with
+NOOPs on (ep-engine 3.0 upr-producer.cc ``maybeSendNoop``) sends one every
+``noop_interval`` seconds whatever else flows, and drops the connection when
+the previous one is still unanswered at the next. The pump answers NOOPs
+as it meets them, but while it waits on its TAP peer (a full ack window, a
+full outbox) it reads nothing, and a NOOP may sit behind a flow-control
+buffer's worth of items. ``keep_alive`` (a task per connection, with
+``pump_away`` marking the pump's waits) answers them meanwhile:
+
+- it reads only while the pump is away, and never at the same time as the
+  pump: ``receive`` adopts a read the keeper has in progress instead of
+  starting a second one (so no read is ever cancelled half way, which TLS
+  does not survive, and no bytes are read twice);
+- what it reads goes into ``reader`` after what is there, as the pump's own
+  reads do: nothing is consumed, items stay for the pump in order. A read
+  compacts the buffer (``FrameReader.receive_data`` drops what was consumed),
+  which is safe because the pump holds no position in it across an await:
+  the fast path takes a run of frames from ``reader.offset`` and advances
+  it before its next await, and the event path copies each frame out;
+- memory stays bounded by what the producer may send: a 3.0 producer stops
+  at the flow-control buffer (only the TAP peer's acks return it), and NOOPs
+  and replies are small; the keeper stops reading past the buffer plus one
+  largest frame, should a producer not stop;
+- it scans the unconsumed bytes once each, frame header by frame header,
+  answers every NOOP request it finds, and records how far it answered
+  (``noops_answered_to``, a stream offset): the pump, meeting those NOOPs
+  later, does not answer them again.
+
+Only a connection with flow control and NOOPs (the released dialect) has a
+keeper; the draft has neither.
+
 Errors: ``UprUpstreamError`` for anything that makes the connection unusable
 (refused, closed, a failed OPEN), so the session can reconnect;
 ``UprUpstreamMalformed`` for what the session must not retry.
@@ -20,12 +51,15 @@ from __future__ import annotations
 
 import logging
 import ssl
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import trio
 
 from adapters import upr
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame
+from adapters.mcbp import HEADER_SIZE, Frame, Magic, Status
 from adapters.upr.consumer_handshake import ConsumerHandshake, HandshakeRefused
 from adapters.upr.flow_control import ConsumerWindow
 from gateway.io.connection import ConnectionLost, PacketConnection, RequestFailed
@@ -38,6 +72,11 @@ HANDSHAKE_TIMEOUT = 10.0
 ACK_FRACTION = 5
 """A BUFFER_ACKNOWLEDGEMENT returns at least 1/``ACK_FRACTION`` of the buffer."""
 _LOST = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ConnectionLost)
+_HEAD = struct.Struct(">BB6xII")
+"""Magic, opcode, body length and opaque of a frame header."""
+_REQUEST = Magic.REQUEST.value
+_OK = Status.SUCCESS.value
+_RESPONSE = Magic.RESPONSE.value
 
 
 class UprUpstreamError(GatewayError):
@@ -63,6 +102,23 @@ class UprUpstream:
         """Counted bytes received and not yet acknowledged, and the buffer announced."""
         self._freed = 0
         """Bytes the TAP peer's acks freed that no BUFFER_ACKNOWLEDGEMENT returned yet."""
+        self.noops_answered_to = 0
+        """Every NOOP request before this stream offset was answered by the keeper."""
+        self.noops_kept = 0
+        """NOOPs the keeper answered while the pump was away."""
+        self._reading = False
+        """A socket read is in progress (the pump's or the keeper's)."""
+        self._unseen = False
+        """A read brought bytes the pump has not looked at yet (the keeper's, while
+        the pump was away after its last look)."""
+        self._read_done: trio.Event | None = None
+        """Set when the read in progress ends (made by whoever waits for it)."""
+        self._failure: UprUpstreamError | None = None
+        """Why the connection is unusable, once a read found out."""
+        self._away = 0
+        """The pump waits on its TAP peer (nested waits count)."""
+        self._keeper_wake: trio.Event | None = None
+        self._keeper_scope = trio.CancelScope()
 
     @classmethod
     async def connect(
@@ -133,13 +189,123 @@ class UprUpstream:
         await self.send(upr.encode(event, self.dialect))
 
     async def receive(self) -> None:
-        """Add the next socket read to ``reader``."""
+        """Add the next socket read to ``reader`` (the pump's read): at once when the
+        keeper read something the pump has not seen yet, and a read the keeper has
+        in progress is taken over rather than doubled. A failed read raises once
+        what came before it was seen."""
+        if not self._unseen:
+            if self._failure is None:
+                if self._reading:
+                    if self._read_done is None:
+                        self._read_done = trio.Event()
+                    await self._read_done.wait()
+                else:
+                    await self._read()
+            if not self._unseen and self._failure is not None:
+                raise self._failure
+        self._unseen = False
+
+    async def _read(self) -> None:
+        self._reading = True
         try:
             received = await self.conn.receive_data()
         except _LOST as exc:
-            raise UprUpstreamError(f"UPR upstream {self.address}: {exc!r}") from None
-        if not received:
-            raise UprUpstreamError(f"UPR upstream {self.address} closed the connection")
+            self._failure = UprUpstreamError(f"UPR upstream {self.address}: {exc!r}")
+            return
+        finally:
+            self._reading = False
+            done = self._read_done
+            if done is not None:
+                self._read_done = None
+                done.set()
+        if received:
+            self._unseen = True
+        else:
+            self._failure = UprUpstreamError(f"UPR upstream {self.address} closed the connection")
+
+    # -- answering NOOPs while the pump is away ---------------------------------
+
+    @property
+    def keeps_alive(self) -> bool:
+        """Whether the connection has flow control and NOOPs (see the module docstring)."""
+        return self.window.buffer_size > 0
+
+    @contextmanager
+    def pump_away(self) -> Iterator[None]:
+        """The pump waits on its TAP peer for the block: the keeper may read."""
+        self._away += 1
+        wake = self._keeper_wake
+        if wake is not None:
+            wake.set()
+        try:
+            yield
+        finally:
+            self._away -= 1
+
+    async def keep_alive(self) -> None:
+        """Answer the upstream's NOOPs while the pump is away (the module docstring
+        says how); ends with the connection (``aclose``) or at a failed read, which
+        the pump's next ``receive`` raises."""
+        if not self.keeps_alive:
+            return
+        limit = self.window.buffer_size + HEADER_SIZE + self.reader.max_frame_size
+        with self._keeper_scope:
+            while self._failure is None:
+                if self._away:
+                    await self._answer_buffered_noops()
+                if not self._away or self.reader.buffered >= limit:
+                    # Until the pump next goes away (past the limit: the producer
+                    # did not stop at its buffer; what is read stays unread).
+                    self._keeper_wake = wake = trio.Event()
+                    await wake.wait()
+                    self._keeper_wake = None
+                elif self._reading:  # (only ever the keeper's own: the pump is away)
+                    if self._read_done is None:
+                        self._read_done = trio.Event()
+                    await self._read_done.wait()
+                else:
+                    await self._read()
+
+    async def _answer_buffered_noops(self) -> None:
+        opaques = self._buffered_noops()
+        if not opaques:
+            return
+        dialect = self.dialect
+        replies = b"".join(
+            upr.encode(upr.Response(upr.Command.NOOP, opaque, _OK), dialect) for opaque in opaques
+        )
+        self.noops_kept += len(opaques)
+        try:
+            await self.send(replies)
+        except UprUpstreamError as exc:
+            self._failure = exc
+
+    def _buffered_noops(self) -> list[int]:
+        """The opaques of the NOOP requests among the whole frames not consumed and
+        not scanned yet; moves ``noops_answered_to`` past them."""
+        reader = self.reader
+        buf = reader.buffer
+        base = reader.consumed - reader.offset  # the stream offset of buf[0]
+        at = max(reader.offset, self.noops_answered_to - base)
+        end = len(buf)
+        noop = self.dialect.opcodes[upr.Command.NOOP]
+        most = reader.max_frame_size
+        opaques = []
+        while end - at >= HEADER_SIZE:
+            magic, opcode, body, opaque = _HEAD.unpack_from(buf, at)
+            if (magic != _REQUEST and magic != _RESPONSE) or body > most:
+                break  # the pump reports it when it gets there
+            if at + HEADER_SIZE + body > end:
+                break
+            if magic == _REQUEST and opcode == noop:
+                opaques.append(opaque)
+            at += HEADER_SIZE + body
+        self.noops_answered_to = base + at
+        return opaques
+
+    def answered(self, frame: Frame) -> bool:
+        """Whether the keeper answered ``frame``, a NOOP the pump just took."""
+        return self.reader.consumed - frame.size < self.noops_answered_to
 
     def next_frame(self) -> Frame | None:
         """The next whole frame received, if any."""
@@ -165,4 +331,5 @@ class UprUpstream:
             await self.send_event(upr.BufferAcknowledgement(size, opaque=self.next_opaque()))
 
     async def aclose(self) -> None:
+        self._keeper_scope.cancel()
         await self.conn.aclose()

@@ -290,7 +290,8 @@ class UpstreamStreams:
             await self._on_response(event)
             return
         if isinstance(event, upr.Noop):
-            await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
+            if not upstream.answered(frame):  # (the keeper answers those it finds first)
+                await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
             return
         vb = self.by_opaque.get(event.opaque)
         if vb is None or vb.ended:

@@ -21,7 +21,8 @@ A stream on the fast path asks ``SharedReads.take`` before its own read:
   so streams that ask together make one read, not one each; the reader
   publishes it (``put``) before its own send, so a slow consumer never holds
   up the others;
-- else the stream reads as before, and publishes what it framed, kept for
+- else the stream reads as before, and publishes what it framed (reads of
+  the in-memory tail too, with ``TAIL`` for their segment), kept for
   the other live streams of the log that are not past its start (``wanted``):
   once they all took it, it goes. A stream that comes later reads the disk
   itself, so what the disk holds now is what it gets (a damaged block is
@@ -57,6 +58,8 @@ _BODY_LENGTH = struct.Struct(">I").unpack_from
 _OPAQUE = struct.Struct(">I").pack
 
 Key = tuple[int, int, int, int, int, int, bool, bool]
+TAIL = object()
+"""The segment of a batch read from the in-memory tail (which a compaction only drops)."""
 Stop = tuple["Segment", int]
 
 
@@ -67,7 +70,7 @@ class _Entry:
     def __init__(
         self,
         log: VbLog,
-        segment: Segment,
+        segment: object,
         encoded: EncodedBatch,
         opaque: int,
         stop: Stop | None,
@@ -76,7 +79,7 @@ class _Entry:
         left: int,
     ) -> None:
         self.log = weakref.ref(log)
-        self.segment = segment
+        self.segment: object = segment
         self.encoded = encoded
         self.opaque = opaque
         self.pieces: list[bytes] | None = None
@@ -151,8 +154,16 @@ class SharedReads:
                 return key, segment
         return None
 
+    @staticmethod
+    def tail_key(
+        vblog: VbLog, after: int, upto: int, limit: int, dialect: Dialect, encoder: BatchEncoder
+    ) -> Key:
+        """The key of a read of the in-memory tail (``TAIL`` stands for its segment)."""
+        return (id(vblog), 0, after, min(upto, vblog.high_seqno), limit, id(dialect),
+                encoder.expiry_opcode, encoder.delete_times)  # fmt: skip
+
     def take(
-        self, key: Key, vblog: VbLog, segment: Segment, asked: int, opaque: int
+        self, key: Key, vblog: VbLog, segment: object, asked: int, opaque: int
     ) -> Shared | None:
         entry = self._entries.get(key)
         if entry is None or entry.log() is not vblog or entry.segment is not segment:
@@ -187,7 +198,7 @@ class SharedReads:
         self,
         key: Key,
         vblog: VbLog,
-        segment: Segment,
+        segment: object,
         encoded: EncodedBatch,
         opaque: int,
         stop: Stop | None,

@@ -64,7 +64,7 @@ from adapters.upr.constants import StreamState
 from adapters.upr.stream_machine import StreamMachine, stats_rows
 from gateway.fronts.upr.damage import set_aside_damaged
 from gateway.fronts.upr.segments import LogReadError, Segment
-from gateway.fronts.upr.shared_reads import Key, Shared, shared_reads
+from gateway.fronts.upr.shared_reads import TAIL, Key, Shared, shared_reads
 from gateway.fronts.upr.vblog import VbLog
 from gateway.io.upr_stream import StreamTask
 
@@ -301,6 +301,21 @@ class LogStream(StreamTask):
             if asked <= 0:
                 return None
 
+    def _tail_batch(self, upto: int, asked: int) -> EncodedBatch:
+        """The next batch of the in-memory tail, framed here or by a stream at the same place."""
+        shared = shared_reads()
+        encoder = self.fast_encoder()
+        key = shared.tail_key(self.vblog, self.position, upto, BATCH, self.conn.dialect, encoder)
+        found = shared.take(key, self.vblog, TAIL, asked, self.opaque)
+        if found is not None:
+            return found.encoded
+        cut = BatchCut(encoder, self.position, upto, BATCH, asked)
+        self.vblog.read_memory(self.position, upto, cut)
+        encoded = cut.finish()
+        shared.put(key, self.vblog, TAIL, encoded, self.opaque, None, True, asked, cut.left,
+                   self._behind())  # fmt: skip
+        return encoded
+
     def _behind(self) -> int:
         """Other live streams of this log not past this one: who may want its batch."""
         count = 0
@@ -341,9 +356,7 @@ class LogStream(StreamTask):
         await vblog.segments_settled()  # no checkpoint between it and the read
         if vblog.in_memory(self.position):
             if fast:  # framed from the tail's record bytes, as from the disk's
-                cut = BatchCut(self.fast_encoder(), self.position, upto, BATCH, asked)
-                vblog.read_memory(self.position, upto, cut)
-                encoded = cut.finish()
+                encoded = self._tail_batch(upto, asked)
                 self._give_back(turn)
                 if not encoded.items:
                     return 0

@@ -56,8 +56,9 @@ def test_a_request_for_a_consumer_closes_a_producer_connection_unanswered(
 
 
 def test_a_second_open_closes_the_connection_unanswered() -> None:
-    """ep-engine 3.0 src/ep_engine.cc ``dcpOpen``: "Cannot open DCP connection
-    as another connection exists on the same socket", ENGINE_DISCONNECT."""
+    """ep-engine 3.x (after 3.0.0) src/ep_engine.cc ``dcpOpen``: "Cannot open DCP
+    connection as another connection exists on the same socket",
+    ENGINE_DISCONNECT. 3.0.0's ``uprOpen`` put a second handler over the first."""
     m: ProducerMachine[FakeStream] = ProducerMachine("consumer", upr.DCP, noop_interval=10.0)
     reader = FrameReader()
     reader.receive_data(upr.encode(upr.Open(name=b"again", flags=upr.OpenFlags.PRODUCER)))

@@ -1,4 +1,4 @@
-"""Streams at the same place of the same log share one disk read and its framing.
+"""Streams at the same place of the same log share one read (disk or tail) and its framing.
 
 A batch framed for one stream and patched with another's opaque is byte for
 byte what that stream's own read frames (the opaque is the only field of a
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from adapters import upr
 from adapters.translate.log_records import ItemKind
 from adapters.translate.log_to_upr_fast import BatchEncoder
+from gateway.fronts.upr.producer import UprConnection
 from gateway.fronts.upr.shared_reads import SharedReads, shared_reads
-from gateway.fronts.upr.vblog import VbLog
 from tests.adapters.translate.test_log_to_upr_fast import U32, build, rows
 from tests.gateway.fronts.upr import support
 
@@ -91,27 +91,30 @@ def test_a_batch_is_reused_only_where_a_read_would_cut_it_alike() -> None:
     assert small.bytes == 0
 
 
-async def test_consumers_reading_a_vbucket_together_share_its_disk_reads(
-    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("tail_bytes", [1, 1 << 20], ids=["disk", "tail"])
+async def test_consumers_reading_a_vbucket_together_share_its_reads(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tail_bytes: int
 ) -> None:
+    """With a tail of one byte every read from the start goes to the disk (the others
+    wait for the one reading it); with a large one, to the in-memory tail."""
     store = support.filled_store(3000)
     _, node_port = await support.start_node(nursery, store)
-    # A tail of one byte: every read from the start goes to the disk.
-    front, port, _ = await support.start_front(nursery, tmp_path, node_port, tail_bytes=1)
+    front, port, _ = await support.start_front(nursery, tmp_path, node_port, tail_bytes=tail_bytes)
     with trio.fail_after(30):
         await support.until(lambda: support.caught_up(front, store))
-    high = front.logs.logs[VB].high_seqno
+    vblog = front.logs.logs[VB]
+    assert vblog.in_memory(0) is (tail_bytes > 1)
     gate = trio.Event()
     held = 0
-    read_disk = VbLog.read_disk
+    send_budget = UprConnection.send_budget
 
-    async def gated(self: VbLog, *args: Any, **kwargs: Any) -> Any:
+    async def gated(self: UprConnection, *args: Any, **kwargs: Any) -> int:
         nonlocal held
         held += 1
         await gate.wait()
-        return await read_disk(self, *args, **kwargs)
+        return await send_budget(self, *args, **kwargs)
 
-    monkeypatch.setattr(VbLog, "read_disk", gated)
+    monkeypatch.setattr(UprConnection, "send_budget", gated)
     clients = [await support.open_producer(port, b"reader%d" % n) for n in range(CONSUMERS)]
     got: dict[int, object] = {}
 
@@ -120,9 +123,9 @@ async def test_consumers_reading_a_vbucket_together_share_its_disk_reads(
 
     with trio.fail_after(60):
         for n, client in enumerate(clients):
-            await client.stream_request(VB, 0, high, opaque=n + 10)
-        # One stream reads the first batch; the others wait for it, not for the disk.
-        await support.until(lambda: held == 1 and len(shared_reads()._reading) == 1)
+            await client.stream_request(VB, 0, vblog.high_seqno, opaque=n + 10)
+        # Every stream waits at the start, so the first batch is one read for all.
+        await support.until(lambda: held == CONSUMERS)
         gate.set()
         async with trio.open_nursery() as readers:
             for n in range(CONSUMERS):
