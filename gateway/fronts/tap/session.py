@@ -2,7 +2,7 @@
 
 Theory of operation. A ``TapSession`` owns one TAP connection (a client that
 sent CONNECT, or a TAP receiver the gateway pushes to) and one upstream UPR
-connection of its own, and runs three tasks:
+connection of its own, and runs four tasks:
 
 - the pump, the only task that writes stream messages: it requests one UPR
   stream per vbucket of the plan, then reads the upstream a socket read at a
@@ -13,7 +13,12 @@ connection of its own, and runs three tasks:
   they release settled upstream (see below); a request that is not TAP's goes
   to the front's command door, answered between stream messages;
 - the timers (``TapPeer.timers``): a NOOP on an idle TAP connection, the
-  resend after a busy nack.
+  resend after a busy nack;
+- the upstream's keeper (``UprUpstream.keep_alive``, one per upstream
+  connection): while the pump waits on the TAP peer (a full ack window, a
+  full outbox, the last acks), it reads on into the upstream's reader and
+  answers the NOOPs there, so a 3.0 producer does not drop a connection
+  whose TAP client is merely slow; the items stay for the pump.
 
 Backpressure runs end to end. The upstream stops at the flow-control buffer
 the gateway announced, and the gateway returns buffer bytes only for what

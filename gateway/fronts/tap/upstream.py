@@ -267,7 +267,7 @@ class UprUpstream:
                     await self._read()
 
     async def _answer_buffered_noops(self) -> None:
-        opaques = self._buffered_noops()
+        opaques = self.take_buffered_noops()
         if not opaques:
             return
         dialect = self.dialect
@@ -280,7 +280,7 @@ class UprUpstream:
         except UprUpstreamError as exc:
             self._failure = exc
 
-    def _buffered_noops(self) -> list[int]:
+    def take_buffered_noops(self) -> list[int]:
         """The opaques of the NOOP requests among the whole frames not consumed and
         not scanned yet; moves ``noops_answered_to`` past them."""
         reader = self.reader
