@@ -29,6 +29,7 @@ from gateway.fronts.upr.commit import (
     COMMIT_SPACING_PER_FILE,
     EARLY_COMMIT_INTERVAL,
     MAX_PENDING_BYTES,
+    QUIET_BYTES,
     SPACED_BYTES,
     GroupCommit,
 )
@@ -316,6 +317,8 @@ def test_early_commits_start_apart_by_their_files(files: int) -> None:
             for _ in range(4):
                 for vb in range(files):  # one file at a time: the wait grows as they come
                     group.submit({vb: logs[vb]}, [b"ack"])
+                    # A lively stream: what the reader adds as it reads.
+                    group.pending_bytes = max(group.pending_bytes, QUIET_BYTES)
                     await trio.sleep(0.0001)
             await group.flush()
             nursery.cancel_scope.cancel()
@@ -353,3 +356,34 @@ def test_early_commits_of_a_fast_stream_wait_only_the_interval() -> None:
     assert len(starts) == 4
     for a, b in pairwise(starts):
         assert EARLY_COMMIT_INTERVAL - 1e-9 <= b - a < 64 * COMMIT_SPACING_PER_FILE
+
+
+def test_early_commits_of_a_quiet_stream_wait_only_the_interval() -> None:
+    """Below ``QUIET_BYTES`` read since the last commit began, the next starts
+    ``EARLY_COMMIT_INTERVAL`` after it whatever its files: spacing a slow stream's
+    cheap commits by files only bunches its fsyncs into bursts (mock clock)."""
+    starts: list[tuple[float, int]] = []
+
+    async def commit_logs(touched: dict[int, Any]) -> None:
+        starts.append((trio.current_time(), len(touched)))
+
+    async def send(data: bytes) -> None:
+        pass
+
+    async def main() -> None:
+        group = GroupCommit(commit_logs, send, early=True)
+        logs: dict[int, Any] = {vb: _EarlyLog() for vb in range(64)}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(group.run)
+            for _ in range(4):
+                for vb in range(64):  # a file at a time, a few bytes each
+                    group.submit({vb: logs[vb]}, [b"ack"])
+                    group.pending_bytes += 100
+                    await trio.sleep(0.0002)
+            await group.flush()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert max(n for _, n in starts) < 64  # files were not waited for
+    for (a, _), (b, _) in pairwise(starts):
+        assert EARLY_COMMIT_INTERVAL - 1e-9 <= b - a < EARLY_COMMIT_INTERVAL + 0.001
