@@ -1,8 +1,9 @@
-"""The rollback rule as ep-engine 3.0 decides it (src/failover-table.cc,
-``FailoverTable::needsRollback``, called from src/upr-producer.cc
-``streamRequest`` with the vbucket's high seqno and purge seqno).
+"""The rollback rule as ep-engine 3.x decides it (src/failover-table.cc,
+``FailoverTable::needsRollback`` of the 3.0.x line after 3.0.0, called from
+src/upr-producer.cc ``streamRequest`` with the vbucket's high seqno and purge
+seqno; 3.0.0's had neither the purge check nor the (start, start) snapshot).
 
-Cases where 3.0 differs from "roll back to min(snap_start, upper)": a
+Cases where 3.x differs from "roll back to min(snap_start, upper)": a
 consumer at its snapshot's end has all of it; one at its snapshot's start
 has nothing of it; the purge seqno is compared with the snapshot's start.
 """

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -295,12 +296,12 @@ class _EarlyLog:
         return 0
 
 
-@pytest.mark.parametrize("files", [1, 8, 64])
-def test_early_commits_start_apart_by_their_files(files: int) -> None:
-    """Under fsync batch a commit starts ``EARLY_COMMIT_INTERVAL`` after the last one at
-    least, or ``COMMIT_SPACING_PER_FILE`` per file it covers when that is longer (its
-    CPU grows with the files it fsyncs), files touched during the wait included;
-    trio's mock clock, not the wall clock."""
+Drive = Callable[[GroupCommit, dict[int, Any]], Awaitable[None]]
+
+
+def _early_commit_starts(files: int, drive: Drive) -> list[tuple[float, int]]:
+    """When each commit of an early (fsync batch) ``GroupCommit`` started and how many
+    files it covered, while ``drive`` submits to it; trio's mock clock."""
     starts: list[tuple[float, int]] = []
 
     async def commit_logs(touched: dict[int, Any]) -> None:
@@ -314,16 +315,30 @@ def test_early_commits_start_apart_by_their_files(files: int) -> None:
         logs: dict[int, Any] = {vb: _EarlyLog() for vb in range(files)}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(group.run)
-            for _ in range(4):
-                for vb in range(files):  # one file at a time: the wait grows as they come
-                    group.submit({vb: logs[vb]}, [b"ack"])
-                    # A lively stream: what the reader adds as it reads.
-                    group.pending_bytes = max(group.pending_bytes, QUIET_BYTES)
-                    await trio.sleep(0.0001)
+            await drive(group, logs)
             await group.flush()
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return starts
+
+
+@pytest.mark.parametrize("files", [1, 8, 64])
+def test_early_commits_start_apart_by_their_files(files: int) -> None:
+    """Under fsync batch a commit starts ``EARLY_COMMIT_INTERVAL`` after the last one at
+    least, or ``COMMIT_SPACING_PER_FILE`` per file it covers when that is longer (its
+    CPU grows with the files it fsyncs), files touched during the wait included;
+    trio's mock clock, not the wall clock."""
+
+    async def drive(group: GroupCommit, logs: dict[int, Any]) -> None:
+        for _ in range(4):
+            for vb in range(files):  # one file at a time: the wait grows as they come
+                group.submit({vb: logs[vb]}, [b"ack"])
+                # A lively stream: what the reader adds as it reads.
+                group.pending_bytes = max(group.pending_bytes, QUIET_BYTES)
+                await trio.sleep(0.0001)
+
+    starts = _early_commit_starts(files, drive)
     assert sum(n for _, n in starts) >= files and max(n for _, n in starts) == files
     for (a, _), (b, n) in pairwise(starts):
         assert b - a >= max(EARLY_COMMIT_INTERVAL, n * COMMIT_SPACING_PER_FILE) - 1e-9
@@ -333,28 +348,16 @@ def test_early_commits_of_a_fast_stream_wait_only_the_interval() -> None:
     """Once ``SPACED_BYTES`` were read since the last commit began, the next starts
     ``EARLY_COMMIT_INTERVAL`` after it whatever its files: a 2.x producer stops at
     10,000 messages not acked (mock clock)."""
-    starts: list[float] = []
 
-    async def commit_logs(touched: dict[int, Any]) -> None:
-        starts.append(trio.current_time())
+    async def drive(group: GroupCommit, logs: dict[int, Any]) -> None:
+        for _ in range(4):
+            group.submit(logs, [b"ack"])
+            group.pending_bytes += SPACED_BYTES  # what the reader adds as it reads
+            await group.flush()
 
-    async def send(data: bytes) -> None:
-        pass
-
-    async def main() -> None:
-        group = GroupCommit(commit_logs, send, early=True)
-        logs: dict[int, Any] = {vb: _EarlyLog() for vb in range(64)}
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(group.run)
-            for _ in range(4):
-                group.submit(logs, [b"ack"])
-                group.pending_bytes += SPACED_BYTES  # what the reader adds as it reads
-                await group.flush()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    starts = _early_commit_starts(64, drive)
     assert len(starts) == 4
-    for a, b in pairwise(starts):
+    for (a, _), (b, _) in pairwise(starts):
         assert EARLY_COMMIT_INTERVAL - 1e-9 <= b - a < 64 * COMMIT_SPACING_PER_FILE
 
 
@@ -362,28 +365,15 @@ def test_early_commits_of_a_quiet_stream_wait_only_the_interval() -> None:
     """Below ``QUIET_BYTES`` read since the last commit began, the next starts
     ``EARLY_COMMIT_INTERVAL`` after it whatever its files: spacing a slow stream's
     cheap commits by files only bunches its fsyncs into bursts (mock clock)."""
-    starts: list[tuple[float, int]] = []
 
-    async def commit_logs(touched: dict[int, Any]) -> None:
-        starts.append((trio.current_time(), len(touched)))
+    async def drive(group: GroupCommit, logs: dict[int, Any]) -> None:
+        for _ in range(4):
+            for vb in range(64):  # a file at a time, a few bytes each
+                group.submit({vb: logs[vb]}, [b"ack"])
+                group.pending_bytes += 100
+                await trio.sleep(0.0002)
 
-    async def send(data: bytes) -> None:
-        pass
-
-    async def main() -> None:
-        group = GroupCommit(commit_logs, send, early=True)
-        logs: dict[int, Any] = {vb: _EarlyLog() for vb in range(64)}
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(group.run)
-            for _ in range(4):
-                for vb in range(64):  # a file at a time, a few bytes each
-                    group.submit({vb: logs[vb]}, [b"ack"])
-                    group.pending_bytes += 100
-                    await trio.sleep(0.0002)
-            await group.flush()
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    starts = _early_commit_starts(64, drive)
     assert max(n for _, n in starts) < 64  # files were not waited for
     for (a, _), (b, _) in pairwise(starts):
         assert EARLY_COMMIT_INTERVAL - 1e-9 <= b - a < EARLY_COMMIT_INTERVAL + 0.001
