@@ -20,7 +20,6 @@ is steadier than ``throughput.py``'s on a shared machine.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import re
 import statistics
@@ -46,6 +45,7 @@ from gateway.fronts.upr.producer import UprConnection
 from gateway.fronts.upr.streams import LogStream
 from gateway.io.connection import PacketConnection
 from gateway.metrics.figures import GatewayStats, StreamStats
+from gateway.runtime.loop_watch import LoopWatch, freeze_startup_objects
 
 _KEY = re.compile(rb"live::\d{12}")
 
@@ -132,8 +132,9 @@ async def run(args: argparse.Namespace) -> None:
                                     early=args.fsync == "batch")  # fmt: skip
                 nursery.start_soon(group.run)
                 ingest._group = group
-            gc.collect()
-            gc.freeze()
+            freeze_startup_objects()  # as ``serve`` does
+            watch = LoopWatch()
+            nursery.start_soon(watch.run)
             profiler = None
             if args.profile:
                 import cProfile
@@ -162,6 +163,8 @@ async def run(args: argparse.Namespace) -> None:
         f"p99 {cuts[989] * 1e3:.2f} p99.9 {cuts[998] * 1e3:.2f} ms",
         flush=True,
     )
+    commits = f"{group.commits} commits, " if group is not None else ""
+    print(f"  {commits}{watch.summary()}", flush=True)
 
 
 def main() -> None:
@@ -173,7 +176,16 @@ def main() -> None:
     parser.add_argument("--vbuckets", type=int, default=64)
     parser.add_argument("--fsync", default="batch", choices=("always", "batch", "never"))
     parser.add_argument("--profile", help="cProfile the run into this file")
-    trio.run(run, parser.parse_args())
+    parser.add_argument(
+        "--no-fsync-calls", action="store_true",
+        help="fsync batch with each fsync a no-op: what the fsyncs themselves cost",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if args.no_fsync_calls:
+        from gateway.fronts.upr.segment_file import SegmentFile
+
+        SegmentFile.sync = lambda self: None  # type: ignore[method-assign]
+    trio.run(run, args)
 
 
 if __name__ == "__main__":
