@@ -31,9 +31,10 @@ What comes back (``Output``), one class per thing the I/O side does:
 Requests, by event class (``_REQUESTS``, the one transition table):
 
 - STREAM_REQ: a takeover stream from a user who may not administer is
-  NO_ACCESS; a vbucket the role does not serve NOT_MY_VBUCKET; a vbucket
-  with a live stream on this connection RANGE_ERROR for a bad range (the
-  end LATEST or DISKONLY ask for is the role's ``high_seqno`` now), else
+  NO_ACCESS; a vbucket the role does not serve NOT_MY_VBUCKET; one receiving
+  its initial backfill (``backfilling``) TMPFAIL; a vbucket with a live
+  stream on this connection RANGE_ERROR for a bad range (the end LATEST or
+  DISKONLY ask for is the role's ``high_seqno`` now), else
   KEY_EXISTS (ep-engine 3.0 ``UprProducer::streamRequest``); else
   ``StreamWanted``. A notifier connection (``notifier``, OPEN flag 0x02)
   has no range checks: only KEY_EXISTS.
@@ -250,6 +251,7 @@ class ProducerMachine(Generic[S]):
         admission: Callable[[str], str | None] = lambda _what: None,
         notifier: bool = False,
         high_seqno: Callable[[int], int] | None = None,
+        backfilling: Callable[[int], bool] = lambda _vb: False,
     ) -> None:
         self.name = name
         self.dialect = dialect
@@ -270,6 +272,9 @@ class ProducerMachine(Generic[S]):
         start, and carry no items (3.0 ``UprProducer`` with ``notifyOnly``)."""
         self.high_seqno = high_seqno
         """A served vbucket's high seqno now (None: unknown here, the role checks)."""
+        self.backfilling = backfilling
+        """Whether a served vbucket is receiving its initial backfill (3.0: its open
+        checkpoint id is 0): TMPFAIL, for notifiers too, before any range check."""
         self._upr_opcodes = dialect.commands
         self._draft = Command.SNAPSHOT_MARKER not in dialect.opcodes
         self._noop_due: float | None = None
@@ -333,6 +338,10 @@ class ProducerMachine(Generic[S]):
                 return self._refuse(req, Status.NO_ACCESS, denied)
         if not self.serves(vb):
             return self._refuse(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb} here")
+        if self.backfilling(vb):
+            # 3.0 ``streamRequest``: "this vbucket is in backfill state".
+            text = f"vbucket {vb} is receiving its initial backfill"
+            return self._refuse(req, Status.TEMPORARY_FAILURE, text)
         stream = self.streams.get(vb)
         if stream is not None and stream.live:
             # A bad range is refused first (3.0 ``streamRequest``): LATEST and

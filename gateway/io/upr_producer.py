@@ -60,6 +60,7 @@ class UprProducerBase(Generic[S]):
         delete_times: bool = False,
         serves: Callable[[int], bool] = lambda _vb: True,
         high_seqno: Callable[[int], int] | None = None,
+        backfilling: Callable[[int], bool] = lambda _vb: False,
         notifier: bool = False,
         answer: Answer = refuse_command,
     ) -> None:
@@ -77,6 +78,7 @@ class UprProducerBase(Generic[S]):
             admission=self._admission,
             notifier=notifier,
             high_seqno=high_seqno,
+            backfilling=backfilling,
         )
         self.window: ProducerWindow = self.machine.window
         self.streams: dict[int, S] = self.machine.streams

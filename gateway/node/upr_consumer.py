@@ -14,6 +14,8 @@ answer and stream back here:
   from the new position (a bounded number of times);
 - a SNAPSHOT_MARKER records the snapshot being received (the resume point);
   with the ACK flag the node answers once the marker's end seqno is applied;
+  a DISK one into an empty vbucket makes STREAM_REQs for it TMPFAIL until
+  the next marker (``UprHub.initial_backfill``);
 - MUTATION/DELETION/EXPIRATION are applied with the producer's seqnos and
   metadata; SET_VBUCKET_STATE sets the vbucket's state and is answered;
   STREAM_END ends the stream.
@@ -270,6 +272,11 @@ class ConsumerConnection:
         await self._send_marker_ack(stream)  # a producer whose last marker overshot
         stream.snapshot = (marker.start_seqno, marker.end_seqno)
         stream.ack_due = bool(marker.flags & upr.SnapshotFlags.ACK)
+        backfill = self.node.upr.initial_backfill
+        if marker.flags & upr.SnapshotFlags.DISK and not self.store.high_seqno(stream.vbucket):
+            backfill.add(stream.vbucket)  # stream requests for it: TMPFAIL until the next
+        else:
+            backfill.discard(stream.vbucket)
         self.store.set_snapshot(stream.vbucket, marker.start_seqno, marker.end_seqno)
         if stream.ack_due and self.store.high_seqno(stream.vbucket) >= marker.end_seqno:
             await self._send_marker_ack(stream)

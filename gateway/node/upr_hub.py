@@ -58,6 +58,11 @@ class UprHub:
     def __init__(self, node: Any) -> None:
         self.node = node
         self._named: NamedConnections[HubConnection] = NamedConnections("UPR")
+        self.initial_backfill: set[int] = set()
+        """Vbuckets receiving their first snapshot, a DISK one into an empty vbucket,
+        until the next marker (ep-engine 3.0 src/upr-stream.cc
+        ``PassiveStream::processMarker`` sets the open checkpoint id to 0, and
+        ``UprProducer::streamRequest`` answers such a vbucket TMPFAIL)."""
 
     def running(self, connection: HubConnection) -> AbstractContextManager[trio.CancelScope]:
         """Register ``connection`` while the block runs; a later namesake cancels it."""

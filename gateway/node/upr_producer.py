@@ -43,6 +43,7 @@ from adapters.upr.rollback import resolve_end
 from gateway.io.connection import PacketConnection
 from gateway.io.upr_producer import UprProducerBase
 from gateway.io.upr_stream import NotifierStream
+from gateway.node.items import VBucketState
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
 
@@ -80,6 +81,7 @@ class ProducerConnection(UprProducerBase[ProducerStream | NotifierStream]):
             delete_times=delete_times,
             serves=lambda vb: 0 <= vb < store.n_vbuckets,
             high_seqno=store.high_seqno,
+            backfilling=node.upr.initial_backfill.__contains__,
             notifier=notifies_only(flags),
             answer=node.door.answer,
         )
@@ -121,7 +123,8 @@ class ProducerConnection(UprProducerBase[ProducerStream | NotifierStream]):
             return
         stream: ProducerStream | NotifierStream
         if notifier:
-            beyond = partial(self._beyond, req.vbucket)
+            # The state at the request: a change before the task runs ends it too.
+            beyond = partial(self._beyond, req.vbucket, store.state(req.vbucket))
             stream = NotifierStream(req, send=self.send_counted, beyond=beyond)
         else:
             stream = ProducerStream(self, req)
@@ -130,12 +133,11 @@ class ProducerConnection(UprProducerBase[ProducerStream | NotifierStream]):
         assert self._nursery is not None
         self._nursery.start_soon(stream.run)
 
-    async def _beyond(self, vb: int, start: int) -> upr.StreamEndReason:
+    async def _beyond(self, vb: int, state: VBucketState, start: int) -> upr.StreamEndReason:
         """A notifier stream's wait: OK once the vbucket's high seqno passes
         ``start``, STATE_CHANGED once it changes state (3.0 ep.cc
         ``setVBucketState`` tells every stream of the vbucket)."""
         store, changes = self.node.store, self.node.changes
-        state = store.state(vb)
         while store.state(vb) is state:
             if store.high_seqno(vb) > start:
                 return upr.StreamEndReason.OK

@@ -5,6 +5,8 @@ src/upr-producer.cc ``UprProducer::streamRequest`` runs them:
   seqno (DISKONLY: the last persisted one) before the range checks, and those
   come before the live-stream check: a start past the high seqno is ERANGE
   even on a vbucket that already streams, not KEY_EEXISTS;
+- a vbucket in its backfill state (open checkpoint id 0) is TMPFAIL before
+  anything but NOT_MY_VBUCKET;
 - a notifier connection (``notifyOnly``) has no range checks: only KEY_EEXISTS
   for a live stream, then the rollback rule with a start of at most the high
   seqno (``min(start, high)``, so a start past the high seqno is no reason to
@@ -137,3 +139,25 @@ def test_a_notifier_with_an_unknown_uuid_still_rolls_back() -> None:
     )
     answer = answer_stream_request(req, LOG, HIGH, notifier=True)
     assert answer == upr.StreamRequestRollback(0, req.opaque)
+
+
+@pytest.mark.parametrize("notifier", [False, True])
+def test_a_vbucket_in_its_initial_backfill_is_tmpfail_before_any_range_check(
+    notifier: bool,
+) -> None:
+    """3.0 ``streamRequest``: open checkpoint id 0 is ENGINE_TMPFAIL, after the
+    vbucket-exists check and before everything else."""
+    m: ProducerMachine[FakeStream] = ProducerMachine(
+        "c",
+        upr.DCP,
+        noop_interval=10.0,
+        serves=lambda vb: vb < 4,
+        notifier=notifier,
+        high_seqno=lambda _vb: HIGH,
+        backfilling=lambda vb: vb == 1,
+    )
+    m.add_stream(1, FakeStream(opaque=1))
+    assert status(m.receive(request(9, 3, (0, 0)), 0.0)) == Status.TEMPORARY_FAILURE
+    assert status(m.receive(request(9, 3, (0, 0), vb=7), 0.0)) == Status.NOT_MY_VBUCKET
+    (wanted,) = m.receive(request(0, 3, (0, 0), vb=2), 0.0)
+    assert isinstance(wanted, pm.StreamWanted)
