@@ -77,9 +77,10 @@ class StreamSettings:
 
 
 def check_request(
-    store: Any, req: upr.StreamRequest, draft: bool
+    store: Any, req: upr.StreamRequest, draft: bool, *, notifier: bool = False
 ) -> upr.StreamRequestOk | upr.StreamRequestRollback | upr.Response:
-    """The answer to ``req`` from the store as it is now."""
+    """The answer to ``req`` from the store as it is now (``notifier``: a notifier
+    connection's request, which has no range checks)."""
     vb = req.vbucket
     if not 0 <= vb < store.n_vbuckets:
         return refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
@@ -94,6 +95,7 @@ def check_request(
         store.high_seqno(vb),
         purge_seqno=store.purge_seqno(vb),
         draft=draft,
+        notifier=notifier,
     )
 
 
