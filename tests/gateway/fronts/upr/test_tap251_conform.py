@@ -224,6 +224,11 @@ def _patched(frame: bytes, at: int, raw: bytes) -> bytes:
 BAD = {
     # "Received an invalid vbucket state, diconnecting"
     "vbucket state 7": (t.vbucket_set(1, 7, seqno=900), ("opcode=0x45", "field=state", "value=7")),
+    # "Received TAP_VBUCKET_SET with illegal size. Force disconnect"
+    "vbucket state in 0 engine-specific bytes": (
+        _patched(t.vbucket_set(1, 1, seqno=900), 24, b"\x00\x00"),
+        ("opcode=0x45", "field=engine_specific_length", "value=0"),
+    ),
     # "Checkpoint Id is missing in CHECKPOINT messages." (disconnect)
     "checkpoint without its id": (
         _cut(t.checkpoint(t.CHECKPOINT_START, 1, 6, seqno=900), 8),
