@@ -40,7 +40,8 @@ Requests, by event class (``_REQUESTS``, the one transition table):
 - GET_FAILOVER_LOG: ``LogWanted``.
 - CLOSE_STREAM: no live stream on the vbucket KEY_NOT_FOUND; else
   ``EndStream`` then OK (``closeStream`` drops the stream before its
-  STREAM_END could go).
+  STREAM_END could go). Either way the stream leaves the table (and the
+  stats), as 3.0 erases it.
 - CONTROL: ``connection_buffer_size`` (``parse_uint32``), ``enable_noop``
   (``true`` on, anything else off), ``set_noop_interval`` (seconds),
   ``enable_expiry_opcode`` (``true``/``false``; true only on a connection
@@ -254,7 +255,7 @@ class ProducerMachine(Generic[S]):
         self.dialect = dialect
         self.window = ProducerWindow()
         self.streams: dict[int, S] = {}
-        """By vbucket; an ended stream stays (for its stats) until replaced."""
+        """By vbucket; an ended stream stays (for its stats) until replaced or closed."""
         self.delete_times = delete_times
         """OPEN flag INCLUDE_DELETE_TIMES (0x20)."""
         self.expiry_opcode = False
@@ -351,7 +352,9 @@ class ProducerMachine(Generic[S]):
         return (LogWanted(req),)
 
     def _close_stream(self, req: CloseStream, _now: float) -> tuple[Output, ...]:
-        stream = self.streams.get(req.vbucket)
+        # 3.0 ``closeStream`` erases the stream from the map, live or ended (an
+        # ended one is KEY_ENOENT), so STAT dcp no longer lists it.
+        stream = self.streams.pop(req.vbucket, None)
         if stream is None or not stream.live:
             return self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
         return (EndStream(stream), self._ok(Command.CLOSE_STREAM, req.opaque))

@@ -1,10 +1,11 @@
 """What every direct capture shares: options, the upstream's vbuckets, the result.
 
-A capture opens one memcached connection, authenticates (SASL PLAIN) when
-asked, learns the vbuckets and their high seqnos from ``STAT vbucket`` and
-``STAT vbucket-seqno``, then turns the same connection into a TAP or UPR
-stream (``tap_capture``/``upr_capture``) whose item events go to one
-``CaptureRecorder``.
+A capture opens one memcached connection (``dialed``), authenticates (SASL
+PLAIN) when asked, learns the vbuckets and their high seqnos from ``STAT
+vbucket`` and ``STAT vbucket-seqno`` (``prepare``), then turns the same
+connection into a TAP or UPR stream (``tap_capture``/``upr_capture``) whose
+item events go to one ``CaptureRecorder``; ``record`` runs that stream and
+ends it the same way for both: the last acks out, the segment closed.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import trio
 
 from adapters.errors import GatewayError
 from gateway.io.connection import PacketConnection, RequestFailed
@@ -24,6 +28,8 @@ from gateway.tools.capture.segments import DEFAULT_MAX_SEGMENT_BYTES
 
 DEFAULT_BUFFER_SIZE = 10 * 1024 * 1024
 """UPR connection_buffer_size the capture announces."""
+FLUSH_SECONDS = 2.0
+"""How long the last acks may take to leave once the capture ends."""
 
 
 class CaptureFailed(GatewayError):
@@ -141,3 +147,51 @@ def new_recorder(options: CaptureOptions, side: str, connection: str) -> Capture
     if options.on_recorder is not None:
         options.on_recorder(recorder)
     return recorder
+
+
+@asynccontextmanager
+async def dialed(options: CaptureOptions, side: str) -> AsyncIterator[PacketConnection]:
+    """The capture's one connection to the server, closed on the way out."""
+    client = await PacketConnection.connect(
+        options.host,
+        options.port,
+        name=f"{side} {options.host}:{options.port}",
+        ssl_context=options.ssl_context,
+    )
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def record(
+    conn: PacketConnection,
+    recorder: CaptureRecorder,
+    result: CaptureResult,
+    task_status: trio.TaskStatus[CaptureResult],
+    *,
+    start: Callable[[], None],
+    consume: Callable[[], Awaitable[None]],
+) -> None:
+    """Run ``recorder`` and ``conn``'s writer, ``start`` the streams, hand ``result``
+    to ``task_status``, then ``consume`` until it returns.
+
+    However it ends (caught up, the server closed, cancelled), the last acks
+    go out before the socket closes and the segment is closed cleanly, so
+    ``result`` is complete by the time this returns or raises.
+    """
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        conn.start_writer(nursery)
+        try:
+            start()
+            task_status.started(result)
+            await consume()
+        finally:
+            with trio.CancelScope(shield=True):
+                conn.finish()
+                with trio.move_on_after(FLUSH_SECONDS):
+                    await conn.writer_done.wait()
+                await recorder.close()
+                result.finish(recorder)
+            nursery.cancel_scope.cancel()

@@ -44,8 +44,10 @@ from gateway.tools.capture.session import (
     CaptureFailed,
     CaptureOptions,
     CaptureResult,
+    dialed,
     new_recorder,
     prepare,
+    record,
 )
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,6 @@ CONNECT_FLAGS = (
     | ConnectFlags.SUPPORT_ACK
     | ConnectFlags.FIX_FLAG_BYTEORDER
 )
-FLUSH_SECONDS = 2.0
 
 
 async def capture_tap(
@@ -69,39 +70,24 @@ async def capture_tap(
     Cancelled, it returns nothing but still closes the segment cleanly; the
     ``CaptureResult`` handed to ``task_status.started`` is complete by then.
     """
-    client = await PacketConnection.connect(
-        options.host,
-        options.port,
-        name=f"tap {options.host}:{options.port}",
-        ssl_context=options.ssl_context,
-    )
-    try:
-        vbuckets, high = await prepare(client, options)
+    async with dialed(options, "tap") as conn:
+        vbuckets, high = await prepare(conn, options)
         name = options.connection_name("tap")
         result = CaptureResult("tap", name, vbuckets, high)
         recorder = new_recorder(options, "tap", name)
-        conn = client  # the command connection becomes the stream, keeping what it read
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
-            conn.start_writer(nursery)
-            try:
-                connect = TapConnect(
-                    name.encode(), CONNECT_FLAGS, backfill_date=0, vbuckets=tuple(vbuckets)
-                )
-                conn.send_nowait(encode(connect))
-                task_status.started(result)
-                await _consume(conn, recorder, result, options.until_caught_up)
-            finally:
-                with trio.CancelScope(shield=True):
-                    conn.finish()  # the last acks go out before the socket closes
-                    with trio.move_on_after(FLUSH_SECONDS):
-                        await conn.writer_done.wait()
-                    await recorder.close()
-                    result.finish(recorder)
-                nursery.cancel_scope.cancel()
+        # The command connection becomes the stream, keeping what it read.
+        connect = TapConnect(
+            name.encode(), CONNECT_FLAGS, backfill_date=0, vbuckets=tuple(vbuckets)
+        )
+        await record(
+            conn,
+            recorder,
+            result,
+            task_status,
+            start=lambda: conn.send_nowait(encode(connect)),
+            consume=lambda: _consume(conn, recorder, result, options.until_caught_up),
+        )
         return result
-    finally:
-        await client.aclose()
 
 
 async def _consume(

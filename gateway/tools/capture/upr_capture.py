@@ -40,8 +40,10 @@ from gateway.tools.capture.session import (
     CaptureFailed,
     CaptureOptions,
     CaptureResult,
+    dialed,
     new_recorder,
     prepare,
+    record,
 )
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,6 @@ log = logging.getLogger(__name__)
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 OPAQUE_BASE = 0x10000
 """Stream ``vb`` uses opaque OPAQUE_BASE + vb; set-up requests use smaller ones."""
-FLUSH_SECONDS = 2.0
 _OK = Status.SUCCESS.value
 
 
@@ -96,41 +97,21 @@ async def capture_upr(
     """Capture until caught up (with ``until_caught_up``), the server closes, or cancelled."""
     dialect = upr.get_dialect(options.dialect)
     draft = upr.Command.SNAPSHOT_MARKER not in dialect.opcodes
-    client = await PacketConnection.connect(
-        options.host,
-        options.port,
-        name=f"upr {options.host}:{options.port}",
-        ssl_context=options.ssl_context,
-    )
-    try:
-        vbuckets, high = await prepare(client, options)
+    async with dialed(options, "upr") as conn:
+        vbuckets, high = await prepare(conn, options)
         name = options.connection_name("upr")
         try:
-            expiry_opcode = False if draft else await _set_up(client, options, dialect, name)
+            expiry_opcode = False if draft else await _set_up(conn, options, dialect, name)
         except ProtocolError as exc:
             raise CaptureFailed(f"the server sent a malformed UPR response: {exc}") from None
         result = CaptureResult("upr", name, vbuckets, high)
         recorder = new_recorder(options, "upr", name)
-        conn = client  # the command connection becomes the stream, keeping what it read
+        # The command connection becomes the stream, keeping what it read.
         stream = _Streams(conn, recorder, result, dialect, options, expiry_opcode)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
-            conn.start_writer(nursery)
-            try:
-                stream.request_all()
-                task_status.started(result)
-                await stream.consume()
-            finally:
-                with trio.CancelScope(shield=True):
-                    conn.finish()
-                    with trio.move_on_after(FLUSH_SECONDS):
-                        await conn.writer_done.wait()
-                    await recorder.close()
-                    result.finish(recorder)
-                nursery.cancel_scope.cancel()
+        await record(
+            conn, recorder, result, task_status, start=stream.request_all, consume=stream.consume
+        )
         return result
-    finally:
-        await client.aclose()
 
 
 class _Streams:

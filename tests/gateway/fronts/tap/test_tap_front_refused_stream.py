@@ -2,7 +2,8 @@
 
 The upstream answers a STREAM_REQ it will not serve with an error status
 (ep-engine 3.0 src/upr-producer.cc ``UprProducer::streamRequest``:
-NOT_MY_VBUCKET for a vbucket it does not hold; the reference node likewise,
+NOT_MY_VBUCKET for a vbucket it does not hold; the reference node likewise
+for a dead one,
 ``check_request`` in gateway/node/upr_streams.py), which the codec gives as
 the generic ``Response`` (adapters/upr/responses.py). The front logs it,
 counts it and ends the vbucket (gateway/fronts/tap/upstream_streams.py); a
@@ -28,7 +29,7 @@ F = ConnectFlags
 
 async def test_a_refused_vbucket_ends_and_the_others_stream(nursery: trio.Nursery) -> None:
     store = filled_store()
-    store.set_state(2, VBucketState.REPLICA, now=time.time())
+    store.set_state(2, VBucketState.DEAD, now=time.time())  # replicas stream
     _, node_port = await start_node(nursery, store)
     front, port = await start_front(nursery, node_port, noop_interval=0.1)
     connect = connect_event(
