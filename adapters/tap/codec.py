@@ -187,7 +187,18 @@ def _decode_opaque(frame: Frame) -> TapOpaque:
 
 def _decode_vbucket_set(frame: Frame) -> TapVbucketSet:
     body = _need_body(frame, 12, "TAP header and vbucket state")
-    _, tap_flags, ttl = _TAP_HEADER.unpack_from(body)
+    es_len, tap_flags, ttl = _TAP_HEADER.unpack_from(body)
+    if es_len != 4:
+        # 2.x ep_engine.cc ``tapNotify``: "Received TAP_VBUCKET_SET with illegal
+        # size. Force disconnect" (the state is the 4 engine-specific bytes).
+        raise ProtocolError(
+            "VBUCKET_SET's state is 4 engine-specific bytes",
+            opcode=frame.opcode,
+            field="engine_specific_length",
+            value=es_len,
+            offset=_BODY,
+            status=_INVALID,
+        )
     raw = _U32.unpack_from(body, 8)[0]
     state = _STATES.get(raw)
     if state is None:

@@ -103,8 +103,9 @@ class UprUpstream:
         """Counted bytes received and not yet acknowledged, and the buffer announced."""
         self._freed = 0
         """Bytes the TAP peer's acks freed that no BUFFER_ACKNOWLEDGEMENT returned yet."""
-        self.noops = False
-        """The upstream agreed to send NOOPs (CONTROL enable_noop granted)."""
+        self.noops = True
+        """The upstream sends NOOPs: false once the handshake found ``enable_noop``
+        refused (or not asked, as in the draft dialect)."""
         self.noops_answered_to = 0
         """Every NOOP request before this stream offset was answered by the keeper."""
         self.noops_kept = 0

@@ -56,7 +56,7 @@ from typing import NoReturn
 import trio
 
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, FrameReader, Opcode, Status
+from adapters.mcbp import Frame, FrameReader, Magic, Opcode, Status, encode_frame
 from adapters.mcbp.constants import VBucketState
 from adapters.tap import (
     ConnectFlags,
@@ -74,6 +74,7 @@ from adapters.tap import (
     TapVbucketSet,
     decode_frame,
     encode,
+    is_tap_opcode,
 )
 from adapters.tap.acks import ack_of, ack_opcode
 from adapters.translate.tap_to_log_fast import frame_end, log_buffer
@@ -177,6 +178,8 @@ class Ingest:
         self.takeover = takeover
         self.state_hook = state_hook
         self.recording = recording
+        self._unknown_said: set[int] = set()
+        """Request opcodes from the upstream that no TAP consumer knows, logged once each."""
         """Records every message received from the upstream (``capture_dir``)."""
         self.handed_over = handed_over
         """Vbuckets handed over to a UPR consumer: left out of the CONNECT (``takeover``)."""
@@ -479,7 +482,13 @@ class Ingest:
         """Log one frame through its event (counted in ``batch.messages`` unless a NOOP)."""
         always = self.config.fsync == "always"
         logs = self._logs
-        event = decode_frame(frame)
+        try:
+            event = decode_frame(frame)
+        except ProtocolError:
+            if not frame.is_request or is_tap_opcode(frame.opcode):
+                raise
+            batch.replies.append(self._unknown_request(frame))
+            return
         if self.recording is not None:
             self.recording.record(event, now)
         kind = type(event)
@@ -538,6 +547,29 @@ class Ingest:
                 batch.touched = {}
         if int(event.tap_flags) & _ACK:
             batch.acks.append(ack_of(event))
+
+    def _unknown_request(self, frame: Frame) -> bytes:
+        """A request opcode no TAP consumer knows: answered UNKNOWN_COMMAND, and the
+        stream goes on, as a 2.x node's memcached did (``process_bin_unknown_packet``
+        hands it to ep-engine, whose ``processUnknownCommand`` answers so; nothing
+        closes the connection). Logged once per opcode."""
+        self.stats.protocol_errors_total["upr_front", "upstream_unknown_opcode"] += 1
+        if frame.opcode not in self._unknown_said:
+            self._unknown_said.add(frame.opcode)
+            log.warning(
+                "upstream %s: unknown request (opcode=0x%02x field=opcode value=%d, "
+                "opaque %d): answered UNKNOWN_COMMAND, the TAP stream goes on",
+                self.address,
+                frame.opcode,
+                frame.opcode,
+                frame.opaque,
+            )
+        return encode_frame(
+            Magic.RESPONSE,
+            frame.opcode,
+            vbucket_or_status=Status.UNKNOWN_COMMAND,
+            opaque=frame.opaque,
+        )
 
     async def _refuse_expired_ttl(
         self, event: TapStreamMessage, batch: _Batch, stream: trio.abc.Stream
