@@ -17,6 +17,7 @@ writes, every vbucket is read whole over UPR (the audit). Checked:
   entry at its recovered high seqno rolls back one that saw more
   (ep-engine 3.0 src/failover-table.cc ``needsRollback``);
 - the data directory is 0700 and its files 0600.
+Some restarts are killed again soon after they begin (replaying the journal).
 The write in flight at the kill (its answer never came) is left out of both.
 """
 
@@ -165,6 +166,8 @@ class NodeCrashSummary:
     seed: int
     fsync: str
     kills: int = 0
+    start_up_kills: int = 0
+    """Further kills soon after a restart (while the journal is replayed, or just after)."""
     acked: int = 0
     kept: int = 0
     rollbacks: int = 0
@@ -206,6 +209,12 @@ async def node_crash_run(
             in_doubt, writer.in_doubt = writer.in_doubt, None
             wrong = private_state(data_dir)
             assert not wrong, f"cycle {cycle}: data not private after SIGKILL: {wrong}"
+            if rng.random() < 0.3:  # killed again while it replays its journal
+                node = await Gateway.run(running, command, NODE_LISTENING)
+                await trio.sleep(rng.uniform(0.0, 0.6))
+                node.kill()
+                await node.exited.wait()
+                summary.start_up_kills += 1
             node = await Gateway.run(running, command, NODE_LISTENING)
             with trio.fail_after(60):
                 await node.listening.wait()
