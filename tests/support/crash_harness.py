@@ -127,14 +127,23 @@ class Writer:
 
 
 class Gateway:
-    """One ``serve`` process on ``state_dir``; its log kept in ``lines``."""
+    """One process of ours (``serve``, or a ``node``); its log kept in ``lines``, the port
+    its log line matching ``pattern`` names in ``port``."""
 
-    def __init__(self, proc: trio.Process) -> None:
+    def __init__(self, proc: trio.Process, pattern: str) -> None:
         self.proc = proc
+        self.pattern = re.compile(pattern)
         self.lines: list[str] = []
         self.port = 0
         self.listening = trio.Event()
         self.exited = trio.Event()
+
+    @classmethod
+    async def run(cls, nursery: trio.Nursery, command: list[str], pattern: str) -> Gateway:
+        proc = await trio.lowlevel.open_process(command, stderr=-1)  # subprocess.PIPE
+        gateway = cls(proc, pattern)
+        nursery.start_soon(gateway._read_log)
+        return gateway
 
     @classmethod
     async def start(
@@ -147,13 +156,11 @@ class Gateway:
         segment_bytes: int = 32 * 1024,
         fsync: str = "batch",
     ) -> Gateway:
+        """``serve`` with the UPR front on ``node_port``'s TAP."""
         command = [sys.executable, "-c", SERVE, str(compact_interval), str(segment_bytes),
                    "--tap-upstream", f"127.0.0.1:{node_port}", "--upr-listen", "127.0.0.1:0",
                    "--no-metrics", "--state-dir", str(state_dir), "--fsync", fsync]  # fmt: skip
-        proc = await trio.lowlevel.open_process(command, stderr=-1)  # subprocess.PIPE
-        gateway = cls(proc)
-        nursery.start_soon(gateway._read_log)
-        return gateway
+        return await cls.run(nursery, command, r"UPR front listening on 127\.0\.0\.1:(\d+)")
 
     async def _read_log(self) -> None:
         assert self.proc.stderr is not None
@@ -165,16 +172,21 @@ class Gateway:
                 for raw in whole:
                     line = raw.decode("utf-8", "replace")
                     self.lines.append(line)
-                    found = re.search(r"UPR front listening on 127\.0\.0\.1:(\d+)", line)
+                    found = self.pattern.search(line)
                     if found:
                         self.port = int(found.group(1))
                         self.listening.set()
+        except trio.Cancelled:
+            self.kill()  # the test ended early (it failed): no process outlives it
+            raise
         finally:
-            await self.proc.wait()
+            with trio.CancelScope(shield=True):
+                await self.proc.wait()
             self.exited.set()
 
     def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
+        if self.proc.returncode is None:  # not yet reaped (a SIGTERM may have ended it)
+            self.proc.send_signal(signal.SIGKILL)
 
     async def stop(self) -> int:
         """SIGTERM, as a supervisor stops it; the exit status."""
@@ -280,9 +292,10 @@ class VbView:
         self.snap = (to, to)
 
     def request_snap(self) -> tuple[int, int]:
-        """As 3.0's consumer asks: a snapshot received whole is (seqno, seqno)."""
+        """As 3.0's consumer asks: a snapshot received whole, or none of whose items came
+        (only its marker), counts as (seqno, seqno)."""
         start, end = self.snap
-        return (self.seqno, self.seqno) if self.seqno >= end else (start, end)
+        return (start, end) if start <= self.seqno < end else (self.seqno, self.seqno)
 
     def state(self) -> dict[bytes, tuple[int, bytes | None]]:
         out: dict[bytes, tuple[int, bytes | None]] = {}
@@ -295,8 +308,14 @@ class VbView:
 class Consumer:
     """A UPR consumer that follows the front across restarts (see the module docstring)."""
 
-    def __init__(self, vbuckets: int, name: bytes = b"crash-consumer") -> None:
+    def __init__(
+        self, vbuckets: int, name: bytes = b"crash-consumer", *, unique_seqnos: bool = True
+    ) -> None:
         self.name = name
+        self.unique_seqnos = unique_seqnos
+        """Check that no (vbucket, seqno) is ever served as two items (the front's promise;
+        a 3.0 node that lost unflushed items hands their seqnos out again, under a new
+        failover entry)."""
         self.views = {vb: VbView() for vb in range(vbuckets)}
         self.served: dict[tuple[int, int], Item] = {}
         self.rollbacks: list[tuple[int, int, int]] = []
@@ -358,8 +377,9 @@ class Consumer:
         assert seqno > v.seqno, f"vb {vb}: seqno {seqno} after {v.seqno}"
         assert v.snap[0] <= seqno <= v.snap[1], f"vb {vb}: seqno {seqno} outside {v.snap}"
         item = event_item(event)
-        before = self.served.setdefault((vb, seqno), item)
-        assert before == item, f"vb {vb} seqno {seqno} served as {before}, now as {item}"
+        if self.unique_seqnos:
+            before = self.served.setdefault((vb, seqno), item)
+            assert before == item, f"vb {vb} seqno {seqno} served as {before}, now as {item}"
         v.items[seqno] = item
         v.seqno = seqno
         self.items_received += 1
@@ -417,6 +437,8 @@ class CrashSummary:
     kills: int = 0
     killed_listening: int = 0
     """Kills after the front announced its port (the others hit start-up)."""
+    killed_stopping: int = 0
+    """Kills after a SIGTERM (during the clean close, or after it)."""
     acked_checked: int = 0
     torn_bytes: int = 0
     rollbacks: int = 0
@@ -468,6 +490,10 @@ async def crash_run(
                     with trio.fail_after(60):
                         await gateway.listening.wait()
                     await trio.sleep(rng.uniform(*kill_after))
+                    if rng.random() < 0.25:  # killed while it closes its logs on SIGTERM
+                        gateway.proc.send_signal(signal.SIGTERM)
+                        summary.killed_stopping += 1
+                        await trio.sleep(rng.uniform(0.0, 0.3))
                 summary.killed_listening += gateway.listening.is_set()
                 gateway.kill()
                 await gateway.exited.wait()
