@@ -20,6 +20,7 @@ is steadier than ``throughput.py``'s on a shared machine.
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import re
 import statistics
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import trio
 
@@ -42,12 +44,15 @@ from gateway.fronts.upr.config import UprFrontConfig
 from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.logset import LogOptions, LogSet
 from gateway.fronts.upr.producer import UprConnection
+from gateway.fronts.upr.serving import LiveServer
 from gateway.fronts.upr.streams import LogStream
 from gateway.io.connection import PacketConnection
 from gateway.metrics.figures import GatewayStats, StreamStats
 from gateway.runtime.loop_watch import LoopWatch, freeze_startup_objects
 
 _KEY = re.compile(rb"live::\d{12}")
+_WHOLE = 18 + STAMP.size
+"""Bytes of a key and the stamp after it."""
 
 
 class Upstream:
@@ -111,11 +116,22 @@ async def run(args: argparse.Namespace) -> None:
 
             async def consume() -> None:
                 received = 0
+                rest = b""  # a key and stamp a read cut short: read again with the next
                 while data := await client_side.receive_some(1 << 20):
                     now = time.time()
+                    data = rest + data
+                    taken = 0
                     for found in _KEY.finditer(data):
-                        latencies.append(now - STAMP.unpack_from(data, found.end())[0])
+                        taken = found.end() + STAMP.size
+                        if taken > len(data):
+                            taken = found.start()
+                            break
+                        stamp = STAMP.unpack_from(data, found.end())[0]
+                        latencies.append(now - stamp)
+                        if STAGES is not None:
+                            STAGES.items.append((stamp, now))
                         received += 1
+                    rest = data[max(taken, len(data) - _WHOLE + 1) :]
                     if received >= items:
                         done.set()
 
@@ -165,6 +181,57 @@ async def run(args: argparse.Namespace) -> None:
     )
     commits = f"{group.commits} commits, " if group is not None else ""
     print(f"  {commits}{watch.summary()}", flush=True)
+    if STAGES is not None:
+        STAGES.report()
+
+
+class Stages:
+    """Where an item's time goes (``--stages``): each read's hand-over (its items' stamp),
+    the ingest's first submission after it (written and published), the serving pass
+    that sent it (the last to end before it arrived), and its arrival."""
+
+    def __init__(self) -> None:
+        self.submits: list[float] = []
+        self.passes: list[tuple[float, float]] = []
+        self.items: list[tuple[float, float]] = []
+        submit, serve = GroupCommit.submit, LiveServer._pass
+
+        def timed_submit(group: GroupCommit, *args: Any) -> None:
+            submit(group, *args)
+            self.submits.append(time.time())
+
+        def timed_pass(server: LiveServer, budget: int) -> None:
+            started = time.time()
+            serve(server, budget)
+            self.passes.append((started, time.time()))
+
+        GroupCommit.submit = timed_submit  # type: ignore[method-assign]
+        LiveServer._pass = timed_pass  # type: ignore[method-assign]
+
+    def report(self) -> None:
+        ends = [end for _, end in self.passes]
+        stages: dict[str, list[float]] = {
+            "read -> published": [], "published -> pass start": [], "pass start -> end": [],
+            "pass end -> consumer": [],
+        }  # fmt: skip
+        for stamp, arrival in self.items:
+            at = bisect.bisect_left(self.submits, stamp)
+            n = bisect.bisect_right(ends, arrival) - 1
+            if at == len(self.submits) or n < 0:
+                continue
+            published, (start, end) = self.submits[at], self.passes[n]
+            stages["read -> published"].append(published - stamp)
+            stages["published -> pass start"].append(start - published)
+            stages["pass start -> end"].append(end - start)
+            stages["pass end -> consumer"].append(arrival - end)
+        for name, values in stages.items():
+            if len(values) > 1:
+                cuts = statistics.quantiles(values, n=100)
+                print(f"  {name:<26} p50 {cuts[49] * 1e3:6.3f}  p90 {cuts[89] * 1e3:6.3f}  "
+                      f"p99 {cuts[98] * 1e3:6.3f} ms")  # fmt: skip
+
+
+STAGES: Stages | None = None
 
 
 def main() -> None:
@@ -180,7 +247,11 @@ def main() -> None:
         "--no-fsync-calls", action="store_true",
         help="fsync batch with each fsync a no-op: what the fsyncs themselves cost",
     )  # fmt: skip
+    parser.add_argument("--stages", action="store_true", help="where an item's time goes")
     args = parser.parse_args()
+    if args.stages:
+        global STAGES
+        STAGES = Stages()
     if args.no_fsync_calls:
         from gateway.fronts.upr.segment_file import SegmentFile
 
