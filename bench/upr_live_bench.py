@@ -51,12 +51,17 @@ from gateway.metrics.figures import GatewayStats, StreamStats
 from gateway.runtime.loop_watch import LoopWatch, freeze_startup_objects
 
 _KEY = re.compile(rb"live::\d{12}")
+MAX_READ = 800
+"""Items of one read at most (about what 256 KiB holds of them)."""
 _WHOLE = 18 + STAMP.size
 """Bytes of a key and the stamp after it."""
 
 
 class Upstream:
-    """What the ingest reads from: one read of the feed every ``interval`` seconds."""
+    """What the ingest reads from: ``per_read`` items every ``interval`` seconds, as a
+    socket holds them. A read takes every item due by then (up to ``MAX_READ``), each
+    stamped with the time it was due: an ingest that falls behind reads more at
+    once, and its items' latency counts the time they waited."""
 
     def __init__(self, feed: TapLiveFeed, per_read: int, interval: float, items: int) -> None:
         self.feed = feed
@@ -65,21 +70,36 @@ class Upstream:
         self.items = items
         self.sent = 0
         self.started = 0.0
+        self.wall = 0.0
+        """``time.time()`` when the feed started (``started`` on trio's clock)."""
+
+    def start(self) -> None:
+        self.started, self.wall = trio.current_time(), time.time()
 
     async def receive_some(self, max_bytes: int) -> bytes:
         if self.sent >= self.items:
             await trio.sleep_forever()
-        if self.interval:
-            due = self.started + self.sent / self.per_read * self.interval
+        per_read, interval = self.per_read, self.interval
+        if interval:
+            due = self.started + self.sent // per_read * interval
             if due > trio.current_time():
                 await trio.sleep_until(due)
+            else:
+                await trio.lowlevel.checkpoint()
+            reads = int((trio.current_time() - self.started) / interval) + 1
+            upto = min(self.items, reads * per_read, self.sent + MAX_READ)
         else:
             await trio.lowlevel.checkpoint()
-        stamp = STAMP.pack(time.time())
-        count = min(self.per_read, self.items - self.sent)
-        data = b"".join(self.feed.frames(self.sent + n, stamp) for n in range(count))
-        self.sent += count
-        return data
+            upto = min(self.items, self.sent + per_read)
+        frames, wall, now = self.feed.frames, self.wall, time.time()
+        parts = []
+        for n in range(self.sent, upto):
+            at = wall + n // per_read * interval if interval else now
+            parts.append(frames(n, STAMP.pack(at)))
+        self.sent = upto
+        if STAGES is not None:
+            STAGES.reads.append(now)
+        return b"".join(parts)
 
     async def send_all(self, data: bytes) -> None:
         """The acks and replies: the producer reads them, nothing to measure here."""
@@ -158,7 +178,8 @@ async def run(args: argparse.Namespace) -> None:
                 profiler = cProfile.Profile()
                 profiler.enable()
             cpu = time.process_time()
-            started = upstream.started = trio.current_time()
+            upstream.start()
+            started = upstream.started
             nursery.start_soon(ingest._stream_in_place, FrameReader(), upstream, group)  # type: ignore[arg-type]
             with trio.move_on_after(args.seconds + 30):
                 await done.wait()
@@ -186,11 +207,13 @@ async def run(args: argparse.Namespace) -> None:
 
 
 class Stages:
-    """Where an item's time goes (``--stages``): each read's hand-over (its items' stamp),
-    the ingest's first submission after it (written and published), the serving pass
-    that sent it (the last to end before it arrived), and its arrival."""
+    """Where an item's time goes (``--stages``): when it was due (its stamp), the read
+    that took it (the first at or after that), the ingest's first submission after
+    that read (written and published), the serving pass that sent it (the last to
+    end before it arrived), and its arrival."""
 
     def __init__(self) -> None:
+        self.reads: list[float] = []
         self.submits: list[float] = []
         self.passes: list[tuple[float, float]] = []
         self.items: list[tuple[float, float]] = []
@@ -211,16 +234,21 @@ class Stages:
     def report(self) -> None:
         ends = [end for _, end in self.passes]
         stages: dict[str, list[float]] = {
-            "read -> published": [], "published -> pass start": [], "pass start -> end": [],
-            "pass end -> consumer": [],
+            "due -> read": [], "read -> published": [], "published -> pass start": [],
+            "pass start -> end": [], "pass end -> consumer": [],
         }  # fmt: skip
         for stamp, arrival in self.items:
-            at = bisect.bisect_left(self.submits, stamp)
+            r = bisect.bisect_left(self.reads, stamp)
+            if r == len(self.reads):
+                continue
+            read = self.reads[r]
+            at = bisect.bisect_left(self.submits, read)
             n = bisect.bisect_right(ends, arrival) - 1
             if at == len(self.submits) or n < 0:
                 continue
             published, (start, end) = self.submits[at], self.passes[n]
-            stages["read -> published"].append(published - stamp)
+            stages["due -> read"].append(read - stamp)
+            stages["read -> published"].append(published - read)
             stages["published -> pass start"].append(start - published)
             stages["pass start -> end"].append(end - start)
             stages["pass end -> consumer"].append(arrival - end)
