@@ -20,6 +20,7 @@ is steadier than ``throughput.py``'s on a shared machine.
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import re
 import statistics
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import trio
 
@@ -42,16 +44,24 @@ from gateway.fronts.upr.config import UprFrontConfig
 from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.logset import LogOptions, LogSet
 from gateway.fronts.upr.producer import UprConnection
+from gateway.fronts.upr.serving import LiveServer
 from gateway.fronts.upr.streams import LogStream
 from gateway.io.connection import PacketConnection
 from gateway.metrics.figures import GatewayStats, StreamStats
 from gateway.runtime.loop_watch import LoopWatch, freeze_startup_objects
 
 _KEY = re.compile(rb"live::\d{12}")
+MAX_READ = 800
+"""Items of one read at most (about what 256 KiB holds of them)."""
+_WHOLE = 18 + STAMP.size
+"""Bytes of a key and the stamp after it."""
 
 
 class Upstream:
-    """What the ingest reads from: one read of the feed every ``interval`` seconds."""
+    """What the ingest reads from: ``per_read`` items every ``interval`` seconds, as a
+    socket holds them. A read takes every item due by then (up to ``MAX_READ``), each
+    stamped with the time it was due: an ingest that falls behind reads more at
+    once, and its items' latency counts the time they waited."""
 
     def __init__(self, feed: TapLiveFeed, per_read: int, interval: float, items: int) -> None:
         self.feed = feed
@@ -60,21 +70,36 @@ class Upstream:
         self.items = items
         self.sent = 0
         self.started = 0.0
+        self.wall = 0.0
+        """``time.time()`` when the feed started (``started`` on trio's clock)."""
+
+    def start(self) -> None:
+        self.started, self.wall = trio.current_time(), time.time()
 
     async def receive_some(self, max_bytes: int) -> bytes:
         if self.sent >= self.items:
             await trio.sleep_forever()
-        if self.interval:
-            due = self.started + self.sent / self.per_read * self.interval
+        per_read, interval = self.per_read, self.interval
+        if interval:
+            due = self.started + self.sent // per_read * interval
             if due > trio.current_time():
                 await trio.sleep_until(due)
+            else:
+                await trio.lowlevel.checkpoint()
+            reads = int((trio.current_time() - self.started) / interval) + 1
+            upto = min(self.items, reads * per_read, self.sent + MAX_READ)
         else:
             await trio.lowlevel.checkpoint()
-        stamp = STAMP.pack(time.time())
-        count = min(self.per_read, self.items - self.sent)
-        data = b"".join(self.feed.frames(self.sent + n, stamp) for n in range(count))
-        self.sent += count
-        return data
+            upto = min(self.items, self.sent + per_read)
+        frames, wall, now = self.feed.frames, self.wall, time.time()
+        parts = []
+        for n in range(self.sent, upto):
+            at = wall + n // per_read * interval if interval else now
+            parts.append(frames(n, STAMP.pack(at)))
+        self.sent = upto
+        if STAGES is not None:
+            STAGES.reads.append(now)
+        return b"".join(parts)
 
     async def send_all(self, data: bytes) -> None:
         """The acks and replies: the producer reads them, nothing to measure here."""
@@ -111,11 +136,22 @@ async def run(args: argparse.Namespace) -> None:
 
             async def consume() -> None:
                 received = 0
+                rest = b""  # a key and stamp a read cut short: read again with the next
                 while data := await client_side.receive_some(1 << 20):
                     now = time.time()
+                    data = rest + data
+                    taken = 0
                     for found in _KEY.finditer(data):
-                        latencies.append(now - STAMP.unpack_from(data, found.end())[0])
+                        taken = found.end() + STAMP.size
+                        if taken > len(data):
+                            taken = found.start()
+                            break
+                        stamp = STAMP.unpack_from(data, found.end())[0]
+                        latencies.append(now - stamp)
+                        if STAGES is not None:
+                            STAGES.items.append((stamp, now))
                         received += 1
+                    rest = data[max(taken, len(data) - _WHOLE + 1) :]
                     if received >= items:
                         done.set()
 
@@ -142,7 +178,8 @@ async def run(args: argparse.Namespace) -> None:
                 profiler = cProfile.Profile()
                 profiler.enable()
             cpu = time.process_time()
-            started = upstream.started = trio.current_time()
+            upstream.start()
+            started = upstream.started
             nursery.start_soon(ingest._stream_in_place, FrameReader(), upstream, group)  # type: ignore[arg-type]
             with trio.move_on_after(args.seconds + 30):
                 await done.wait()
@@ -165,6 +202,64 @@ async def run(args: argparse.Namespace) -> None:
     )
     commits = f"{group.commits} commits, " if group is not None else ""
     print(f"  {commits}{watch.summary()}", flush=True)
+    if STAGES is not None:
+        STAGES.report()
+
+
+class Stages:
+    """Where an item's time goes (``--stages``): when it was due (its stamp), the read
+    that took it (the first at or after that), the ingest's first submission after
+    that read (written and published), the serving pass that sent it (the last to
+    end before it arrived), and its arrival."""
+
+    def __init__(self) -> None:
+        self.reads: list[float] = []
+        self.submits: list[float] = []
+        self.passes: list[tuple[float, float]] = []
+        self.items: list[tuple[float, float]] = []
+        submit, serve = GroupCommit.submit, LiveServer._pass
+
+        def timed_submit(group: GroupCommit, *args: Any) -> None:
+            submit(group, *args)
+            self.submits.append(time.time())
+
+        def timed_pass(server: LiveServer, budget: int) -> None:
+            started = time.time()
+            serve(server, budget)
+            self.passes.append((started, time.time()))
+
+        GroupCommit.submit = timed_submit  # type: ignore[method-assign]
+        LiveServer._pass = timed_pass  # type: ignore[method-assign]
+
+    def report(self) -> None:
+        ends = [end for _, end in self.passes]
+        stages: dict[str, list[float]] = {
+            "due -> read": [], "read -> published": [], "published -> pass start": [],
+            "pass start -> end": [], "pass end -> consumer": [],
+        }  # fmt: skip
+        for stamp, arrival in self.items:
+            r = bisect.bisect_left(self.reads, stamp)
+            if r == len(self.reads):
+                continue
+            read = self.reads[r]
+            at = bisect.bisect_left(self.submits, read)
+            n = bisect.bisect_right(ends, arrival) - 1
+            if at == len(self.submits) or n < 0:
+                continue
+            published, (start, end) = self.submits[at], self.passes[n]
+            stages["due -> read"].append(read - stamp)
+            stages["read -> published"].append(published - read)
+            stages["published -> pass start"].append(start - published)
+            stages["pass start -> end"].append(end - start)
+            stages["pass end -> consumer"].append(arrival - end)
+        for name, values in stages.items():
+            if len(values) > 1:
+                cuts = statistics.quantiles(values, n=100)
+                print(f"  {name:<26} p50 {cuts[49] * 1e3:6.3f}  p90 {cuts[89] * 1e3:6.3f}  "
+                      f"p99 {cuts[98] * 1e3:6.3f} ms")  # fmt: skip
+
+
+STAGES: Stages | None = None
 
 
 def main() -> None:
@@ -180,7 +275,11 @@ def main() -> None:
         "--no-fsync-calls", action="store_true",
         help="fsync batch with each fsync a no-op: what the fsyncs themselves cost",
     )  # fmt: skip
+    parser.add_argument("--stages", action="store_true", help="where an item's time goes")
     args = parser.parse_args()
+    if args.stages:
+        global STAGES
+        STAGES = Stages()
     if args.no_fsync_calls:
         from gateway.fronts.upr.segment_file import SegmentFile
 

@@ -143,11 +143,15 @@ def _first_error(errors: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 async def _let_serve() -> None:
-    """One more yield after publishing (fsync batch), before the next frames are
-    applied: the connections' serving tasks the publish woke run in the next round
-    of the loop, which trio orders at random, so with one yield the next read was
-    applied before they sent what this one published half the time (an item waited
-    for the whole next read; first in, first out is the lower latency)."""
+    """Two more yields after a read that kept up was published (fsync batch), before
+    the next read is applied: a connection's serving task the publish woke takes two
+    rounds of the loop to send (it yields once more before its pass), and trio orders
+    each round at random, so with the one yield of the next ``receive_some`` the
+    next read was applied first most of the time (an item waited for the whole next
+    read; first in, first out is the lower latency). A read of ``STEP_FRAMES``
+    frames or more (the ingest is behind) goes on without them, as before: bigger
+    serving batches cost less per item while it catches up."""
+    await trio.lowlevel.checkpoint()
     await trio.lowlevel.checkpoint()
 
 
@@ -199,6 +203,8 @@ class Ingest:
         self._session_scope = trio.CancelScope()
         """The current connection's (``restart`` cancels it)."""
         self._restart = ""
+        self._stepped = False
+        """The read being applied took more than one step (``STEP_FRAMES``): behind."""
         self._group: GroupCommit | None = None
         """The pipelined commits of the connection streaming now (fsync batch or never)."""
 
@@ -391,8 +397,9 @@ class Ingest:
                 data = data[used:]
                 if group is not None:  # a read of fewer than STEP_FRAMES frames waits here
                     await group.room()
-                    if group.early:  # receive_some yields once more, data or not
-                        await _let_serve()
+                    if group.early and not self._stepped:
+                        await _let_serve()  # receive_some yields once more, data or not
+                self._stepped = False
             more = await stream.receive_some(RECEIVE_SIZE)
             if not more:
                 return
@@ -434,8 +441,8 @@ class Ingest:
                 if taken == limit and group is not None:
                     group.submit(batch.touched, batch.replies + batch.acks)
                     batch.touched, batch.replies, batch.acks = {}, [], []
+                    self._stepped = True
                     await trio.lowlevel.checkpoint()
-                    await _let_serve()
                     await group.room()
                     continue
                 end = frame_end(data, offset, lenient)
