@@ -200,14 +200,30 @@ def test_any_chunking_yields_the_same_events(data: st.DataObject) -> None:
     assert decode_chunks(chunks, dialect) == batch
 
 
-def drain(decoder: UprDecoder) -> list[UprEvent]:
-    """Events until the decoder needs more bytes or reports a ProtocolError."""
+def frame_ends(blob: bytes, count: int) -> int:
+    """Where the first ``count`` frames of ``blob`` end, by their declared body lengths."""
+    end = 0
+    for _ in range(count):
+        end += 24 + int.from_bytes(blob[end + 8 : end + 12], "big")
+    return end
+
+
+def drain(decoder: UprDecoder, blob: bytes) -> list[UprEvent]:
+    """Events until the decoder needs more bytes or reports a ProtocolError; either
+    way every event came from one whole frame of ``blob``, and an error names a
+    place inside the frame it refused."""
     out: list[UprEvent] = []
     try:
         while (event := decoder.next_event()) is not None:
             out.append(event)
     except ProtocolError as exc:
-        assert exc.offset is not None and exc.offset >= 0
+        start = frame_ends(blob, len(out))
+        assert exc.offset is not None and start <= exc.offset <= len(blob), (exc, start)
+    else:
+        # Stopped for want of bytes: what is left is less than one whole frame.
+        assert decoder.consumed + decoder.buffered == len(blob)
+        assert decoder.consumed == frame_ends(blob, len(out))
+        assert decoder.buffered < 24 or decoder.buffered < 24 + _body_length(blob, decoder)
     return out
 
 
@@ -215,17 +231,7 @@ def drain(decoder: UprDecoder) -> list[UprEvent]:
 def test_random_bytes_yield_events_or_protocol_error(dialect: Dialect, blob: bytes) -> None:
     decoder = UprDecoder(dialect, max_frame_size=4096)
     decoder.receive_data(blob)
-    try:
-        events = []
-        while (event := decoder.next_event()) is not None:
-            events.append(event)
-    except ProtocolError as exc:
-        assert exc.offset is not None and 0 <= exc.offset <= len(blob)
-    else:
-        # Stopped for want of bytes: what is left is less than one whole frame.
-        assert decoder.consumed + decoder.buffered == len(blob)
-        assert decoder.buffered < 24 or decoder.buffered < 24 + _body_length(blob, decoder)
-    for event in events:
+    for event in drain(decoder, blob):
         assert decode_chunks([encode(event, dialect)], dialect) == [event]
 
 
@@ -269,9 +275,10 @@ def test_framed_garbage_decodes_to_events_that_reencode(
 ) -> None:
     # Whatever decodes must encode again (the codec never produces an event
     # its own encoder refuses) and decode to the same event.
+    blob = b"".join(packets)
     decoder = UprDecoder(dialect, max_frame_size=4096)
-    decoder.receive_data(b"".join(packets))
-    for event in drain(decoder):
+    decoder.receive_data(blob)
+    for event in drain(decoder, blob):
         assert decode_chunks([encode(event, dialect)], dialect) == [event]
 
 
@@ -281,5 +288,6 @@ def test_valid_events_come_out_before_trailing_garbage(
 ) -> None:
     batch = data.draw(st.lists(EVENTS[dialect], min_size=1, max_size=4))
     decoder = UprDecoder(dialect, max_frame_size=4096)
-    decoder.receive_data(b"".join(encode(event, dialect) for event in batch) + tail)
-    assert drain(decoder)[: len(batch)] == batch
+    blob = b"".join(encode(event, dialect) for event in batch) + tail
+    decoder.receive_data(blob)
+    assert drain(decoder, blob)[: len(batch)] == batch
