@@ -14,7 +14,6 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.errors import ProtocolError
 from adapters.upr import (
     DCP,
     UPR_DRAFT,
@@ -46,6 +45,7 @@ from adapters.upr import (
     encode,
 )
 from adapters.upr.events import REQUEST_CLASSES
+from tests.support.fuzzing import drain
 
 DIALECTS = (DCP, UPR_DRAFT)
 
@@ -200,45 +200,12 @@ def test_any_chunking_yields_the_same_events(data: st.DataObject) -> None:
     assert decode_chunks(chunks, dialect) == batch
 
 
-def frame_ends(blob: bytes, count: int) -> int:
-    """Where the first ``count`` frames of ``blob`` end, by their declared body lengths."""
-    end = 0
-    for _ in range(count):
-        end += 24 + int.from_bytes(blob[end + 8 : end + 12], "big")
-    return end
-
-
-def drain(decoder: UprDecoder, blob: bytes) -> list[UprEvent]:
-    """Events until the decoder needs more bytes or reports a ProtocolError; either
-    way every event came from one whole frame of ``blob``, and an error names a
-    place inside the frame it refused."""
-    out: list[UprEvent] = []
-    try:
-        while (event := decoder.next_event()) is not None:
-            out.append(event)
-    except ProtocolError as exc:
-        start = frame_ends(blob, len(out))
-        assert exc.offset is not None and start <= exc.offset <= len(blob), (exc, start)
-    else:
-        # Stopped for want of bytes: what is left is less than one whole frame.
-        assert decoder.consumed + decoder.buffered == len(blob)
-        assert decoder.consumed == frame_ends(blob, len(out))
-        assert decoder.buffered < 24 or decoder.buffered < 24 + _body_length(blob, decoder)
-    return out
-
-
 @given(dialects, st.binary(max_size=400))
 def test_random_bytes_yield_events_or_protocol_error(dialect: Dialect, blob: bytes) -> None:
     decoder = UprDecoder(dialect, max_frame_size=4096)
     decoder.receive_data(blob)
     for event in drain(decoder, blob):
         assert decode_chunks([encode(event, dialect)], dialect) == [event]
-
-
-def _body_length(blob: bytes, decoder: UprDecoder) -> int:
-    """The declared body length of the partial frame the decoder holds."""
-    start = len(blob) - decoder.buffered
-    return int.from_bytes(blob[start + 8 : start + 12], "big")
 
 
 _HEADER = struct.Struct(">BBHBBHIIQ")
