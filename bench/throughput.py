@@ -116,6 +116,8 @@ def gateway_upr_front(upstream: int, state_dir: str):  # type: ignore[no-untyped
     profile = os.environ.get("BENCH_PROFILE")  # a file: the UPR front's run under cProfile
     if os.environ.get("BENCH_DIRECT") == "0":  # every send queued for the writer task
         start = ["-c", NO_DIRECT_WRITES]
+    elif wrapper := os.environ.get("BENCH_WRAPPER"):  # a script that runs the gateway
+        start = [wrapper]
     else:
         start = [*(["-m", "cProfile", "-o", profile] if profile else []), "-m", "gateway"]
     command = [

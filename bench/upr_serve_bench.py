@@ -94,6 +94,7 @@ async def serve(rounds: int, touched: int, vbuckets: int, window: int) -> None:
         serves=lambda _vb: True,
         door=SimpleNamespace(answer=None),
         stats=SimpleNamespace(stream_ends_total={}),
+        connections={},
     )
     left, right = trio.socket.socketpair()
     server_side, client_side = trio.SocketStream(left), trio.SocketStream(right)

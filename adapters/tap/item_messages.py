@@ -6,7 +6,9 @@ store). As ep-engine 2.x's TAP producer did (src/tapconnection.cc): with
 keys-only, no value and the NO_VALUE flag; item flags byte-swapped to host
 order unless the client asked for network order (FIX_FLAG_BYTEORDER), in
 which case they travel as stored with NETWORK_BYTE_ORDER set; a deletion or
-an expiration is a DELETE. The messages are unstamped (the sans-IO
+an expiration is a DELETE. The header's datatype is 0 whatever the item's:
+memcached 2.5 ``ship_tap_log`` zeroed the header, and no 2.x receiver read
+the byte. The messages are unstamped (the sans-IO
 ``TapProducer`` adds sequence numbers and ack requests). ``stored_flags`` is
 the way back, for every receiver: a MUTATION's flags as the client set them.
 """
@@ -43,8 +45,6 @@ class StoredMutation(StoredRemoval, Protocol):
     def flags(self) -> int: ...
     @property
     def expiration(self) -> int: ...
-    @property
-    def datatype(self) -> int: ...
 
 
 class ItemMessages:
@@ -74,7 +74,6 @@ class ItemMessages:
             rev_seqno=item.rev_seqno,
             nru=nru,
             tap_flags=self.tap_flags,
-            datatype=item.datatype,
         )
 
     @staticmethod

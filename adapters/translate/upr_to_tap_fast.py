@@ -3,11 +3,11 @@
 ``UprToTap.feed`` followed by ``TapProducer.stamp`` and the TAP codec makes
 three objects and several joins per item. For the dominant messages
 (MUTATION, DELETION, EXPIRATION) ``encode_item`` packs the TAP frame a 2.x
-server would send in one precompiled struct and one join, from the decoded
-UPR item, the translator's settings and the stamp (sequence number and TAP
-flags from ``TapProducer.next_stamp``). The result is byte for byte what
-the event path sends (a property test holds the two paths together); every
-other message keeps the event path.
+server would send (datatype 0, as ``item_messages`` says) in one precompiled
+struct and one join, from the decoded UPR item, the translator's settings and
+the stamp (sequence number and TAP flags from ``TapProducer.next_stamp``).
+The result is byte for byte what the event path sends (a property test holds
+the two paths together); every other message keeps the event path.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def mutation_frame(item: Mutation, translator: UprToTap, opaque: int, tap_flags:
     key = item.key
     value = b"" if translator.keys_only else item.value
     head = _MUTATION.pack(
-        _REQUEST, _OP_MUTATION, len(key), 16, item.datatype, translator.vbucket,
+        _REQUEST, _OP_MUTATION, len(key), 16, 0, translator.vbucket,
         _MUTATION_FIXED + len(key) + len(value), opaque, item.cas,
         9, tap_flags, DEFAULT_TTL,
         item.flags if translator.network_byte_order else swap32(item.flags),
@@ -109,7 +109,7 @@ def item_from_frame(
     would refuse: it then names what is wrong). The frame must be a request
     whose opcode is in ``FAST_OPCODES``; the producer must have room.
     """
-    _, opcode, keylen, extlen, datatype, _, _, cas, body = frame
+    _, opcode, keylen, extlen, _, _, _, cas, body = frame
     if not keylen:
         return None
     if opcode == DCP_MUTATION:
@@ -125,7 +125,7 @@ def item_from_frame(
         opaque, tap_flags = producer.next_stamp(tap_flags)
         value = b"" if translator.keys_only else body[key_end:value_end]
         head = _MUTATION.pack(
-            _REQUEST, _OP_MUTATION, keylen, 16, datatype, translator.vbucket,
+            _REQUEST, _OP_MUTATION, keylen, 16, 0, translator.vbucket,
             _MUTATION_FIXED + keylen + len(value), opaque, cas,
             9, tap_flags, DEFAULT_TTL,
             flags if translator.network_byte_order else swap32(flags),
@@ -217,12 +217,12 @@ def translate_items(
         while room > 0 and end - offset >= HEADER_SIZE:
             if end - offset >= _DCP_MUTATION_END:
                 # (a mutation is longer: a shorter buffer cannot hold one whole)
-                (magic, opcode, keylen, extlen, datatype, _, bodylen, opaque, cas,
+                (magic, opcode, keylen, extlen, _, _, bodylen, opaque, cas,
                  by_seqno, rev_seqno, flags, expiration, _, nmeta, nru,
                  ) = _DCP_MUTATION_HEAD.unpack_from(buf, offset)  # fmt: skip
             else:
-                magic, opcode, keylen, extlen, datatype, _, bodylen, opaque, cas = (
-                    HEADER.unpack_from(buf, offset)
+                magic, opcode, keylen, extlen, _, _, bodylen, opaque, cas = HEADER.unpack_from(
+                    buf, offset
                 )
             frame_end = offset + HEADER_SIZE + bodylen
             if magic != _REQUEST or frame_end > end:
@@ -257,7 +257,7 @@ def translate_items(
                 if translator.keys_only:
                     value_end = key_at + keylen
                 head = _MUTATION.pack(
-                    _REQUEST, _OP_MUTATION, keylen, 16, datatype, translator.vbucket,
+                    _REQUEST, _OP_MUTATION, keylen, 16, 0, translator.vbucket,
                     _MUTATION_FIXED + value_end - key_at, seqno, cas,
                     9, tap_flags, DEFAULT_TTL,
                     flags,

@@ -16,9 +16,14 @@ none; one without CONTROL stops after the OPEN):
   connection's name: a refusal ends the handshake (``HandshakeRefused``);
 - CONTROL ``enable_expiry_opcode`` ``true`` when asked for: a server
   without the opcode refuses it, which is noted (``granted``), not fatal;
-- CONTROL ``connection_buffer_size`` when a buffer is announced, then
-  ``enable_noop`` ``true`` and ``set_noop_interval`` when NOOPs are asked
-  for: a refusal of any of these ends the handshake.
+- CONTROL ``connection_buffer_size`` when a buffer is announced: a refusal
+  ends the handshake (the consumer's memory is bounded by that buffer);
+- then ``enable_noop`` ``true`` and ``set_noop_interval`` when NOOPs are
+  asked for: a refusal is noted (``noops``), not fatal. A 3.0 consumer takes
+  any answer to a CONTROL and goes on (ep-engine 3.0 upr-consumer.cc
+  ``UprConsumer::handleResponse``: a CONTROL response is ENGINE_SUCCESS
+  whatever its status); without NOOPs the producer never drops the
+  connection for an unanswered one, and a dead one is seen when it closes.
 """
 
 from __future__ import annotations
@@ -71,8 +76,8 @@ class ConsumerHandshake:
             if buffer_size is not None:
                 steps.append(_control(b"connection_buffer_size", b"%d" % buffer_size))
             if noop_interval is not None:
-                steps.append(_control(b"enable_noop", b"true"))
-                steps.append(_control(b"set_noop_interval", b"%d" % noop_interval))
+                steps.append(_control(b"enable_noop", b"true", required=False))
+                steps.append(_control(b"set_noop_interval", b"%d" % noop_interval, required=False))
         self._steps = steps
         self._buffer_size = buffer_size
         self._current: Step | None = None
@@ -90,6 +95,11 @@ class ConsumerHandshake:
         """The flow-control buffer the producer accepted (0: none)."""
         granted = self.granted.get("CONTROL connection_buffer_size", False)
         return self._buffer_size if granted and self._buffer_size else 0
+
+    @property
+    def noops(self) -> bool:
+        """Whether the producer agreed to send NOOPs (``enable_noop`` granted)."""
+        return self.granted.get("CONTROL enable_noop", False)
 
     def next_request(self) -> bytes | None:
         """The next request to send (once the previous one was answered); None: done."""

@@ -7,8 +7,10 @@ request's class (``_OPENERS``, one table), never by its name:
 - OPEN with the producer flag (0x01): a producer connection under the
   OPEN's name; the I/O side answers the OPEN (``Opening.reply``) once the
   connection runs, so a namesake is replaced before the consumer hears OK;
-- OPEN with the notifier flag (0x02): NOT_SUPPORTED, the connection stays a
-  command one;
+- OPEN with the notifier flag (0x02) alone: a producer connection too,
+  whose streams only tell when their vbucket passes their start (``flags``
+  says which; ep-engine 3.0 ep_engine.cc ``uprOpen`` tests PRODUCER first,
+  then NOTIFIER, and makes both a ``UprProducer``);
 - OPEN with neither: a consumer connection where the role has one (the
   reference node's; ``consumers``), else NOT_SUPPORTED;
 - STREAM_REQ or GET_FAILOVER_LOG in a dialect without OPEN (the pre-release
@@ -74,12 +76,8 @@ def open_connection(frame: Frame, dialect: Dialect, peer: str, *, consumers: boo
 
 def _open(event: Open, dialect: Dialect, _peer: str, consumers: bool) -> Opening:
     flags = event.flags
-    if flags & OpenFlags.PRODUCER:
+    if flags & (OpenFlags.PRODUCER | OpenFlags.NOTIFIER):
         role = Role.PRODUCER
-    elif flags & OpenFlags.NOTIFIER:
-        return _refused(
-            event, dialect, Status.NOT_SUPPORTED, "notifier connections are not supported"
-        )
     elif consumers:
         role = Role.CONSUMER
     else:
@@ -89,6 +87,11 @@ def _open(event: Open, dialect: Dialect, _peer: str, consumers: bool) -> Opening
     name = event.name.decode("utf-8", "replace")
     ok = encode(Response(Command.OPEN, event.opaque, Status.SUCCESS.value), dialect)
     return Opening(role, ok, name=name, flags=flags, opened=event)
+
+
+def notifies_only(flags: OpenFlags) -> bool:
+    """OPEN flags of a notifier connection: NOTIFIER (0x02) without PRODUCER."""
+    return bool(flags & OpenFlags.NOTIFIER) and not flags & OpenFlags.PRODUCER
 
 
 def _draft_first(

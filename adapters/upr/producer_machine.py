@@ -32,13 +32,16 @@ Requests, by event class (``_REQUESTS``, the one transition table):
 
 - STREAM_REQ: a takeover stream from a user who may not administer is
   NO_ACCESS; a vbucket the role does not serve NOT_MY_VBUCKET; a vbucket
-  with a live stream on this connection RANGE_ERROR for a bad range, else
-  KEY_EXISTS (ep-engine 3.0 ``DcpProducer::streamRequest``); else
-  ``StreamWanted``.
+  with a live stream on this connection RANGE_ERROR for a bad range (the
+  end LATEST or DISKONLY ask for is the role's ``high_seqno`` now), else
+  KEY_EXISTS (ep-engine 3.0 ``UprProducer::streamRequest``); else
+  ``StreamWanted``. A notifier connection (``notifier``, OPEN flag 0x02)
+  has no range checks: only KEY_EXISTS.
 - GET_FAILOVER_LOG: ``LogWanted``.
 - CLOSE_STREAM: no live stream on the vbucket KEY_NOT_FOUND; else
   ``EndStream`` then OK (``closeStream`` drops the stream before its
-  STREAM_END could go).
+  STREAM_END could go). Either way the stream leaves the table (and the
+  stats), as 3.0 erases it.
 - CONTROL: ``connection_buffer_size`` (``parse_uint32``), ``enable_noop``
   (``true`` on, anything else off), ``set_noop_interval`` (seconds),
   ``enable_expiry_opcode`` (``true``/``false``; true only on a connection
@@ -91,7 +94,7 @@ from adapters.upr.events import (
 )
 from adapters.upr.flow_control import ProducerWindow
 from adapters.upr.responses import Response
-from adapters.upr.rollback import range_refusal
+from adapters.upr.rollback import range_refusal, resolve_end
 
 OK = Status.SUCCESS.value
 _REQUEST = Magic.REQUEST.value
@@ -245,12 +248,14 @@ class ProducerMachine(Generic[S]):
         delete_times: bool = False,
         serves: Callable[[int], bool] = lambda _vb: True,
         admission: Callable[[str], str | None] = lambda _what: None,
+        notifier: bool = False,
+        high_seqno: Callable[[int], int] | None = None,
     ) -> None:
         self.name = name
         self.dialect = dialect
         self.window = ProducerWindow()
         self.streams: dict[int, S] = {}
-        """By vbucket; an ended stream stays (for its stats) until replaced."""
+        """By vbucket; an ended stream stays (for its stats) until replaced or closed."""
         self.delete_times = delete_times
         """OPEN flag INCLUDE_DELETE_TIMES (0x20)."""
         self.expiry_opcode = False
@@ -260,6 +265,11 @@ class ProducerMachine(Generic[S]):
         """Whether the role serves a vbucket (else NOT_MY_VBUCKET)."""
         self.admission = admission
         """None when the user may administer, else the refusal's text (counted)."""
+        self.notifier = notifier
+        """OPEN flag NOTIFIER (0x02) alone: streams end once the vbucket passes their
+        start, and carry no items (3.0 ``UprProducer`` with ``notifyOnly``)."""
+        self.high_seqno = high_seqno
+        """A served vbucket's high seqno now (None: unknown here, the role checks)."""
         self._upr_opcodes = dialect.commands
         self._draft = Command.SNAPSHOT_MARKER not in dialect.opcodes
         self._noop_due: float | None = None
@@ -325,12 +335,16 @@ class ProducerMachine(Generic[S]):
             return self._refuse(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb} here")
         stream = self.streams.get(vb)
         if stream is not None and stream.live:
-            # A bad range is refused first (3.0 ``streamRequest``); with LATEST or
-            # DISKONLY the end is the role's to resolve, the snapshot is not.
-            end_known = not req.flags & _RESOLVED_END
-            refused = range_refusal(req, self._draft, end_known=end_known)
-            if refused is not None:
-                return (Reply(encode(refused, self.dialect)),)
+            # A bad range is refused first (3.0 ``streamRequest``): LATEST and
+            # DISKONLY set the end to the high seqno before that check. A
+            # notifier's request has no range checks at all.
+            if not self.notifier:
+                end_known = self.high_seqno is not None or not req.flags & _RESOLVED_END
+                if self.high_seqno is not None:
+                    req = resolve_end(req, self.high_seqno(vb))
+                refused = range_refusal(req, self._draft, end_known=end_known)
+                if refused is not None:
+                    return (Reply(encode(refused, self.dialect)),)
             return self._refuse(req, Status.KEY_EXISTS, f"vbucket {vb} already streams")
         return (StreamWanted(req),)
 
@@ -338,7 +352,9 @@ class ProducerMachine(Generic[S]):
         return (LogWanted(req),)
 
     def _close_stream(self, req: CloseStream, _now: float) -> tuple[Output, ...]:
-        stream = self.streams.get(req.vbucket)
+        # 3.0 ``closeStream`` erases the stream from the map, live or ended (an
+        # ended one is KEY_ENOENT), so STAT dcp no longer lists it.
+        stream = self.streams.pop(req.vbucket, None)
         if stream is None or not stream.live:
             return self._refuse(req, Status.KEY_NOT_FOUND, f"no stream for vbucket {req.vbucket}")
         return (EndStream(stream), self._ok(Command.CLOSE_STREAM, req.opaque))

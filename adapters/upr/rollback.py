@@ -117,6 +117,7 @@ def answer_stream_request(
     *,
     purge_seqno: int = 0,
     draft: bool = False,
+    notifier: bool = False,
 ) -> StreamAnswer:
     """OK with the failover log, ROLLBACK, or RANGE_ERROR, for a known vbucket.
 
@@ -124,11 +125,19 @@ def answer_stream_request(
     boundaries, so their snapshot is (start, start). A consumer whose
     snapshot starts below ``purge_seqno`` may have missed purged tombstones:
     it must start over from 0 (as 3.0 does).
+
+    A notifier's request (OPEN flag 0x02) skips the range checks, and the
+    rollback rule sees its start as at most the high seqno: a notifier waits
+    for seqnos the producer does not have yet (ep-engine 3.0
+    src/upr-producer.cc ``UprProducer::streamRequest``, ``notifyOnly``).
     """
-    refused = range_refusal(req, draft)
-    if refused is not None:
-        return refused
     start = req.start_seqno
+    if notifier:
+        start = min(start, high_seqno)
+    else:
+        refused = range_refusal(req, draft)
+        if refused is not None:
+            return refused
     snap_start, snap_end = (start, start) if draft else (req.snap_start_seqno, req.snap_end_seqno)
     rollback = rollback_decision(
         entries, high_seqno, start, req.vbucket_uuid, snap_start, snap_end, purge_seqno

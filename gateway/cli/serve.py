@@ -65,6 +65,8 @@ class ServeOptions:
     """Serve both fronts over TLS (None: plain TCP)."""
     upstream_tls: ssl.SSLContext | None = None
     """Connect to the upstream nodes over TLS (None: plain TCP)."""
+    upstream_noop_interval: int | None = None
+    """Seconds between the UPR upstream's NOOPs on the TAP front (None: its default)."""
     # The embedded upstream (only without --upr-upstream/--tap-upstream).
     embedded_vbuckets: int = 64
     embedded_sample_items: int = 10_000
@@ -222,10 +224,14 @@ async def _run_tap_front(
     task_status: trio.TaskStatus[int],
 ) -> None:
     from gateway.fronts.tap.server import TapFront, TapFrontConfig
+    from gateway.fronts.tap.upstream import DEFAULT_NOOP_INTERVAL
 
+    # (None: the front's default; the option refuses 0)
+    noop_interval = options.upstream_noop_interval or DEFAULT_NOOP_INTERVAL
     front = TapFront(
         TapFrontConfig(
             listen=options.tap_listen,
+            upstream_noop_interval=noop_interval,
             upr_upstream=upstream,
             state_dir=state_dir,
             dialect=options.dialect,

@@ -9,7 +9,14 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from gateway.cli.args import address, count, float_at_least, vbucket_count, vbucket_list
+from gateway.cli.args import (
+    address,
+    count,
+    float_at_least,
+    int_between,
+    vbucket_count,
+    vbucket_list,
+)
 from gateway.cli.security_args import (
     add_listener_options,
     add_move_tls_options,
@@ -30,6 +37,11 @@ from gateway.cli.startup import StartupError, describe, prepare_directory, start
 from gateway.runtime import logs
 
 DIALECTS = ("dcp", "upr-draft")
+DEFAULT_UPSTREAM_NOOP_INTERVAL = 120
+"""The TAP front's (``gateway.fronts.tap.upstream.DEFAULT_NOOP_INTERVAL``, not
+imported here: the parser is built for every command)."""
+MAX_NOOP_INTERVAL = 2**32 - 1
+"""The producer reads the value as a 32-bit number (``parseUint32``)."""
 
 log = logging.getLogger("gateway.cli.serve")
 
@@ -93,6 +105,15 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect (default dcp, i.e. 3.0)"
     )
     add_upstream_options(parser)
+    parser.add_argument(
+        "--upstream-noop-interval",
+        type=int_between(1, MAX_NOOP_INTERVAL),
+        metavar="SECONDS",
+        help=(
+            "seconds between the NOOPs the UPR upstream sends each TAP front connection "
+            f"(CONTROL set_noop_interval; default {DEFAULT_UPSTREAM_NOOP_INTERVAL})"
+        ),
+    )
     parser.add_argument(
         "--users",
         metavar="FILE",
@@ -179,6 +200,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         limits=limits_from(args),
         tls=tls,
         upstream_tls=upstream_tls,
+        upstream_noop_interval=args.upstream_noop_interval,
         fsync=args.fsync,
         capture_dir=args.capture_dir,
         embedded_vbuckets=args.vbuckets,

@@ -59,6 +59,8 @@ class UprProducerBase(Generic[S]):
         *,
         delete_times: bool = False,
         serves: Callable[[int], bool] = lambda _vb: True,
+        high_seqno: Callable[[int], int] | None = None,
+        notifier: bool = False,
         answer: Answer = refuse_command,
     ) -> None:
         self.conn = conn
@@ -73,6 +75,8 @@ class UprProducerBase(Generic[S]):
             delete_times=delete_times,
             serves=serves,
             admission=self._admission,
+            notifier=notifier,
+            high_seqno=high_seqno,
         )
         self.window: ProducerWindow = self.machine.window
         self.streams: dict[int, S] = self.machine.streams
@@ -220,7 +224,8 @@ class UprProducerBase(Generic[S]):
         window = self.window
         items_sent, items_remaining, bytes_sent = self._stat_counts()
         values: list[tuple[str, object]] = [
-            ("type", "producer"),
+            # 3.0 ``UprProducer::getType``: a notifier says so.
+            ("type", "notifier" if self.machine.notifier else "producer"),
             ("items_sent", items_sent),
             ("items_remaining", items_remaining),
             ("total_bytes_sent", bytes_sent),

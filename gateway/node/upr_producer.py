@@ -32,15 +32,17 @@ connection closes (``ProtocolError`` propagates to ``gateway.io.connection``).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from adapters import upr
 from adapters.mcbp import Status
 from adapters.upr.flow_control import counts
-from adapters.upr.opening import Opening
+from adapters.upr.opening import Opening, notifies_only
 from adapters.upr.rollback import resolve_end
 from gateway.io.connection import PacketConnection
 from gateway.io.upr_producer import UprProducerBase
+from gateway.io.upr_stream import NotifierStream
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
 
@@ -64,7 +66,7 @@ async def serve_upr_producer(node: Any, conn: PacketConnection, opening: Opening
         node.trimmer.connection_closed()
 
 
-class ProducerConnection(UprProducerBase[ProducerStream]):
+class ProducerConnection(UprProducerBase[ProducerStream | NotifierStream]):
     kind = "producer"
 
     def __init__(self, node: Any, conn: PacketConnection, name: str, flags: upr.OpenFlags) -> None:
@@ -77,6 +79,8 @@ class ProducerConnection(UprProducerBase[ProducerStream]):
             node.config.upr_noop_interval,
             delete_times=delete_times,
             serves=lambda vb: 0 <= vb < store.n_vbuckets,
+            high_seqno=store.high_seqno,
+            notifier=notifies_only(flags),
             answer=node.door.answer,
         )
         self.node = node
@@ -110,15 +114,33 @@ class ProducerConnection(UprProducerBase[ProducerStream]):
         store = self.node.store
         if 0 <= req.vbucket < store.n_vbuckets:
             req = resolve_end(req, store.high_seqno(req.vbucket))
-        answer = check_request(store, req, self.settings.draft)
+        notifier = self.machine.notifier
+        answer = check_request(store, req, self.settings.draft, notifier=notifier)
         if not isinstance(answer, upr.StreamRequestOk):
             await self.respond(answer)
             return
-        stream = ProducerStream(self, req)
+        stream: ProducerStream | NotifierStream
+        if notifier:
+            beyond = partial(self._beyond, req.vbucket)
+            stream = NotifierStream(req, send=self.send_counted, beyond=beyond)
+        else:
+            stream = ProducerStream(self, req)
         self.machine.add_stream(req.vbucket, stream)
         await self.respond(answer)
         assert self._nursery is not None
         self._nursery.start_soon(stream.run)
+
+    async def _beyond(self, vb: int, start: int) -> upr.StreamEndReason:
+        """A notifier stream's wait: OK once the vbucket's high seqno passes
+        ``start``, STATE_CHANGED once it changes state (3.0 ep.cc
+        ``setVBucketState`` tells every stream of the vbucket)."""
+        store, changes = self.node.store, self.node.changes
+        state = store.state(vb)
+        while store.state(vb) is state:
+            if store.high_seqno(vb) > start:
+                return upr.StreamEndReason.OK
+            await changes.wait(vb)  # nothing awaited since the look: none missed
+        return upr.StreamEndReason.STATE_CHANGED
 
     async def _failover_log(self, req: upr.GetFailoverLog) -> None:
         store = self.node.store
@@ -148,4 +170,6 @@ class ProducerConnection(UprProducerBase[ProducerStream]):
 
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None:
         stream = self.streams.get(vbucket)
-        return stream.takeover_stats() if stream is not None else None
+        if not isinstance(stream, ProducerStream):
+            return None  # 3.0 ``addTakeoverStats``: active streams only
+        return stream.takeover_stats()

@@ -1,11 +1,12 @@
 """One UPR producer stream: from a vbucket's store to the consumer, in snapshots.
 
 Theory of operation. ``check_request`` answers a STREAM_REQ from the store's
-state in one synchronous step: NOT_MY_VBUCKET unless the vbucket is ACTIVE,
-then ``adapters.upr.rollback.answer_stream_request`` as the UPR front uses it:
+state in one synchronous step: NOT_MY_VBUCKET for a vbucket the node does not
+have or a DEAD one (ACTIVE, REPLICA and PENDING ones stream), then
+``adapters.upr.rollback.answer_stream_request`` as the UPR front uses it:
 RANGE_ERROR unless start <= end and snap_start <= start <= snap_end, ROLLBACK
-by the 3.0 rule of the store's failover log and purge seqno, else OK with that log. (A live
-stream on the vbucket, KEY_EXISTS, is the connection's business.)
+by the 3.0 rule of the store's failover log and purge seqno, else OK with that
+log. (A live stream on the vbucket, KEY_EXISTS, is the connection's business.)
 
 ``ProducerStream.run`` then sends, tagged with the request's opaque:
 
@@ -14,9 +15,10 @@ stream on the vbucket, KEY_EXISTS, is the connection's business.)
 2. live items, one MEMORY snapshot per batch read, a batch never crossing a
    checkpoint boundary and flagged CHECKPOINT when it begins one; between
    batches the stream sleeps on the node's change feed;
-3. STREAM_END: OK once the end seqno is sent, STATE_CHANGED if the vbucket
-   stops being ACTIVE. After the consumer's CLOSE_STREAM nothing more is
-   sent: the close response is the end (``close_by_consumer``).
+3. STREAM_END: OK once the end seqno is sent, STATE_CHANGED once the vbucket
+   changes state (whichever it had at the request). After the consumer's
+   CLOSE_STREAM nothing more is sent: the close response is the end
+   (``close_by_consumer``).
 
 Reads are bounded (``BATCH`` items) and each message is sent with the
 connection's ``send_counted``, which waits for flow-control room and socket
@@ -77,15 +79,20 @@ class StreamSettings:
 
 
 def check_request(
-    store: Any, req: upr.StreamRequest, draft: bool
+    store: Any, req: upr.StreamRequest, draft: bool, *, notifier: bool = False
 ) -> upr.StreamRequestOk | upr.StreamRequestRollback | upr.Response:
-    """The answer to ``req`` from the store as it is now."""
+    """The answer to ``req`` from the store as it is now (``notifier``: a notifier
+    connection's request, which has no range checks)."""
     vb = req.vbucket
     if not 0 <= vb < store.n_vbuckets:
         return refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
-    state = store.state(vb)
-    if state is not VBucketState.ACTIVE:
-        return refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is {state.name.lower()}")
+    if store.state(vb) is VBucketState.DEAD:
+        # ep-engine 3.0.0 ``UprProducer::streamRequest`` checks no state at all (a
+        # dead vbucket would stream what it holds, then nothing, and a takeover
+        # of it would hand stale data over as active); later servers refuse a
+        # dead one NOT_MY_VBUCKET (``DcpProducer::streamRequest``), as we do.
+        # Replica and pending vbuckets stream, in 3.0.0 as after it.
+        return refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is dead")
     # The same answer as the UPR front's, from the store's log, high seqno and
     # purge seqno (ep-engine 3.0 FailoverTable::needsRollback).
     return answer_stream_request(
@@ -94,6 +101,7 @@ def check_request(
         store.high_seqno(vb),
         purge_seqno=store.purge_seqno(vb),
         draft=draft,
+        notifier=notifier,
     )
 
 
@@ -132,6 +140,8 @@ class ProducerStream(StreamTask):
         self.items_sent = 0
         self.markers_sent = 0
         self._giving_up_vbucket = False
+        self._state = self.store.state(req.vbucket)
+        """The vbucket's state at the request: any change ends the stream."""
 
     # -- life cycle --------------------------------------------------------------
 
@@ -167,7 +177,9 @@ class ProducerStream(StreamTask):
     def _state_changed(self) -> upr.StreamEndReason | None:
         if self._giving_up_vbucket:
             return None
-        if self.store.state(self.vbucket) is not VBucketState.ACTIVE:
+        if self.store.state(self.vbucket) is not self._state:
+            # ep-engine 3.0 src/ep.cc ``setVBucketState`` ends every stream of
+            # the vbucket on any change (``vbucketStateChanged``).
             return upr.StreamEndReason.STATE_CHANGED
         if self.store.high_seqno(self.vbucket) < self.last_read:
             # Rolled back under the stream: what was sent is no longer history.

@@ -151,6 +151,8 @@ class ScriptedUpr:
     """Every CONTROL the consumer sent, key to value (the last one of each key)."""
     outstanding: int = 0
     """Counted bytes ``send_counted`` sent that no BUFFER_ACKNOWLEDGEMENT returned yet."""
+    refused_controls: dict[bytes, int] = field(default_factory=dict)
+    """CONTROL keys answered with the given status instead of success."""
     connections: int = 0
     """UPR connections opened (OPEN received)."""
     closed: int = 0
@@ -192,9 +194,10 @@ class ScriptedUpr:
             return True
         if got.magic == REQ and got.opcode == CONTROL:
             self.controls[got.key] = got.value
-            if got.key == b"connection_buffer_size":
+            status = self.refused_controls.get(got.key, 0)
+            if got.key == b"connection_buffer_size" and not status:
                 self.buffer_size = int(got.value)
-            await channel.send(frame(CONTROL, magic=RES, opaque=got.opaque))
+            await channel.send(frame(CONTROL, magic=RES, vbucket=status, opaque=got.opaque))
             return False
         self.received.append(got)
         if got.magic == REQ and got.opcode == BUFFER_ACK:

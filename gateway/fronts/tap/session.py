@@ -163,6 +163,8 @@ class TapSession:
                     nursery.start_soon(peer.read, nursery.cancel_scope)
                     nursery.start_soon(peer.timers)
                     await self._pump(nursery)
+                    if self._stays_open():
+                        await self._stay_open()
                     with self._away():
                         await peer.settle_all()
                         if self.closing_messages:
@@ -227,6 +229,36 @@ class TapSession:
                 raise
         await streams.finish()
         await peer.flush()
+
+    def _stays_open(self) -> bool:
+        """Whether the TAP connection outlives its streams. A 2.x producer closed a
+        connection on its own only once a dump or a takeover was done (ep-engine
+        2.x tapconnection.cc ``checkDumpOrTakeOverCompletion``); a vbucket it no
+        longer had was skipped (``registerCursor``: "not found for TAP cursor.
+        Skip it") and the connection stayed, sending NOOPs while idle. So does
+        this one once every vbucket ended and one was lost (refused, or ended
+        upstream for a reason other than OK); a dump, a takeover or a push
+        closes as before, and so does a connection whose every stream was
+        served to its end."""
+        plan = self.plan
+        if plan.dump or plan.takeover or self.closing_messages:
+            return False
+        return self.streams.any_lost
+
+    async def _stay_open(self) -> None:
+        """Every vbucket is gone upstream: close the upstream, then serve the TAP
+        peer (its acks, NOOPs while idle) until it closes, which ends the session."""
+        await self.peer.flush()
+        log.warning(
+            "%s: every vbucket's upstream stream ended (lost: %s); the TAP connection "
+            "stays open, idle, until the client closes it, as a 2.x producer's did",
+            self.name,
+            ", ".join(map(str, self.streams.lost_vbuckets)),
+        )
+        if self.upstream is not None:
+            await self.upstream.aclose()
+            self._attach(None)
+        await trio.sleep_forever()
 
     def _opening_messages(self) -> list[TapStreamMessage]:
         out: list[TapStreamMessage] = []

@@ -40,7 +40,8 @@ buffer's worth of items. ``keep_alive`` (a task per connection, with
   later, does not answer them again.
 
 Only a connection with flow control and NOOPs (the released dialect) has a
-keeper; the draft has neither.
+keeper; the draft has neither, and an upstream that refuses ``enable_noop``
+sends none (the session goes on without them, as a 3.0 consumer does).
 
 Errors: ``UprUpstreamError`` for anything that makes the connection unusable
 (refused, closed, a failed OPEN), so the session can reconnect;
@@ -102,6 +103,8 @@ class UprUpstream:
         """Counted bytes received and not yet acknowledged, and the buffer announced."""
         self._freed = 0
         """Bytes the TAP peer's acks freed that no BUFFER_ACKNOWLEDGEMENT returned yet."""
+        self.noops = False
+        """The upstream agreed to send NOOPs (CONTROL enable_noop granted)."""
         self.noops_answered_to = 0
         """Every NOOP request before this stream offset was answered by the keeper."""
         self.noops_kept = 0
@@ -174,6 +177,13 @@ class UprUpstream:
                 pass
         self.window.buffer_size = handshake.buffer_size
         self._opaques = handshake.opaque
+        self.noops = handshake.noops
+        if handshake.granted.get("CONTROL enable_noop") is False:
+            log.warning(
+                "UPR upstream %s refused CONTROL enable_noop; going on without its NOOPs, "
+                "as a 3.0 consumer does (a dead upstream is seen when its connection closes)",
+                self.address,
+            )
 
     def next_opaque(self) -> int:
         self._opaques = (self._opaques + 1) & 0xFFFFFFFF
@@ -228,7 +238,7 @@ class UprUpstream:
     @property
     def keeps_alive(self) -> bool:
         """Whether the connection has flow control and NOOPs (see the module docstring)."""
-        return self.window.buffer_size > 0
+        return self.window.buffer_size > 0 and self.noops
 
     @contextmanager
     def pump_away(self) -> Iterator[None]:

@@ -108,10 +108,18 @@ class UpstreamStreams:
         self._stale_said: set[int] = set()
         """Vbuckets whose dropped stale item was logged."""
         self._stray_said = False
+        self.lost_vbuckets: list[int] = []
+        """Vbuckets whose stream ended other than OK, in the order they ended."""
 
     @property
     def all_ended(self) -> bool:
         return all(vb.ended for vb in self.vbuckets.values())
+
+    @property
+    def any_lost(self) -> bool:
+        """Some vbucket ended other than by being served to its end (refused, or a
+        STREAM_END whose reason is not OK)."""
+        return bool(self.lost_vbuckets)
 
     async def request(self) -> None:
         """Request every stream that has not ended, on the current upstream."""
@@ -441,6 +449,8 @@ class UpstreamStreams:
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
+        if reason != "ok":
+            self.lost_vbuckets.append(vb.vbucket)
         self._refresh_fast(vb)
         self.gateway_stats.stream_ends_total["tap_front", reason] += 1
         for message in vb.translator.finish():

@@ -54,15 +54,17 @@ EARLY_COMMIT_INTERVAL = 0.005
 before their fsync (fsync batch): consumers do not wait for commits then, only the
 TAP acks do, and at low rates each fsync covers several items instead of one (an
 fsync and its hand-offs cost about 100-250 µs of CPU here)."""
-COMMIT_SPACING_PER_FILE = 0.0005
+COMMIT_SPACING_PER_FILE = 0.001
 """Seconds between the starts of two such commits at least, per file the next one
 fsyncs: a commit costs 50-100 µs of CPU per file here (its fsync, the thread
 hand-offs and settling: 3.4 ms for 64 files on a quiet machine, two thirds of it
-in the kernel), so a live stream touching 64 vbuckets, committed as soon as the
-last commit returned, spent about half a core on commits alone. Spaced so, they
-take about a tenth of a core whatever the number of files; only the TAP acks
-wait longer (32 ms for 64 files), consumers never do. ``SPACED_BYTES`` bounds
-the wait."""
+in the kernel), and more on a busy one (each fsync's return takes the GIL from
+the loop's thread), so a live stream touching 64 vbuckets, committed as soon as
+the last commit returned, spent about half a core on commits alone. Spaced so,
+they take about a twentieth of a core whatever the number of files (at 0.5 ms
+per file, 20k one-item checkpoints a second cost 4-8 µs more CPU per item);
+only the TAP acks wait longer (64 ms for 64 files), consumers never do.
+``SPACED_BYTES`` bounds the wait."""
 SPACED_BYTES = 512 * 1024
 """Bytes read since the last commit began beyond which the next one waits only
 ``EARLY_COMMIT_INTERVAL``: a 2.x producer stops sending at 10,000 messages not

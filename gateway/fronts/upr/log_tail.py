@@ -19,6 +19,10 @@ Chunk = tuple[int, int, bytes]
 """(first item seqno, last item seqno, the framed records of one write)."""
 
 
+LOOK_BACK = 4
+"""Writes ``LogTail.start`` steps back over before it bisects."""
+
+
 def _last(chunk: Chunk) -> int:
     return chunk[1]
 
@@ -64,11 +68,24 @@ class LogTail:
             del tail[:cut]
         self.floor = max(self.floor, seqno)
 
+    def start(self, after: int) -> int:
+        """Index of the first write with an item beyond ``after``. A stream that keeps up
+        wants the last write or few: looked for from the end first (a bisect with a
+        key function cost about as much as framing the item)."""
+        tail = self.chunks
+        n = len(tail)
+        stop = n - LOOK_BACK
+        while n > stop:
+            if n == 0 or tail[n - 1][1] <= after:
+                return n
+            n -= 1
+        return bisect.bisect_right(tail, after, 0, n, key=_last)
+
     def read(self, after: int, upto: int, sink: RecordSink) -> None:
         """Feed ``sink`` the records from ``after`` until it says the read is done or
         an item is beyond ``upto``."""
         tail = self.chunks
-        for n in range(bisect.bisect_right(tail, after, key=_last), len(tail)):
+        for n in range(self.start(after), len(tail)):
             first, _last_seqno, data = tail[n]
             if first > upto or walk_records(data, 0, sink, verify=False)[1]:
                 return

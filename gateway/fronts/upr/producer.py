@@ -47,12 +47,15 @@ from adapters.errors import ProtocolError
 from adapters.mcbp import Status
 from adapters.translate.log_records import LogItem
 from adapters.translate.log_to_upr_fast import EncodedBatch
+from adapters.upr.opening import notifies_only
 from adapters.upr.rollback import answer_stream_request, resolve_end
 from gateway.fronts.upr.serving import LiveServer
-from gateway.fronts.upr.streams import LogStream
+from gateway.fronts.upr.streams import MAX_SEQNO, LogStream
 from gateway.fronts.upr.takeover import take_over
+from gateway.fronts.upr.vblog import VbLog
 from gateway.io.connection import ConnectionClosed, PacketConnection
 from gateway.io.upr_producer import UprProducerBase
+from gateway.io.upr_stream import NotifierStream
 from gateway.metrics.figures import LATENCY_BUCKETS, LatencyHistogram, StreamStats
 from gateway.tools.capture.mapping import UprRecording
 from gateway.tools.capture.records import Kind
@@ -77,7 +80,26 @@ def delete_kind(expiry_opcode: bool) -> Kind:
     return Kind.DELETION if expiry_opcode else Kind.DELETE
 
 
-class UprConnection(UprProducerBase[LogStream]):
+class LogNotifier(NotifierStream):
+    """A notifier stream on a vbucket's log: it reads nothing, so no other stream
+    waits on it for a shared read (``position``), and it ends STATE_CHANGED as
+    the log's streams do when the log is set aside or handed over."""
+
+    position = MAX_SEQNO
+
+    def __init__(self, conn: UprConnection, vblog: VbLog, req: upr.StreamRequest) -> None:
+        super().__init__(req, send=conn.send_counted, beyond=self._beyond)
+        self.vblog = vblog
+
+    async def _beyond(self, start: int) -> upr.StreamEndReason:
+        await self.vblog.wait_beyond(start)
+        return upr.StreamEndReason.OK
+
+    def takeover_stats(self) -> dict[str, str]:
+        return {}  # 3.0 ``addTakeoverStats``: active streams only
+
+
+class UprConnection(UprProducerBase[LogStream | LogNotifier]):
     def __init__(
         self,
         front: UprFront,
@@ -94,6 +116,8 @@ class UprConnection(UprProducerBase[LogStream]):
             front.config.noop_interval,
             delete_times=delete_times,
             serves=front.serves,
+            high_seqno=lambda vb: front.logs.logs[vb].high_seqno,
+            notifier=notifies_only(flags),
             answer=front.door.answer,
         )
         self.front = front
@@ -267,6 +291,7 @@ class UprConnection(UprProducerBase[LogStream]):
             vblog.high_seqno,
             purge_seqno=vblog.purge_seqno,
             draft=self.draft,
+            notifier=self.machine.notifier,
         )
         if isinstance(answer, upr.StreamRequestRollback):
             self.front.stats.rollbacks_total["upr_front"] += 1
@@ -274,7 +299,11 @@ class UprConnection(UprProducerBase[LogStream]):
         if not isinstance(answer, upr.StreamRequestOk):
             await self.respond(answer)
             return
-        stream = LogStream(self, vblog, req, partial(take_over, self.front))
+        stream: LogStream | LogNotifier
+        if self.machine.notifier:
+            stream = LogNotifier(self, vblog, req)
+        else:
+            stream = LogStream(self, vblog, req, partial(take_over, self.front))
         self.machine.add_stream(req.vbucket, stream)
         await self.respond(answer)
         assert self._nursery is not None

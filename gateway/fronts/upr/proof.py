@@ -16,7 +16,9 @@ lists what is wrong (``Problem``s); it changes nothing on disk, so
 
 Segments on disk that the meta does not list are fine: a segment created
 just before a crash, or one a compaction had not yet deleted (its header
-then says it is covered). ``prove_vbucket`` replays the records of a log
+then says it is covered). A directory the manifest does not list, with
+no meta and only empty segments, is a new log a kill interrupted before its
+first meta: new, its empty files dropped. ``prove_vbucket`` replays the records of a log
 that is not refuted as it reads them (``replay``), so opening reads every
 segment once.
 
@@ -319,6 +321,11 @@ def prove_vbucket(
     proof.strays = sorted(p for pattern in ("*.seg.compact", "*.tmp") for p in vbdir.glob(pattern))
     meta, wrong = read_meta(vbdir / META_NAME)
     proof.meta = meta
+    if wrong == "missing" and expected is None and all(p.stat().st_size == 0 for _, p in paths):
+        # A new log killed between its first segment and its first meta: nothing
+        # was published (that needs the meta's reservation), so it is new.
+        proof.strays += [p for _, p in paths]
+        paths = []
     if wrong == "missing":
         if paths or expected is not None:
             because = f", though {expected}" if not paths and expected else ""

@@ -4,7 +4,9 @@ ep-engine v3.0.0 src/upr-producer.cc ``control`` answers each CONTROL on its
 own and memcached answers requests in order, so a consumer sends one set-up
 request at a time; servers without the expiry opcode refuse
 ``enable_expiry_opcode`` (kv_engine dcp/producer.cc ``control``), which a
-consumer notes and goes on.
+consumer notes and goes on; so it does for ``enable_noop`` and
+``set_noop_interval`` (v3.0.0 src/upr-consumer.cc ``handleResponse`` takes
+any answer to a CONTROL).
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from hypothesis import strategies as st
 from adapters import upr
 from adapters.mcbp import FrameReader, Status
 from adapters.upr.consumer_handshake import ConsumerHandshake, HandshakeRefused
+
+OPTIONAL = (b"enable_expiry_opcode", b"enable_noop", b"set_noop_interval")
+"""CONTROLs whose refusal the consumer notes and goes on (a 3.0 consumer takes any
+answer to a CONTROL: v3.0.0 src/upr-consumer.cc ``UprConsumer::handleResponse``)."""
 
 
 def decoded(data: bytes, dialect: upr.Dialect) -> upr.UprEvent:
@@ -70,12 +76,14 @@ def test_requests_go_one_at_a_time_and_only_needed_ones_must_succeed(
             assert handshake.receive(upr.Response(request.COMMAND, request.opaque, status))
         except HandshakeRefused:
             refused = key
-            assert status and key != b"enable_expiry_opcode"
+            assert status and key not in OPTIONAL
             break
-        if status and key == b"enable_expiry_opcode":
-            assert handshake.granted["CONTROL enable_expiry_opcode"] is False
+        if status and key in OPTIONAL:
+            assert handshake.granted[f"CONTROL {key.decode()}"] is False
     assert sent == expected[: len(sent)]
     if refused is None:
         assert sent == expected
         granted = handshake.granted.get("CONTROL connection_buffer_size", False)
         assert handshake.buffer_size == (buffer_size if granted and buffer_size else 0)
+        assert handshake.noops == handshake.granted.get("CONTROL enable_noop", False)
+        assert handshake.noops <= (noop is not None)

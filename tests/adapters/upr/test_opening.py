@@ -1,9 +1,9 @@
 """The first UPR request on a command connection (``adapters.upr.opening``).
 
 As memcached v3.0.0 daemon/memcached.c and ep-engine v3.0.0 src/ep_engine.cc
-(``uprOpen``) take it: OPEN with the producer flag makes a producer, the
-notifier flag is not supported here, no flag a consumer where the role has
-one; the pre-release draft has no OPEN, so its first STREAM_REQ or
+(``uprOpen``) take it: OPEN with the producer or the notifier flag makes a
+producer (a notifier one with the notifier flag alone), no flag a consumer
+where the role has one; the pre-release draft has no OPEN, so its first STREAM_REQ or
 GET_FAILOVER_LOG opens a producer named after the peer.
 """
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from adapters import upr
 from adapters.mcbp import Frame, FrameReader, Magic, Status, encode_frame
-from adapters.upr.opening import Role, open_connection
+from adapters.upr.opening import Role, notifies_only, open_connection
 
 
 def frame_of(data: bytes) -> Frame:
@@ -44,9 +44,10 @@ def test_open_makes_a_producer_a_consumer_or_a_refusal(
     reply = answer(opening.reply)
     assert reply.magic == Magic.RESPONSE and reply.opaque == opaque
     assert opening.closing is None
-    if flags & upr.OpenFlags.PRODUCER:
+    if flags & (upr.OpenFlags.PRODUCER | upr.OpenFlags.NOTIFIER):
         assert opening.role is Role.PRODUCER and reply.vbucket_or_status == 0
-    elif flags & upr.OpenFlags.NOTIFIER or not consumers:
+        assert notifies_only(opening.flags) == (not flags & upr.OpenFlags.PRODUCER)
+    elif not consumers:
         assert opening.role is None and reply.vbucket_or_status == Status.NOT_SUPPORTED
     else:
         assert opening.role is Role.CONSUMER and reply.vbucket_or_status == 0

@@ -7,7 +7,8 @@ without a reply. Only the pre-release draft, which has no OPEN, opens a
 producer with its first STREAM_REQ or GET_FAILOVER_LOG.
 
 ``dcpOpen`` tests PRODUCER (0x01) before NOTIFIER (0x02): an OPEN with both
-opens a producer; NOTIFIER alone a notifier, which is not served here.
+opens a producer; NOTIFIER alone a notifier (a producer whose streams only
+tell when their vbucket passes their start).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from adapters import upr
 from adapters.mcbp import Frame, FrameReader, Status
-from adapters.upr.opening import Role, open_connection
+from adapters.upr.opening import Role, notifies_only, open_connection
 
 BEFORE_OPEN = [
     upr.StreamRequest(vbucket=1, opaque=3),
@@ -50,12 +51,12 @@ def test_a_upr_request_before_open_closes_unanswered(event: upr.UprEvent) -> Non
     ("flags", "role"),
     [
         (upr.OpenFlags.PRODUCER | upr.OpenFlags.NOTIFIER, Role.PRODUCER),
-        (upr.OpenFlags.NOTIFIER, None),
+        (upr.OpenFlags.NOTIFIER, Role.PRODUCER),
     ],
 )
-def test_producer_comes_before_notifier(flags: upr.OpenFlags, role: Role | None) -> None:
+def test_producer_comes_before_notifier(flags: upr.OpenFlags, role: Role) -> None:
     frame = frame_of(upr.encode(upr.Open(name=b"n", flags=flags, opaque=5)))
     opening = open_connection(frame, upr.DCP, "peer", consumers=True)
     assert opening.role is role
-    if role is None:
-        assert frame_of(opening.reply).vbucket_or_status == Status.NOT_SUPPORTED
+    assert notifies_only(opening.flags) == (flags == upr.OpenFlags.NOTIFIER)
+    assert frame_of(opening.reply).vbucket_or_status == Status.SUCCESS

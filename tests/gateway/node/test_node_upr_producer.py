@@ -175,7 +175,7 @@ async def test_rollback_decisions(nursery: trio.Nursery) -> None:
 
 async def test_stream_request_errors(nursery: trio.Nursery) -> None:
     store = filled_store()
-    store.set_state(3, VBucketState.REPLICA, now=time.time())
+    store.set_state(3, VBucketState.DEAD, now=time.time())
     _, port = await start_node(nursery, store)
     client = await producer(port)
 

@@ -2,12 +2,13 @@
 
 The upstream answers a STREAM_REQ it will not serve with an error status
 (ep-engine 3.0 src/upr-producer.cc ``UprProducer::streamRequest``:
-NOT_MY_VBUCKET for a vbucket it does not hold; the reference node likewise,
+NOT_MY_VBUCKET for a vbucket it does not hold; the reference node likewise
+for a dead one,
 ``check_request`` in gateway/node/upr_streams.py), which the codec gives as
 the generic ``Response`` (adapters/upr/responses.py). The front logs it,
-counts it and ends the vbucket (gateway/fronts/tap/upstream_streams.py), so
-a connection whose every vbucket was refused ends instead of waiting for
-items that never come.
+counts it and ends the vbucket (gateway/fronts/tap/upstream_streams.py); a
+connection whose every vbucket was refused stays open and idle, as a 2.x
+producer's did (test_lost_vbucket_conform.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import trio
 
 from adapters.mcbp.constants import VBucketState
-from adapters.tap import ConnectFlags, TapDelete, TapMutation
+from adapters.tap import ConnectFlags, TapDelete, TapMutation, TapNoop
 from gateway.metrics.figures import TAP_FRONT
 from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.tap_client import TapClient, connect_event, start_node
@@ -28,14 +29,19 @@ F = ConnectFlags
 
 async def test_a_refused_vbucket_ends_and_the_others_stream(nursery: trio.Nursery) -> None:
     store = filled_store()
-    store.set_state(2, VBucketState.REPLICA, now=time.time())
+    store.set_state(2, VBucketState.DEAD, now=time.time())  # replicas stream
     _, node_port = await start_node(nursery, store)
-    front, port = await start_front(nursery, node_port)
+    front, port = await start_front(nursery, node_port, noop_interval=0.1)
     connect = connect_event(
         b"refused", F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK, backfill_date=0, vbuckets=(2,)
     )
     with trio.fail_after(20):
         client = await TapClient.open(port, connect)
-        events = await client.collect()  # up to the close, acking as asked
+        ends = front.stats.stream_ends_total
+        # acking as asked, up to a NOOP once the stream was refused: open, idle
+        events = await client.collect(
+            lambda e: isinstance(e, TapNoop) and ends[TAP_FRONT, "refused_0x07"] == 1
+        )
+        assert isinstance(events[-1], TapNoop)
+        await client.aclose()
     assert not [e for e in events if isinstance(e, TapMutation | TapDelete)]
-    assert front.stats.stream_ends_total[TAP_FRONT, "refused_0x07"] == 1

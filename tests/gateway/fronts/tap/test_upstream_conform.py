@@ -23,6 +23,7 @@ from adapters.tap import (
     TapDelete,
     TapEvent,
     TapMutation,
+    TapNoop,
     TapOpaque,
 )
 from gateway.fronts.tap.server import TapFront
@@ -71,15 +72,32 @@ def shape(events: list[TapEvent]) -> list[str]:
 
 
 async def run_client(
-    nursery: trio.Nursery, upr: ScriptedUpr, connect_flags: ConnectFlags = BACKFILL, **kw: object
+    nursery: trio.Nursery,
+    upr: ScriptedUpr,
+    connect_flags: ConnectFlags = BACKFILL,
+    *,
+    lost: bool = False,
+    **kw: object,
 ) -> tuple[list[TapEvent], TapFront]:
+    """What the client gets up to the close; with ``lost`` (the vbucket's stream
+    ends other than OK, so the connection stays open, test_lost_vbucket_conform.py)
+    up to a NOOP once it ended, the stream messages only."""
     port = await nursery.start(upr.serve)
+    if lost:
+        kw.setdefault("noop_interval", 0.1)
     front, front_port = await start_front(nursery, port, reconnect_attempts=2, **kw)
     backfill = 0 if connect_flags & F.BACKFILL else None
     connect = connect_event(b"conform", connect_flags, backfill_date=backfill, vbuckets=(0,))
     with trio.fail_after(20):
         client = await TapClient.open(front_port, connect)
-        events = await client.collect()  # up to the close, acking as asked
+        if lost:
+            ended = front.stats.stream_ends_total.values
+            events = await client.collect(lambda e: isinstance(e, TapNoop) and sum(ended()) > 0)
+            assert isinstance(events.pop(), TapNoop)  # open, idle
+            events = [e for e in events if not isinstance(e, TapNoop)]
+            await client.aclose()
+        else:
+            events = await client.collect()  # up to the close, acking as asked
     return events, front
 
 
@@ -193,8 +211,9 @@ async def test_stream_end_of_each_reason_ends_the_vbucket(
     """STREAM_END ends the vbucket whatever its reason (src/upr-stream.cc
     ``ActiveStream::endStream``; STATE_CHANGED is what ``UprProducer::
     vbucketStateChanged`` sends when the vbucket stops being active): the open
-    checkpoint is closed, and with every vbucket ended the TAP connection
-    closes instead of waiting for items that never come."""
+    checkpoint is closed. With every vbucket ended the TAP connection closes
+    after OK (the stream was served to its end) and stays open, idle, after any
+    other reason (a lost vbucket: test_lost_vbucket_conform.py)."""
 
     async def play(channel: Channel, req: Request) -> None:
         o = req.opaque
@@ -207,7 +226,7 @@ async def test_stream_end_of_each_reason_ends_the_vbucket(
             stream_end(o, reason),
         )
 
-    events, front = await run_client(nursery, ScriptedUpr(play))
+    events, front = await run_client(nursery, ScriptedUpr(play), lost=reason != 0)
     assert shape(events) == ["I", "m1", "C", "S", "m3", "E"]
     assert front.stats.stream_ends_total[TAP_FRONT, name] == 1
 
@@ -224,7 +243,7 @@ async def test_a_refused_stream_request_ends_the_vbucket(
     async def play(channel: Channel, req: Request) -> None:
         await channel.send(frame(STREAM_REQ, magic=RES, vbucket=status, opaque=req.opaque))
 
-    events, front = await run_client(nursery, ScriptedUpr(play))
+    events, front = await run_client(nursery, ScriptedUpr(play), lost=True)
     assert shape(events) == []
     ends = front.stats.stream_ends_total
     assert ends[TAP_FRONT, f"refused_0x{status:02x}"] == 1
