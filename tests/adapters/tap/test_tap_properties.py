@@ -33,6 +33,7 @@ from adapters.tap import (
 )
 from adapters.tap.constants import VBucketState
 from adapters.tap.item_messages import ItemMessages, stored_flags
+from tests.support.fuzzing import drain
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)
@@ -163,34 +164,6 @@ def test_any_chunking_yields_the_same_events(batch: list[TapEvent], data: st.Dat
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(stream) - 1)), max_size=12)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert decode_chunks(chunks) == batch
-
-
-def frame_ends(blob: bytes, count: int) -> int:
-    """Where the first ``count`` frames of ``blob`` end, by their declared body lengths."""
-    end = 0
-    for _ in range(count):
-        end += 24 + int.from_bytes(blob[end + 8 : end + 12], "big")
-    return end
-
-
-def drain(decoder: TapDecoder, blob: bytes) -> list[TapEvent]:
-    """Events until the decoder needs more bytes or refuses one; either way every
-    event came from one whole frame, and a refusal names a place inside ``blob``."""
-    events: list[TapEvent] = []
-    try:
-        while (event := decoder.next_event()) is not None:
-            events.append(event)
-    except ProtocolError as exc:
-        # The refused frame starts where the decoded ones end; the offset is in it.
-        start = frame_ends(blob, len(events))
-        assert exc.offset is not None and start <= exc.offset <= len(blob), (exc, start)
-    else:
-        # Stopped for want of bytes: what is left is less than one whole frame.
-        consumed = len(blob) - decoder.buffered
-        assert consumed == frame_ends(blob, len(events))
-        declared = int.from_bytes(blob[consumed + 8 : consumed + 12], "big")
-        assert decoder.buffered < 24 or decoder.buffered < 24 + declared
-    return events
 
 
 @given(st.binary(max_size=400))

@@ -14,7 +14,6 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.errors import ProtocolError
 from adapters.upr import (
     DCP,
     UPR_DRAFT,
@@ -46,6 +45,7 @@ from adapters.upr import (
     encode,
 )
 from adapters.upr.events import REQUEST_CLASSES
+from tests.support.fuzzing import drain
 
 DIALECTS = (DCP, UPR_DRAFT)
 
@@ -200,39 +200,12 @@ def test_any_chunking_yields_the_same_events(data: st.DataObject) -> None:
     assert decode_chunks(chunks, dialect) == batch
 
 
-def drain(decoder: UprDecoder) -> list[UprEvent]:
-    """Events until the decoder needs more bytes or reports a ProtocolError."""
-    out: list[UprEvent] = []
-    try:
-        while (event := decoder.next_event()) is not None:
-            out.append(event)
-    except ProtocolError as exc:
-        assert exc.offset is not None and exc.offset >= 0
-    return out
-
-
 @given(dialects, st.binary(max_size=400))
 def test_random_bytes_yield_events_or_protocol_error(dialect: Dialect, blob: bytes) -> None:
     decoder = UprDecoder(dialect, max_frame_size=4096)
     decoder.receive_data(blob)
-    try:
-        events = []
-        while (event := decoder.next_event()) is not None:
-            events.append(event)
-    except ProtocolError as exc:
-        assert exc.offset is not None and 0 <= exc.offset <= len(blob)
-    else:
-        # Stopped for want of bytes: what is left is less than one whole frame.
-        assert decoder.consumed + decoder.buffered == len(blob)
-        assert decoder.buffered < 24 or decoder.buffered < 24 + _body_length(blob, decoder)
-    for event in events:
+    for event in drain(decoder, blob):
         assert decode_chunks([encode(event, dialect)], dialect) == [event]
-
-
-def _body_length(blob: bytes, decoder: UprDecoder) -> int:
-    """The declared body length of the partial frame the decoder holds."""
-    start = len(blob) - decoder.buffered
-    return int.from_bytes(blob[start + 8 : start + 12], "big")
 
 
 _HEADER = struct.Struct(">BBHBBHIIQ")
@@ -269,9 +242,10 @@ def test_framed_garbage_decodes_to_events_that_reencode(
 ) -> None:
     # Whatever decodes must encode again (the codec never produces an event
     # its own encoder refuses) and decode to the same event.
+    blob = b"".join(packets)
     decoder = UprDecoder(dialect, max_frame_size=4096)
-    decoder.receive_data(b"".join(packets))
-    for event in drain(decoder):
+    decoder.receive_data(blob)
+    for event in drain(decoder, blob):
         assert decode_chunks([encode(event, dialect)], dialect) == [event]
 
 
@@ -281,5 +255,6 @@ def test_valid_events_come_out_before_trailing_garbage(
 ) -> None:
     batch = data.draw(st.lists(EVENTS[dialect], min_size=1, max_size=4))
     decoder = UprDecoder(dialect, max_frame_size=4096)
-    decoder.receive_data(b"".join(encode(event, dialect) for event in batch) + tail)
-    assert drain(decoder)[: len(batch)] == batch
+    blob = b"".join(encode(event, dialect) for event in batch) + tail
+    decoder.receive_data(blob)
+    assert drain(decoder, blob)[: len(batch)] == batch
