@@ -7,8 +7,10 @@ and runs in one nursery:
 - the reader (this task): decodes each request and answers it at once:
   CONTROL (connection_buffer_size, enable_noop, set_noop_interval,
   enable_expiry_opcode; unknown keys INVALID_ARGUMENTS), STREAM_REQ (unknown
-  vbucket NOT_MY_VBUCKET, a live stream on the vbucket KEY_EXISTS, then the
-  range and rollback rules against the gateway's failover log),
+  or handed-over vbucket NOT_MY_VBUCKET, a bad range RANGE_ERROR, a live
+  stream on the vbucket KEY_EXISTS, then the rollback rule against the
+  gateway's failover log; on a notifier connection no range checks, and a
+  ``LogNotifier`` that ends once the log passes the start),
   GET_FAILOVER_LOG, CLOSE_STREAM, NOOP, and through the front's command door
   what is not UPR (STAT, VERSION, ...); BUFFER_ACKNOWLEDGEMENTs credit the
   flow-control window; replies the streams wait for (SET_VBUCKET_STATE,
