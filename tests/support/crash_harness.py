@@ -285,6 +285,8 @@ class VbView:
     seqno: int = 0
     snap: tuple[int, int] = (0, 0)
     items: dict[int, Item] = field(default_factory=dict)
+    failover: upr.FailoverEntries = ()
+    """The failover log of the last stream's answer (newest first)."""
 
     def rollback(self, to: int) -> None:
         self.items = {s: i for s, i in self.items.items() if s <= to}
@@ -359,7 +361,13 @@ class Consumer:
                 await trio.sleep(0.05)
                 continue
             assert isinstance(reply, upr.StreamRequestOk), (vb, reply)
+            # 3.0 sends a consumer of a history it does not know back to 0.
+            known = {uuid for uuid, _ in reply.failover_log}
+            assert v.seqno == 0 or v.uuid in known, (
+                f"vb {vb}: streams from {v.seqno} of history {v.uuid}, not in {reply.failover_log}"
+            )
             self.check_against(vb, view)
+            v.failover = reply.failover_log
             if reply.failover_log:
                 v.uuid = reply.failover_log[0][0]
             return
