@@ -15,7 +15,7 @@ answer and stream back here:
 - a SNAPSHOT_MARKER records the snapshot being received (the resume point);
   with the ACK flag the node answers once the marker's end seqno is applied;
   a DISK one into an empty vbucket makes STREAM_REQs for it TMPFAIL until
-  the next marker (``UprHub.initial_backfill``);
+  its end seqno is applied or the next marker (``UprHub.initial_backfill``);
 - MUTATION/DELETION/EXPIRATION are applied with the producer's seqnos and
   metadata; SET_VBUCKET_STATE sets the vbucket's state and is answered;
   STREAM_END ends the stream.
@@ -274,7 +274,7 @@ class ConsumerConnection:
         stream.ack_due = bool(marker.flags & upr.SnapshotFlags.ACK)
         backfill = self.node.upr.initial_backfill
         if marker.flags & upr.SnapshotFlags.DISK and not self.store.high_seqno(stream.vbucket):
-            backfill.add(stream.vbucket)  # stream requests for it: TMPFAIL until the next
+            backfill.add(stream.vbucket)  # stream requests for it: TMPFAIL until its end
         else:
             backfill.discard(stream.vbucket)
         self.store.set_snapshot(stream.vbucket, marker.start_seqno, marker.end_seqno)
@@ -302,7 +302,10 @@ class ConsumerConnection:
         stream.items_received += 1
         stream.last_seqno = event.by_seqno
         self.items_received += 1
-        if stream.ack_due and event.by_seqno >= stream.snapshot[1]:
+        if event.by_seqno >= stream.snapshot[1]:
+            # 3.0.0 src/upr-stream.cc ``PassiveStream::handleSnapshotEnd``: the
+            # snapshot's end applied ends the backfill phase (a checkpoint again).
+            self.node.upr.initial_backfill.discard(stream.vbucket)
             await self._send_marker_ack(stream)
 
     def _apply(self, event: upr.Mutation | upr.Deletion | upr.Expiration) -> None:
