@@ -89,9 +89,11 @@ def check_request(
     if store.state(vb) is VBucketState.DEAD:
         # ep-engine 3.0.0 ``UprProducer::streamRequest`` checks no state at all (a
         # dead vbucket would stream what it holds, then nothing, and a takeover
-        # of it would hand stale data over as active); later servers refuse a
-        # dead one NOT_MY_VBUCKET (``DcpProducer::streamRequest``), as we do.
-        # Replica and pending vbuckets stream, in 3.0.0 as after it.
+        # of it would hand stale data over as active); much later servers refuse a
+        # dead one NOT_MY_VBUCKET (kv_engine engines/ep/src/dcp/producer.cc
+        # ``DcpProducer::streamRequest``; the dcp-producer.cc copies up to the 4.x
+        # era check no state either), as we do. Replica and pending vbuckets stream, in 3.0.0
+        # as after it.
         return refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is dead")
     # The same answer as the UPR front's, from the store's log, high seqno and
     # purge seqno (ep-engine 3.0 FailoverTable::needsRollback).
