@@ -1,7 +1,13 @@
 """Memcached binary protocol framing shared by TAP and UPR."""
 
 from adapters.mcbp.constants import HEADER_SIZE, Magic, Opcode, Status
-from adapters.mcbp.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameReader, encode_frame
+from adapters.mcbp.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    Frame,
+    FrameReader,
+    encode_frame,
+    error_response,
+)
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
@@ -12,4 +18,5 @@ __all__ = [
     "Opcode",
     "Status",
     "encode_frame",
+    "error_response",
 ]

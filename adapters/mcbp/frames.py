@@ -26,7 +26,7 @@ import struct
 from typing import NamedTuple
 
 from adapters.errors import ProtocolError
-from adapters.mcbp.constants import HEADER_SIZE, Magic
+from adapters.mcbp.constants import HEADER_SIZE, Magic, Status
 
 DEFAULT_MAX_FRAME_SIZE = 20 * 1024 * 1024
 """Largest body accepted by default: a 20 MiB item plus metadata is the memcached limit."""
@@ -110,6 +110,18 @@ def encode_frame(
         cas,
     )
     return b"".join((header, extras, key, value))
+
+
+def error_response(frame: Frame, exc: ProtocolError) -> bytes:
+    """The answer to a request refused for ``exc`` (any opcode, TAP's or UPR's):
+    the error's status, EINVAL when it names none, and its text as the value."""
+    return encode_frame(
+        Magic.RESPONSE,
+        frame.opcode,
+        vbucket_or_status=exc.status or Status.INVALID_ARGUMENTS,
+        opaque=frame.opaque,
+        value=str(exc).encode(),
+    )
 
 
 class FrameReader:

@@ -30,12 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Status
+from adapters.mcbp import Frame, Status, error_response
 from adapters.upr.codec import decode_frame, encode
 from adapters.upr.constants import Command, OpenFlags
 from adapters.upr.dialect import Dialect
 from adapters.upr.events import GetFailoverLog, Open, StreamRequest, UprEvent
-from adapters.upr.producer_machine import error_response
 from adapters.upr.responses import Response
 
 NO_FLAGS = OpenFlags(0)

@@ -79,7 +79,7 @@ from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status, encode_frame
+from adapters.mcbp import Frame, Magic, Status, error_response
 from adapters.upr.codec import decode_frame, encode
 from adapters.upr.constants import Command, StreamFlags
 from adapters.upr.dialect import Dialect
@@ -112,19 +112,6 @@ NOT_SUPPORTED_CONTROLS = frozenset(
 )
 """CONTROL keys a producer knows but does not implement: NOT_SUPPORTED (0x83),
 as 3.0 answers stream_buffer_size; any other unknown key is EINVAL (0x04)."""
-
-
-def error_response(frame: Frame, exc: ProtocolError) -> bytes:
-    """The answer to a request that did not decode: its status (EINVAL when the
-    error names none) and the error's text."""
-    status = exc.status or Status.INVALID_ARGUMENTS
-    return encode_frame(
-        Magic.RESPONSE,
-        frame.opcode,
-        vbucket_or_status=status,
-        opaque=frame.opaque,
-        value=str(exc).encode(),
-    )
 
 
 def parse_uint32(value: bytes) -> int | None:

@@ -15,7 +15,7 @@ from typing import Protocol
 import trio
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status, encode_frame
+from adapters.mcbp import Frame, Magic, Status, encode_frame, error_response
 
 REFUSAL_FLUSH_SECONDS = 2.0
 
@@ -54,12 +54,8 @@ def error_reply(frame: Frame, status: int, text: str) -> bytes:
 
 
 def refusal(opcode: int, opaque: int, exc: ProtocolError) -> bytes:
-    """The error response for a refused request (any opcode, TAP's or not);
-    EINVAL when the error names no status."""
-    status = exc.status or Status.INVALID_ARGUMENTS
-    return encode_frame(
-        Magic.RESPONSE, opcode, vbucket_or_status=status, opaque=opaque, value=str(exc).encode()
-    )
+    """The error response for a refused request: ``mcbp.error_response``'s rule."""
+    return error_response(Frame(Magic.REQUEST, opcode, 0, 0, 0, 0, opaque, 0, b""), exc)
 
 
 def stat_reply(frame: Frame, pairs: Iterable[tuple[str, str]]) -> bytes:

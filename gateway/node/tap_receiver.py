@@ -13,7 +13,12 @@ message to the store in arrival order:
   call: it refuses DEAD vbuckets;
 - OPAQUE(INITIAL_VBUCKET_STREAM): the vbucket is reset to empty before its
   backfill (refused on an ACTIVE or DEAD vbucket, whose data it would
-  destroy); CLOSE_TAP_STREAM is acked and the sender then closes; the other
+  destroy), and STREAM_REQs for it are TMPFAIL (``backfill``) until the
+  first CHECKPOINT_START, or until it becomes ACTIVE: 3.0 resets it as a
+  new non-active vbucket, whose open checkpoint id is 0 (src/ep.cc
+  ``setVBucketState``), until the sender's checkpoint id arrives (src/
+  tapconnection.cc ``processCheckpointCommand``) or ``VBucket::setState``
+  makes it active (id 2); CLOSE_TAP_STREAM is acked and the sender then closes; the other
   opaque codes only announce the sender's features;
 - VBUCKET_SET: the vbucket takes the state (pending, then active at the end
   of a takeover);
@@ -33,10 +38,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import MutableSet
 from typing import Any
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Status
+from adapters.mcbp import Frame, Status, error_response
 from adapters.tap import (
     OpaqueCode,
     TapCheckpointEnd,
@@ -57,7 +63,7 @@ from adapters.tap import (
 from adapters.tap.acks import ack_of
 from adapters.tap.item_messages import stored_flags
 from gateway.io.connection import PacketConnection
-from gateway.io.replies import refusal, send_refusal
+from gateway.io.replies import send_refusal
 from gateway.node.items import StoreError, VBucketState
 
 log = logging.getLogger(__name__)
@@ -68,7 +74,7 @@ _NO_RESET_STATES = (VBucketState.ACTIVE, VBucketState.DEAD)
 async def receive_tap_stream(node: Any, conn: PacketConnection, first: Frame) -> None:
     """Apply the TAP stream arriving on ``conn``, starting with ``first``."""
     conn.reader.lenient_responses = True  # a TAP peer's responses: body length frames them
-    receiver = TapReceiver(node.store)
+    receiver = TapReceiver(node.store, node.upr.initial_backfill)
     frame: Frame | None = first
     while frame is not None:
         try:
@@ -85,8 +91,10 @@ async def receive_tap_stream(node: Any, conn: PacketConnection, first: Frame) ->
 class TapReceiver:
     """Applies decoded TAP messages to ``store``; ``handle`` returns the reply bytes."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, backfill: MutableSet[int] | None = None) -> None:
         self.store = store
+        self.backfill: MutableSet[int] = set() if backfill is None else backfill
+        """Vbuckets between INITIAL_VBUCKET_STREAM and their first checkpoint."""
         self.applied = 0
         self.nacks = 0
         self.closing = False
@@ -98,7 +106,7 @@ class TapReceiver:
         except ProtocolError as exc:
             if not frame.is_request:
                 raise
-            raise _Refused(refusal(frame.opcode, frame.opaque, exc), exc) from None
+            raise _Refused(error_response(frame, exc), exc) from None
         if isinstance(event, TapResponse | TapNoopResponse):
             return b""  # the sender's answers to our NOOPs, or stray acks: nothing to do
         if isinstance(event, TapNoop):
@@ -107,7 +115,7 @@ class TapReceiver:
             refused = ProtocolError(
                 "CONNECT inside a TAP stream", opcode=frame.opcode, status=Status.NOT_SUPPORTED
             )
-            raise _Refused(refusal(frame.opcode, frame.opaque, refused), refused)
+            raise _Refused(error_response(frame, refused), refused)
         return self.receive(event)
 
     def receive(self, message: TapStreamMessage) -> bytes:
@@ -140,7 +148,10 @@ class TapReceiver:
             self._opaque(message)
         elif isinstance(message, TapVbucketSet):
             store.set_state(vb, message.state, now=now)
+            if message.state == VBucketState.ACTIVE:
+                self.backfill.discard(vb)
         elif isinstance(message, TapCheckpointStart):
+            self.backfill.discard(vb)
             if store.checkpoints(vb)[-1].id < message.checkpoint_id:
                 store.close_checkpoint(vb, next_id=message.checkpoint_id)
         elif isinstance(message, TapCheckpointEnd):
@@ -179,6 +190,7 @@ class TapReceiver:
                 why = f"will not reset vbucket {vb}: it is {state.name.lower()}"
                 raise StoreError(Status.NOT_MY_VBUCKET, why)
             self.store.reset_vbucket(vb)
+            self.backfill.add(vb)
         elif message.opaque_code == OpaqueCode.CLOSE_TAP_STREAM:
             self.closing = True
 

@@ -60,8 +60,9 @@ class UprHub:
         self._named: NamedConnections[HubConnection] = NamedConnections("UPR")
         self.initial_backfill: set[int] = set()
         """Vbuckets receiving their first snapshot, a DISK one into an empty vbucket,
-        until the next marker (ep-engine 3.0 src/upr-stream.cc
-        ``PassiveStream::processMarker`` sets the open checkpoint id to 0, and
+        until its end seqno is applied or the next marker (ep-engine 3.0
+        src/upr-stream.cc ``PassiveStream::processMarker`` sets the open checkpoint
+        id to 0, ``handleSnapshotEnd`` and the next marker give it one again, and
         ``UprProducer::streamRequest`` answers such a vbucket TMPFAIL)."""
 
     def running(self, connection: HubConnection) -> AbstractContextManager[trio.CancelScope]:

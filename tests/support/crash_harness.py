@@ -294,8 +294,11 @@ class VbView:
         self.snap = (to, to)
 
     def request_snap(self) -> tuple[int, int]:
-        """As 3.0's consumer asks: a snapshot received whole, or none of whose items came
-        (only its marker), counts as (seqno, seqno)."""
+        """As a consumer after 3.0.0 asks: a snapshot received whole, or none of whose items
+        came (only its marker), counts as (seqno, seqno). That is the later dcp-stream.cc
+        ``PassiveStream``, which records a snapshot with its first item (``saveSnapshot``);
+        3.0.0's upr-stream.cc ``processMarker`` recorded it at the marker, so a 3.0.0
+        consumer asked (seqno, marker start, marker end) and was refused ERANGE."""
         start, end = self.snap
         return (start, end) if start <= self.seqno < end else (self.seqno, self.seqno)
 

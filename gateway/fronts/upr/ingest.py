@@ -182,9 +182,9 @@ class Ingest:
         self.takeover = takeover
         self.state_hook = state_hook
         self.recording = recording
+        """Records every message received from the upstream (``capture_dir``)."""
         self._unknown_said: set[int] = set()
         """Request opcodes from the upstream that no TAP consumer knows, logged once each."""
-        """Records every message received from the upstream (``capture_dir``)."""
         self.handed_over = handed_over
         """Vbuckets handed over to a UPR consumer: left out of the CONNECT (``takeover``)."""
         self._logs: dict[int, VbLog] = {}

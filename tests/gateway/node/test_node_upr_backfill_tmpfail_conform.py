@@ -2,7 +2,10 @@
 
 ep-engine 3.0 src/upr-stream.cc ``PassiveStream::processMarker``: a DISK
 snapshot marker into a vbucket whose high seqno is 0 puts it in the backfill
-phase (open checkpoint id 0); the next marker gives it a checkpoint again.
+phase (open checkpoint id 0); ``PassiveStream::handleSnapshotEnd`` gives it a
+checkpoint again once the item at the marker's end seqno is applied, and so
+does the next marker (read in the 3.0.0-era copy: src/upr-stream.cc with the
+DCP constants, couchbase/kv_engine commit 007528bb).
 src/upr-producer.cc ``UprProducer::streamRequest`` answers a stream request
 for a vbucket whose open checkpoint id is 0 ENGINE_TMPFAIL (0x86), right
 after the vbucket-exists check, before the range checks, for notifiers too.
@@ -42,7 +45,7 @@ async def feeding(port: int) -> tuple[UprClient, int]:
 
 
 @pytest.mark.parametrize("flags", [0, dcp.LATEST])
-async def test_tmpfail_from_the_first_disk_marker_to_the_next_marker(
+async def test_tmpfail_from_the_first_disk_marker_to_its_end(
     nursery: trio.Nursery, flags: int
 ) -> None:
     store = Store(4, initial_state=VBucketState.REPLICA)
@@ -73,6 +76,32 @@ async def test_tmpfail_from_the_first_disk_marker_to_the_next_marker(
         assert (await reader.response(13)).status == 0
         await reader.aclose()
         await watcher.aclose()
+        await feed.aclose()
+
+
+async def test_the_disk_snapshot_applied_to_its_end_streams_without_another_marker(
+    nursery: trio.Nursery,
+) -> None:
+    store = Store(4, initial_state=VBucketState.REPLICA)
+    _, port = await start_node(nursery, store)
+    with trio.fail_after(20):
+        feed, opaque = await feeding(port)
+        await feed.send(
+            upr.SnapshotMarker(1, 2, SF.DISK, opaque=opaque, vbucket=VB),
+            upr.Mutation(b"a", b"1", by_seqno=1, rev_seqno=1, cas=1, opaque=opaque, vbucket=VB),
+        )
+        await until(lambda: store.high_seqno(VB) == 1)
+        reader = await producer(port, b"reader")
+        await reader.send(dcp.stream_req(VB, opaque=10, end=1))
+        assert (await reader.response(10)).status == Status.TEMPORARY_FAILURE
+        await feed.send(
+            upr.Mutation(b"b", b"2", by_seqno=2, rev_seqno=1, cas=2, opaque=opaque, vbucket=VB)
+        )
+        await until(lambda: store.high_seqno(VB) == 2)
+        # handleSnapshotEnd: the snapshot's end seqno applied ends the backfill phase.
+        await reader.send(dcp.stream_req(VB, opaque=11, end=2))
+        assert (await reader.response(11)).status == 0
+        await reader.aclose()
         await feed.aclose()
 
 
