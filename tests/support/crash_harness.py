@@ -520,7 +520,12 @@ async def crash_run(
             )
             wrong = private_state(state_dir) if state_dir.exists() else []
             assert not wrong, f"cycle {cycle}: state not private after SIGKILL: {wrong}"
-            view = open_copy(state_dir, tmp_path / "copy")
+            try:
+                view = open_copy(state_dir, tmp_path / "copy")
+            except AssertionError as exc:
+                exc.add_note(f"cycle {cycle}, the killed run's log:\n{gateway.log_tail(60)}")
+                shutil.copytree(state_dir, tmp_path / "kept")
+                raise
             summary.torn_bytes += view.torn
             summary.acked_checked += check_acked_in_log(store, acked, view)
         # The last run: the writes stop and the consumer must reach the node's state.

@@ -75,11 +75,13 @@ def adopt(vblog: VbLog, proof: VbProof) -> None:
             os.fsync(f.fileno())
     vblog.torn_bytes = proof.torn_bytes
     vblog.segments = proof.segments
+    vblog.disk_high = proof.high_seen
     meta = proof.meta
     if meta is None:
         vblog.history.begin()  # a new vbucket
         return
     vblog.history.restore(meta.failover, meta.reserved, meta.purge_seqno, meta.refetch)
+    vblog.disk_high = max(proof.high_seen, meta.failover[0][1])  # as the proof's end
     if not proof.torn and meta.clean:
         return
     # Not closed cleanly: consumers may have been served records that never
@@ -87,6 +89,7 @@ def adopt(vblog: VbLog, proof: VbProof) -> None:
     # failover entry at the proven end, new seqnos past every one reserved.
     t = vblog.translator
     uuid, proven, t.high_seqno = vblog.history.reconcile_unclean(t.high_seqno)
+    vblog.disk_high = max(vblog.disk_high, proven)
     if proof.torn:
         path, good, size = proof.torn[0]
         why = (
@@ -120,6 +123,7 @@ def start_over(vblog: VbLog, proof: VbProof, known_bound: int, known_uuids: set[
     )
     uuid = fresh_uuid(uuids)
     vblog.history.start_over(bound, uuid)
+    vblog.disk_high = bound  # the new history's start
     vblog.segments = []
     kept = (
         f"files kept in {vblog.set_aside.relative_to(vblog.root)}"

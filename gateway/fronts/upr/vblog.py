@@ -136,6 +136,11 @@ class VbLog(LogReads):
         """Records framed and not yet handed to the file (``write_buffer``)."""
         self._written_high = 0
         """Seqno of the last item handed to the file: what ``publish`` may expose."""
+        self.disk_high = 0
+        """Where the next start finds the log ending: the last item handed to the file,
+        or (none since it opened) its proof's end or newest history's start. A clean
+        close records it; not ``high_seqno``, which an unclean open moves past the
+        reservation before any item is there (``log_open.adopt``)."""
         self._mark = (0, 0, 0)
         """(sparse entries, count, last) of the active segment at the last publish."""
         self.disk_bytes = 0
@@ -260,7 +265,7 @@ class VbLog(LogReads):
             clean=clean,
             segments=[s.first for s in self.segments if s.path not in self.doomed],
             refetch=self.needs_refetch,
-            high=self.high_seqno if clean else 0,
+            high=self.disk_high if clean else 0,
         )
 
     def _write_meta(self, *, clean: bool) -> None:
@@ -379,7 +384,7 @@ class VbLog(LogReads):
         if buffer.items:
             segment.count += buffer.items
             segment.last = buffer.high
-            self._written_high = buffer.high
+            self._written_high = self.disk_high = buffer.high
             self._unpublished.append((buffer.first, buffer.high, bytes(data)))
         self.disk_bytes += size
         buffer.clear()

@@ -17,6 +17,7 @@ import pytest
 from gateway.fronts.upr.logset import LogOptions, LogSet
 from gateway.fronts.upr.vblog import VbLog
 from gateway.metrics.figures import GatewayStats
+from tests.gateway.fronts.upr.test_vblog import fill
 
 
 class Killed(BaseException):
@@ -54,4 +55,35 @@ def test_a_kill_before_a_new_vbucket_s_first_meta_leaves_a_new_vbucket(
     assert not vblog.problems and vblog.set_aside is None and not vblog.needs_refetch
     assert not (tmp_path / "set-aside").exists()
     assert not any(logs.stats.upr_log.logs_set_aside_total.values())
+    logs.close()
+
+
+def test_a_clean_stop_soon_after_a_kill_leaves_a_log_the_next_start_proves(
+    tmp_path: Path,
+) -> None:
+    """Opened after a kill, a log starts a new failover entry at its proven end and
+    its next seqno past the reservation (``log_open.adopt``); stopped cleanly before
+    any new item, its clean mark used to record that next seqno's predecessor as the
+    end, which no record on disk reaches: the next start took the log for one cut
+    short, set it aside and fetched the vbucket again. The end recorded is where the
+    records (or the newest history's start) end."""
+    logs = log_set(tmp_path)
+    fill(logs.ensure(0), rounds=3)
+    proven = logs.logs[0].high_seqno
+    logs.abandon()  # killed
+    logs = log_set(tmp_path)
+    vblog = logs.logs[0]
+    assert not vblog.continued and vblog.failover.entries[0][1] == proven
+    assert vblog.high_seqno > proven  # new items will follow the reservation
+    uuid = vblog.failover.uuid
+    logs.close()  # SIGTERM before the node sent anything for this vbucket
+    logs = log_set(tmp_path)
+    vblog = logs.logs[0]
+    assert not vblog.problems and vblog.set_aside is None and not vblog.needs_refetch
+    assert vblog.continued and vblog.failover.uuid == uuid
+    assert [i.by_seqno for i in vblog.read(0, 2**64 - 1, 10**6)][-1] == proven
+    fill(vblog, rounds=1)  # goes on above every seqno reserved before
+    logs.close()
+    logs = log_set(tmp_path)
+    assert not logs.logs[0].problems and logs.logs[0].continued
     logs.close()
