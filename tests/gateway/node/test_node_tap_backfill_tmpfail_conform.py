@@ -14,12 +14,9 @@ range checks, for notifiers too.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import trio
 
-from adapters.mcbp import Status
 from adapters.tap import (
     OpaqueCode,
     TapCheckpointStart,
@@ -30,10 +27,9 @@ from adapters.tap import (
 )
 from adapters.tap import TapOpaque as Opaque
 from gateway.node.items import VBucketState
-from gateway.node.store import Store
 from gateway.node.tap_receiver import TapReceiver
-from tests.gateway.node.test_node_tap_receiver import exchange
-from tests.gateway.test_dcp_3x_clients import producer
+from tests.gateway.node.test_node_tap_receiver import exchange, replica_store
+from tests.gateway.node.test_node_upr_backfill_tmpfail_conform import refused_while_filling
 from tests.support import raw_dcp as dcp
 from tests.support.tap_client import TapClient
 from tests.support.upr_client import start_node
@@ -41,12 +37,6 @@ from tests.support.upr_client import start_node
 VB = 1
 ACK = TapFlags.ACK
 INITIAL = OpaqueCode.INITIAL_VBUCKET_STREAM
-
-
-def replica_store() -> Store:
-    store = Store(4, initial_state=VBucketState.REPLICA)
-    store.set_state(3, VBucketState.ACTIVE, now=time.time())
-    return store
 
 
 def item(key: bytes, vb: int = VB, opaque: int = 0) -> TapMutation:
@@ -68,21 +58,12 @@ async def test_tmpfail_from_initial_vbucket_stream_to_the_first_checkpoint(
         async with await TapClient.open(port) as sender:
             backfill = [Opaque(INITIAL, VB, opaque=1, tap_flags=ACK), item(b"a", opaque=2)]
             assert acked(await exchange(sender, *backfill), 2)
-            reader = await producer(port, b"reader")
-            # A bad range too: TMPFAIL comes first.
-            await reader.send(dcp.stream_req(VB, opaque=10, start=9, end=3))
-            assert (await reader.response(10)).status == Status.TEMPORARY_FAILURE
-            watcher = await producer(port, b"watcher", 0x02)  # a notifier too
-            await watcher.send(dcp.stream_req(VB, opaque=11))
-            assert (await watcher.response(11)).status == Status.TEMPORARY_FAILURE
-            await reader.send(dcp.stream_req(VB - 1, opaque=12))  # other vbuckets stream
-            assert (await reader.response(12)).status == 0
+            reader = await refused_while_filling(port, VB)
             live = [TapCheckpointStart(1, VB, opaque=3, tap_flags=ACK), item(b"b", opaque=4)]
             assert acked(await exchange(sender, *live), 2)
             await reader.send(dcp.stream_req(VB, opaque=13, end=2))
             assert (await reader.response(13)).status == 0
             await reader.aclose()
-            await watcher.aclose()
 
 
 def test_an_initial_stream_refused_on_an_active_vbucket_starts_no_backfill() -> None:
