@@ -59,11 +59,14 @@ class UprHub:
         self.node = node
         self._named: NamedConnections[HubConnection] = NamedConnections("UPR")
         self.initial_backfill: set[int] = set()
-        """Vbuckets receiving their first snapshot, a DISK one into an empty vbucket,
-        until its end seqno is applied or the next marker (ep-engine 3.0
-        src/upr-stream.cc ``PassiveStream::processMarker`` sets the open checkpoint
-        id to 0, ``handleSnapshotEnd`` and the next marker give it one again, and
-        ``UprProducer::streamRequest`` answers such a vbucket TMPFAIL)."""
+        """Vbuckets receiving their initial backfill, answered TMPFAIL by
+        ``UprProducer::streamRequest`` (ep-engine 3.0: their open checkpoint id
+        is 0): over UPR from a DISK marker into an empty vbucket until its end
+        seqno is applied or the next marker (src/upr-stream.cc
+        ``PassiveStream::processMarker``, ``handleSnapshotEnd``), over TAP
+        from OPAQUE(INITIAL_VBUCKET_STREAM) to the first CHECKPOINT_START
+        (``tap_receiver``); either way until the vbucket becomes ACTIVE
+        (src/vbucket.cc ``VBucket::setState``)."""
 
     def running(self, connection: HubConnection) -> AbstractContextManager[trio.CancelScope]:
         """Register ``connection`` while the block runs; a later namesake cancels it."""

@@ -24,6 +24,7 @@ from gateway.node.items import VBucketState
 from gateway.node.store import Store
 from tests.gateway.test_dcp_3x_clients import producer
 from tests.support import raw_dcp as dcp
+from tests.support.raw_dcp import RawDcp
 from tests.support.upr_client import UprClient, start_node, until
 
 VB = 1
@@ -44,6 +45,22 @@ async def feeding(port: int) -> tuple[UprClient, int]:
     return client, request.opaque
 
 
+async def refused_while_filling(port: int, vb: int, flags: int = 0) -> RawDcp:
+    """Check that STREAM_REQs for ``vb`` get TMPFAIL, a notifier's too, and that
+    another vbucket streams; the producer connection that asked."""
+    reader = await producer(port, b"reader")
+    # A bad range too: TMPFAIL comes first.
+    await reader.send(dcp.stream_req(vb, opaque=10, start=9, end=3, flags=flags))
+    assert (await reader.response(10)).status == Status.TEMPORARY_FAILURE
+    watcher = await producer(port, b"watcher", 0x02)  # a notifier too
+    await watcher.send(dcp.stream_req(vb, opaque=11))
+    assert (await watcher.response(11)).status == Status.TEMPORARY_FAILURE
+    await watcher.aclose()
+    await reader.send(dcp.stream_req(vb - 1, opaque=12))  # other vbuckets stream
+    assert (await reader.response(12)).status == 0
+    return reader
+
+
 @pytest.mark.parametrize("flags", [0, dcp.LATEST])
 async def test_tmpfail_from_the_first_disk_marker_to_its_end(
     nursery: trio.Nursery, flags: int
@@ -57,15 +74,7 @@ async def test_tmpfail_from_the_first_disk_marker_to_its_end(
             upr.Mutation(b"a", b"1", by_seqno=1, rev_seqno=1, cas=1, opaque=opaque, vbucket=VB),
         )
         await until(lambda: store.high_seqno(VB) == 1)
-        reader = await producer(port, b"reader")
-        # A bad range too: TMPFAIL comes first.
-        await reader.send(dcp.stream_req(VB, opaque=10, start=9, end=3, flags=flags))
-        assert (await reader.response(10)).status == Status.TEMPORARY_FAILURE
-        watcher = await producer(port, b"watcher", 0x02)  # a notifier too
-        await watcher.send(dcp.stream_req(VB, opaque=11))
-        assert (await watcher.response(11)).status == Status.TEMPORARY_FAILURE
-        await reader.send(dcp.stream_req(VB - 1, opaque=12))  # other vbuckets stream
-        assert (await reader.response(12)).status == 0
+        reader = await refused_while_filling(port, VB, flags)
         await feed.send(
             upr.Mutation(b"b", b"2", by_seqno=2, rev_seqno=1, cas=2, opaque=opaque, vbucket=VB),
             upr.SnapshotMarker(3, 3, SF.MEMORY, opaque=opaque, vbucket=VB),
@@ -75,7 +84,6 @@ async def test_tmpfail_from_the_first_disk_marker_to_its_end(
         await reader.send(dcp.stream_req(VB, opaque=13, end=3))
         assert (await reader.response(13)).status == 0
         await reader.aclose()
-        await watcher.aclose()
         await feed.aclose()
 
 
