@@ -24,7 +24,8 @@ each submission's records are written and published at once
 consumers without waiting for the fsync of the commit before, and commits
 start at most every ``EARLY_COMMIT_INTERVAL``, or ``COMMIT_SPACING_PER_FILE``
 per file to fsync when that is longer (a commit's CPU grows with its files) and
-between ``QUIET_BYTES`` and ``SPACED_BYTES`` were read meanwhile. So
+between ``QUIET_BYTES`` and ``SPACED_BYTES`` were read meanwhile
+(``BUSY_SPACING_PER_FILE`` from ``BUSY_BYTES``). So
 while one
 commit's fsyncs run the next batch accumulates, a commit covers all that
 arrived before it, each file is fsynced once per commit however many items
@@ -54,17 +55,26 @@ EARLY_COMMIT_INTERVAL = 0.005
 before their fsync (fsync batch): consumers do not wait for commits then, only the
 TAP acks do, and at low rates each fsync covers several items instead of one (an
 fsync and its hand-offs cost about 100-250 µs of CPU here)."""
-COMMIT_SPACING_PER_FILE = 0.001
+COMMIT_SPACING_PER_FILE = 0.0005
 """Seconds between the starts of two such commits at least, per file the next one
 fsyncs: a commit costs 50-100 µs of CPU per file here (its fsync, the thread
 hand-offs and settling: 3.4 ms for 64 files on a quiet machine, two thirds of it
-in the kernel), and more on a busy one (each fsync's return takes the GIL from
-the loop's thread), so a live stream touching 64 vbuckets, committed as soon as
-the last commit returned, spent about half a core on commits alone. Spaced so,
-they take about a twentieth of a core whatever the number of files (at 0.5 ms
-per file, 20k one-item checkpoints a second cost 4-8 µs more CPU per item);
-only the TAP acks wait longer (64 ms for 64 files), consumers never do.
-``SPACED_BYTES`` bounds the wait."""
+in the kernel), so a live stream touching 64 vbuckets, committed as soon as the
+last commit returned, spent about half a core on commits alone. Spaced so, they
+take about a tenth of a core whatever the number of files; only the TAP acks
+wait longer (32 ms for 64 files), consumers never do. ``SPACED_BYTES`` bounds
+the wait."""
+BUSY_SPACING_PER_FILE = 0.001
+"""The spacing per file once ``BUSY_BYTES`` were read since the last commit began:
+a fast stream's commits cost more on a busy machine (each fsync's return takes the
+GIL from the loop's thread), and at 20k one-item checkpoints a second over 64
+vbuckets, half as many commits took 4-8 µs of CPU off each item (64 ms for 64
+files; the TAP acks still leave well inside a 2.x producer's window, see
+``SPACED_BYTES``). A slower stream keeps ``COMMIT_SPACING_PER_FILE``: its commits
+are cheap, and bunching its fsyncs holds the loop (``QUIET_BYTES``)."""
+BUSY_BYTES = 64 * 1024
+"""Bytes read since the last commit began from which ``BUSY_SPACING_PER_FILE`` applies
+(about 13 ms of the live bench's 20k items a second, 110 ms of 2k)."""
 SPACED_BYTES = 512 * 1024
 """Bytes read since the last commit began beyond which the next one waits only
 ``EARLY_COMMIT_INTERVAL``: a 2.x producer stops sending at 10,000 messages not
@@ -323,9 +333,11 @@ class GroupCommit:
 
     def _spacing(self) -> float:
         """Seconds from the start of the last commit to the next (fsync batch)."""
-        if not QUIET_BYTES <= self.pending_bytes < SPACED_BYTES:
+        pending = self.pending_bytes
+        if not QUIET_BYTES <= pending < SPACED_BYTES:
             return EARLY_COMMIT_INTERVAL
-        return max(EARLY_COMMIT_INTERVAL, len(self._touched) * COMMIT_SPACING_PER_FILE)
+        per_file = BUSY_SPACING_PER_FILE if pending >= BUSY_BYTES else COMMIT_SPACING_PER_FILE
+        return max(EARLY_COMMIT_INTERVAL, len(self._touched) * per_file)
 
     async def flush(self, touched: dict[int, VbLog] | None = None) -> None:
         """Until everything submitted so far (and ``touched``) is committed and acked."""

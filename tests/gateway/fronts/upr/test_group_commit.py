@@ -27,6 +27,8 @@ from hypothesis import strategies as st
 
 from adapters import upr
 from gateway.fronts.upr.commit import (
+    BUSY_BYTES,
+    BUSY_SPACING_PER_FILE,
     COMMIT_SPACING_PER_FILE,
     EARLY_COMMIT_INTERVAL,
     MAX_PENDING_BYTES,
@@ -342,6 +344,25 @@ def test_early_commits_start_apart_by_their_files(files: int) -> None:
     assert sum(n for _, n in starts) >= files and max(n for _, n in starts) == files
     for (a, _), (b, n) in pairwise(starts):
         assert b - a >= max(EARLY_COMMIT_INTERVAL, n * COMMIT_SPACING_PER_FILE) - 1e-9
+
+
+@pytest.mark.parametrize("files", [8, 64])
+def test_early_commits_of_a_busy_stream_start_further_apart_by_their_files(files: int) -> None:
+    """From ``BUSY_BYTES`` read since the last commit began (and below ``SPACED_BYTES``)
+    a commit waits ``BUSY_SPACING_PER_FILE`` per file it covers: fewer commits of a
+    fast stream, each fsync's return costing the loop the GIL (mock clock)."""
+
+    async def drive(group: GroupCommit, logs: dict[int, Any]) -> None:
+        for _ in range(4):
+            for vb in range(files):
+                group.submit({vb: logs[vb]}, [b"ack"])
+                group.pending_bytes = max(group.pending_bytes, BUSY_BYTES)
+                await trio.sleep(0.0001)
+
+    starts = _early_commit_starts(files, drive)
+    assert max(n for _, n in starts) == files
+    for (a, _), (b, n) in pairwise(starts):
+        assert b - a >= max(EARLY_COMMIT_INTERVAL, n * BUSY_SPACING_PER_FILE) - 1e-9
 
 
 def test_early_commits_of_a_fast_stream_wait_only_the_interval() -> None:
