@@ -238,6 +238,8 @@ class Consumer(RuleBasedStateMachine):
         owed = m.ack_due and seqno >= m.snap_end
         assert self._acks(out, m) == ([], int(owed))
         m.ack_due = m.ack_due and not owed
+        if seqno >= m.snap_end:  # the snapshot's end applied ends a backfill
+            self.expect_backfill.discard(vb)
         assert self.replica.applied[-1].by_seqno == seqno
 
     @rule(vb=st.sampled_from(VBUCKETS), opaque=st.integers(0, 50))
