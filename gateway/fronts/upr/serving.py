@@ -106,21 +106,14 @@ class LiveServer:
 
     async def _run(self) -> None:
         conn = self.conn
-        woken = False
         while True:
             if not self._news and not self._rest:
                 if self._wake.is_set():
                     self._wake = trio.Event()
                 await self._wake.wait()
-                woken = True
                 continue
-            if not woken:
-                # One yield per pass, before the room is measured (as a stream's read);
-                # a pass right after the wait has yielded there: it goes in the same
-                # round of the loop as the publish's other wakers, not behind the next
-                # upstream read (the ingest yields once for it, ``Ingest._stream_in_place``).
-                await trio.lowlevel.checkpoint()
-            woken = False
+            # One yield per pass, before the room is measured (as a stream's read).
+            await trio.lowlevel.checkpoint()
             budget = await conn.send_budget(waiting=len(self._news) + len(self._rest))
             self._pass(budget)
 
