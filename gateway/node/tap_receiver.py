@@ -14,12 +14,12 @@ message to the store in arrival order:
 - OPAQUE(INITIAL_VBUCKET_STREAM): the vbucket is reset to empty before its
   backfill (refused on an ACTIVE or DEAD vbucket, whose data it would
   destroy), and STREAM_REQs for it are TMPFAIL (``backfill``) until the
-  first CHECKPOINT_START, or until it becomes ACTIVE: 3.0 resets it as a
-  new non-active vbucket, whose open checkpoint id is 0 (src/ep.cc
-  ``setVBucketState``), until the sender's checkpoint id arrives (src/
+  first CHECKPOINT_START of an id over 0, or until it becomes ACTIVE: 3.0
+  resets it as a new non-active vbucket, whose open checkpoint id is 0
+  (src/ep.cc ``setVBucketState``), until the sender's id arrives (src/
   tapconnection.cc ``processCheckpointCommand``) or ``VBucket::setState``
-  makes it active (id 2); CLOSE_TAP_STREAM is acked and the sender then closes; the other
-  opaque codes only announce the sender's features;
+  makes it active (id 2). CLOSE_TAP_STREAM is acked and the sender then
+  closes; the other opaque codes only announce the sender's features;
 - VBUCKET_SET: the vbucket takes the state (pending, then active at the end
   of a takeover);
 - CHECKPOINT_START/END: the vbucket's checkpoints follow the sender's ids,
@@ -151,7 +151,8 @@ class TapReceiver:
             if message.state == VBucketState.ACTIVE:
                 self.backfill.discard(vb)
         elif isinstance(message, TapCheckpointStart):
-            self.backfill.discard(vb)
+            if message.checkpoint_id:  # 3.0 ends the backfill phase only for an id over 0
+                self.backfill.discard(vb)
             if store.checkpoints(vb)[-1].id < message.checkpoint_id:
                 store.close_checkpoint(vb, next_id=message.checkpoint_id)
         elif isinstance(message, TapCheckpointEnd):
