@@ -14,12 +14,12 @@ message to the store in arrival order:
 - OPAQUE(INITIAL_VBUCKET_STREAM): the vbucket is reset to empty before its
   backfill (refused on an ACTIVE or DEAD vbucket, whose data it would
   destroy), and STREAM_REQs for it are TMPFAIL (``backfill``) until the
-  first CHECKPOINT_START, or until it becomes ACTIVE: 3.0 resets it as a
-  new non-active vbucket, whose open checkpoint id is 0 (src/ep.cc
-  ``setVBucketState``), until the sender's checkpoint id arrives (src/
+  first CHECKPOINT_START of an id over 0, or until it becomes ACTIVE: 3.0
+  resets it as a new non-active vbucket, whose open checkpoint id is 0
+  (src/ep.cc ``setVBucketState``), until the sender's id arrives (src/
   tapconnection.cc ``processCheckpointCommand``) or ``VBucket::setState``
-  makes it active (id 2); CLOSE_TAP_STREAM is acked and the sender then closes; the other
-  opaque codes only announce the sender's features;
+  makes it active (id 2). CLOSE_TAP_STREAM is acked and the sender then
+  closes; the other opaque codes only announce the sender's features;
 - VBUCKET_SET: the vbucket takes the state (pending, then active at the end
   of a takeover);
 - CHECKPOINT_START/END: the vbucket's checkpoints follow the sender's ids,
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import MutableSet
+from collections.abc import Callable, MutableSet
 from typing import Any
 
 from adapters.errors import ProtocolError
@@ -50,6 +50,7 @@ from adapters.tap import (
     TapConnect,
     TapDelete,
     TapFlags,
+    TapFlush,
     TapMutation,
     TapNoop,
     TapNoopResponse,
@@ -135,30 +136,34 @@ class TapReceiver:
         return b""
 
     def _apply(self, message: TapStreamMessage) -> None:
-        store = self.store
+        _APPLY[type(message)](self, message, time.time())
+
+    def _deletion(self, message: TapDelete, now: float) -> None:
+        rev_seqno = self._rev(message)
+        self.store.apply_deletion(
+            message.vbucket, message.key, cas=message.cas, rev_seqno=rev_seqno, now=now
+        )
+
+    def _vbucket_set(self, message: TapVbucketSet, now: float) -> None:
+        self.store.set_state(message.vbucket, message.state, now=now)
+        if message.state == VBucketState.ACTIVE:
+            self.backfill.discard(message.vbucket)
+
+    def _checkpoint_start(self, message: TapCheckpointStart, _now: float) -> None:
         vb = message.vbucket
-        now = time.time()
-        if isinstance(message, TapMutation):
-            self._mutation(message, now)
-        elif isinstance(message, TapDelete):
-            store.apply_deletion(
-                vb, message.key, cas=message.cas, rev_seqno=self._rev(message), now=now
-            )
-        elif isinstance(message, TapOpaque):
-            self._opaque(message)
-        elif isinstance(message, TapVbucketSet):
-            store.set_state(vb, message.state, now=now)
-            if message.state == VBucketState.ACTIVE:
-                self.backfill.discard(vb)
-        elif isinstance(message, TapCheckpointStart):
+        if message.checkpoint_id:  # 3.0 ends the backfill phase only for an id over 0
             self.backfill.discard(vb)
-            if store.checkpoints(vb)[-1].id < message.checkpoint_id:
-                store.close_checkpoint(vb, next_id=message.checkpoint_id)
-        elif isinstance(message, TapCheckpointEnd):
-            if store.checkpoints(vb)[-1].id == message.checkpoint_id:
-                store.close_checkpoint(vb)
-        else:  # TapFlush: 2.x flushed the whole bucket; a node sharing vbuckets must not
-            raise StoreError(Status.NOT_SUPPORTED, "TAP FLUSH is not supported")
+        if self.store.checkpoints(vb)[-1].id < message.checkpoint_id:
+            self.store.close_checkpoint(vb, next_id=message.checkpoint_id)
+
+    def _checkpoint_end(self, message: TapCheckpointEnd, _now: float) -> None:
+        vb = message.vbucket
+        if self.store.checkpoints(vb)[-1].id == message.checkpoint_id:
+            self.store.close_checkpoint(vb)
+
+    def _flush(self, _message: TapFlush, _now: float) -> None:
+        # 2.x flushed the whole bucket; a node sharing vbuckets must not.
+        raise StoreError(Status.NOT_SUPPORTED, "TAP FLUSH is not supported")
 
     def _mutation(self, message: TapMutation, now: float) -> None:
         if message.tap_flags & TapFlags.NO_VALUE:
@@ -182,7 +187,7 @@ class TapReceiver:
         old = self.store.lookup(message.vbucket, message.key)
         return old.rev_seqno + 1 if old is not None else 1
 
-    def _opaque(self, message: TapOpaque) -> None:
+    def _opaque(self, message: TapOpaque, _now: float) -> None:
         vb = message.vbucket
         if message.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM:
             state = self.store.state(vb)
@@ -193,6 +198,19 @@ class TapReceiver:
             self.backfill.add(vb)
         elif message.opaque_code == OpaqueCode.CLOSE_TAP_STREAM:
             self.closing = True
+
+
+_Apply = Callable[[TapReceiver, Any, float], None]
+_APPLY: dict[type, _Apply] = {
+    TapMutation: TapReceiver._mutation,
+    TapDelete: TapReceiver._deletion,
+    TapOpaque: TapReceiver._opaque,
+    TapVbucketSet: TapReceiver._vbucket_set,
+    TapCheckpointStart: TapReceiver._checkpoint_start,
+    TapCheckpointEnd: TapReceiver._checkpoint_end,
+    TapFlush: TapReceiver._flush,
+}
+"""What each stream message does to the store (the one table)."""
 
 
 class _Refused(ProtocolError):

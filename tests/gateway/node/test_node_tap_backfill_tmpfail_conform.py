@@ -5,8 +5,9 @@ ep-engine 3.0: TAP OPAQUE(INITIAL_VBUCKET_STREAM) resets the vbucket
 ``resetVBucket``), which creates it afresh: src/ep.cc
 ``EventuallyPersistentStore::setVBucketState`` opens checkpoint 2 for an
 active vbucket and checkpoint 0 for any other. ``processCheckpointCommand``
-opens the sender's id at CHECKPOINT_START, and src/vbucket.cc
-``VBucket::setState`` opens at least checkpoint 2 when it becomes active.
+ends that phase at a CHECKPOINT_START of an id over 0 and opens the id, and
+src/vbucket.cc ``VBucket::setState`` opens at least checkpoint 2 when the
+vbucket becomes active.
 Meanwhile src/upr-producer.cc ``UprProducer::streamRequest`` answers a
 vbucket whose open checkpoint id is 0 ENGINE_TMPFAIL (0x86), before the
 range checks, for notifiers too.
@@ -92,6 +93,7 @@ def test_the_first_checkpoint_or_becoming_active_ends_the_backfill(ending: objec
     assert backfill == {VB}
     receiver.receive(item(b"b", vb=0))  # another vbucket's checkpoint is not this one's
     receiver.receive(TapCheckpointStart(2, 0))
+    receiver.receive(TapCheckpointStart(0, VB))  # id 0: still the backfill phase
     assert backfill == {VB}
     receiver.receive(ending)  # type: ignore[arg-type]
     assert backfill == set()
