@@ -42,12 +42,7 @@ PURE_MODULES = frozenset(
 """What sans-IO code may import besides ``adapters``: no sockets, clocks, files,
 threads or event loop (``random`` takes its generator from the caller)."""
 
-SHARED_NAMES = {
-    "ItemSink": (
-        "adapters/translate/tap_to_log_fast.py (what log_buffer feeds) and "
-        "gateway/fronts/upr/segments.py (the items a read collects): to be renamed"
-    ),
-}
+SHARED_NAMES: dict[str, str] = {}
 """Class names defined in more than one module, each with where and why."""
 
 

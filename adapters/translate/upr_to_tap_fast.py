@@ -2,10 +2,11 @@
 
 ``UprToTap.feed`` followed by ``TapProducer.stamp`` and the TAP codec makes
 three objects and several joins per item. For the dominant messages
-(MUTATION, DELETION, EXPIRATION) ``encode_item`` packs the TAP frame a 2.x
-server would send (datatype 0, as ``item_messages`` says) in one precompiled
-struct and one join, from the decoded UPR item, the translator's settings and
-the stamp (sequence number and TAP flags from ``TapProducer.next_stamp``).
+(MUTATION, DELETION, EXPIRATION) ``mutation_frame`` and ``delete_frame``
+pack the TAP frame a 2.x server would send (datatype 0, as ``item_messages``
+says) in one precompiled struct and one join, from the decoded UPR item, the
+translator's settings and the stamp (sequence number and TAP flags from
+``TapProducer.next_stamp``).
 The result is byte for byte what the event path sends (a property test holds
 the two paths together); every other message keeps the event path.
 """

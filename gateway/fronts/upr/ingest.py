@@ -82,7 +82,7 @@ from gateway.fronts.upr.commit import GroupCommit, commit
 from gateway.fronts.upr.config import UprFrontConfig
 from gateway.fronts.upr.logset import LogSet
 from gateway.fronts.upr.vblog import LogWriteError, VbLog
-from gateway.io.connection import PacketConnection as McbpClient
+from gateway.io.connection import PacketConnection
 from gateway.metrics.figures import GatewayStats
 from gateway.tools.capture.mapping import TapRecording
 
@@ -266,7 +266,7 @@ class Ingest:
 
     async def _session(self) -> None:
         host, port = self.config.tap_upstream
-        client = await McbpClient.connect(
+        client = await PacketConnection.connect(
             host, port, name=f"tap upstream {self.address}", ssl_context=self.config.upstream_ssl
         )
         async with client:
@@ -293,7 +293,7 @@ class Ingest:
             self.connected.set()
             await self._stream(client)
 
-    async def _vbuckets(self, client: McbpClient) -> tuple[int, ...]:
+    async def _vbuckets(self, client: PacketConnection) -> tuple[int, ...]:
         if self.vbuckets is not None:
             return self.vbuckets
         states = await client.stats("vbucket")
@@ -331,7 +331,7 @@ class Ingest:
             checkpoints=checkpoints,
         )
 
-    async def _stream(self, client: McbpClient) -> None:
+    async def _stream(self, client: PacketConnection) -> None:
         if self.takeover or self.config.fsync == "always":
             await self._read(client, None)
             return
@@ -354,7 +354,7 @@ class Ingest:
         except BaseExceptionGroup as errors:
             raise _first_error(errors) from None  # what ``run`` tells apart (a failed write)
 
-    async def _read(self, client: McbpClient, group: GroupCommit | None) -> None:
+    async def _read(self, client: PacketConnection, group: GroupCommit | None) -> None:
         reader: FrameReader = client.reader
         stream = client.stream
         if self.fast and self.recording is None:

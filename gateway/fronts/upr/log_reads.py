@@ -16,7 +16,7 @@ import trio
 from adapters.translate.log_records import LogItem
 from gateway.fronts.upr import log_reader
 from gateway.fronts.upr.log_tail import LogTail
-from gateway.fronts.upr.segments import READ_CHUNK, ItemSink, RecordSink, Segment
+from gateway.fronts.upr.segments import READ_CHUNK, LogItemSink, RecordSink, Segment
 
 
 class LogReads:
@@ -107,7 +107,7 @@ class LogReads:
             return self._read_tail(after, upto, limit, max_bytes)
         out: list[LogItem] = []
         left = max_bytes if max_bytes is not None else -1
-        await self.read_disk(after, upto, ItemSink(out, after, upto, limit, left))
+        await self.read_disk(after, upto, LogItemSink(out, after, upto, limit, left))
         return out
 
     async def read_disk(
@@ -140,7 +140,7 @@ class LogReads:
     def _read_tail(self, after: int, upto: int, limit: int, max_bytes: int | None) -> list[LogItem]:
         out: list[LogItem] = []
         left = max_bytes if max_bytes is not None else -1
-        self.read_memory(after, upto, ItemSink(out, after, upto, limit, left))
+        self.read_memory(after, upto, LogItemSink(out, after, upto, limit, left))
         return out
 
     def read_memory(self, after: int, upto: int, sink: RecordSink) -> None:

@@ -3,7 +3,7 @@
 One entry per write: (first item seqno, last item seqno, the framed records
 as written to the segment file), about ``limit`` bytes of them. Streams read
 it as they read the disk (``walk_records`` into a sink: ``BatchCut`` frames
-UPR messages from block bytes, ``ItemSink`` makes ``LogItem``s). Bytes and
+UPR messages from block bytes, ``LogItemSink`` makes ``LogItem``s). Bytes and
 plain tuples of ints, not a ``LogItem`` per item: CPython's collector stops
 tracking those, where hundreds of thousands of live named tuples would be
 walked by every full collection, a pause for every connection.

@@ -247,7 +247,7 @@ class RecordSink(Protocol):
         ...
 
 
-class ItemSink:
+class LogItemSink:
     """The items read, as ``LogItem``s (``read_items``)."""
 
     __slots__ = ("after", "left", "limit", "out", "upto")
@@ -343,7 +343,7 @@ def read_items(
     whether the read is done: an item beyond ``upto``, or a limit reached).
     Stops quietly where ``scan_bytes`` stops.
     """
-    sink = ItemSink(out, after, upto, limit, left)
+    sink = LogItemSink(out, after, upto, limit, left)
     end, done = walk_records(data, base, sink)
     return end, sink.left, done
 
@@ -486,7 +486,7 @@ def read_planned(
 ) -> list[LogItem]:
     """The items of ``plan``'s files with ``after < seqno <= upto`` (see ``vblog.VbLog.read``)."""
     out: list[LogItem] = []
-    sink = ItemSink(out, after, upto, limit, max_bytes if max_bytes is not None else -1)
+    sink = LogItemSink(out, after, upto, limit, max_bytes if max_bytes is not None else -1)
     for (fd, offset, size), segment in zip(plan.parts, plan.segments, strict=True):
         where = f"{segment.path.parent.name}/{segment.path.name}"
         if feed_part(fd, offset, size, sink, READ_CHUNK, pread, where):

@@ -401,7 +401,7 @@ class VbLog(LogReads):
     def unwrite(self, exc: OSError) -> LogWriteError:
         """After a failed fsync: cut the file back to what was published and put
         the records written since back in the buffer, to be written again; what
-        was published stays so and is written again as it is (``_write_again``)."""
+        was published stays so and is written again as it is (``SegmentFile.write_again``)."""
         buffer = self.buffer
         buffer.close_block()  # its offset is about to move
         segment = self.segments[-1]
