@@ -7,10 +7,14 @@ node's over its store, the front's as UPR stream requests).
 
 ``connect_vbuckets``: which vbuckets the stream serves, the listed ones (in
 order, once each; a list of none means all, see ``adapters.tap.connect``) or
-every vbucket ACTIVE at connect time. A listed vbucket, or a checkpoint-map
-entry, the producer does not have refuses the CONNECT, and so does
-TAKEOVER_VBUCKETS with DUMP (a takeover hands the vbucket over; a dump
-ends): ``ProtocolError`` with status NOT_SUPPORTED, naming the field.
+every vbucket ACTIVE at connect time. A listed vbucket the producer does
+not have is skipped, and a checkpoint-map entry for one is ignored, as 2.x
+did (tapconnmap.cc ``newProducer`` checks nothing; tapconnection.cc
+``registerCursor`` logs "VBucket %d not found for TAP cursor. Skip it..."
+and goes on): the connection streams the others (``skipped_vbuckets`` names
+the skipped ones). TAKEOVER_VBUCKETS with DUMP refuses the CONNECT (a
+takeover hands the vbucket over; a dump ends): ``ProtocolError`` with
+status NOT_SUPPORTED, naming the field.
 
 ``start_of``: how one vbucket starts, in the order of precedence ep-engine
 2.x used (ep_engine.cc ``createTapQueue``):
@@ -49,31 +53,25 @@ class Start(Enum):
 
 
 def connect_vbuckets(
-    connect: TapConnect,
-    known: Container[int],
-    active: Iterable[int],
-    *,
-    missing: str = "no such vbucket",
+    connect: TapConnect, known: Container[int], active: Iterable[int]
 ) -> tuple[int, ...]:
     """The vbuckets ``connect`` streams (see the module docstring); ``known`` are
-    the producer's vbuckets, ``active`` its ACTIVE ones in order, ``missing``
-    the refusal's text for a vbucket it does not have."""
+    the producer's vbuckets, ``active`` its ACTIVE ones in order."""
     flags = connect.connect_flags
-    listed = listed_vbuckets(connect)
     if flags & ConnectFlags.TAKEOVER_VBUCKETS and flags & ConnectFlags.DUMP:
         raise connect_refusal(
             "TAKEOVER_VBUCKETS and DUMP exclude each other", field="flags", value=int(flags)
         )
-    if listed:
-        for vb in connect.vbuckets:
-            if vb not in known:
-                raise connect_refusal(missing, field="vbuckets", value=vb)
-    for vb, _ in connect.checkpoints:
-        if vb not in known:
-            raise connect_refusal(missing, field="checkpoints", value=vb)
-    if listed:
-        return tuple(dict.fromkeys(connect.vbuckets))
+    if listed_vbuckets(connect):
+        return tuple(vb for vb in dict.fromkeys(connect.vbuckets) if vb in known)
     return tuple(active)
+
+
+def skipped_vbuckets(connect: TapConnect, known: Container[int]) -> tuple[int, ...]:
+    """The listed vbuckets the producer does not have, in order, once each."""
+    if not listed_vbuckets(connect):
+        return ()
+    return tuple(vb for vb in dict.fromkeys(connect.vbuckets) if vb not in known)
 
 
 def start_of(

@@ -3,7 +3,8 @@
 Theory of operation. ``plan_stream`` reads the CONNECT once, at connect
 time; which vbuckets it streams and how each starts (a registered client's
 position, DUMP, CHECKPOINT, BACKFILL, live) are ``adapters.tap.plan``'s
-rules, shared with the TAP front. What is the node's own is the cursor: a
+rules, shared with the TAP front (a listed vbucket the store lacks is
+skipped, with a log line, as 2.x did). What is the node's own is the cursor: a
 registered client resumes an unfinished backfill, or streams live from its
 seqno while the store still keeps checkpoints from there on; a CHECKPOINT
 client goes live from the end of its last closed checkpoint if the store
@@ -18,15 +19,18 @@ streaming both read ``items_since``, and a position is just a seqno.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
 from adapters.tap import ConnectFlags, TapConnect
 from adapters.tap.connect import ConnectView
-from adapters.tap.plan import Start, connect_vbuckets, start_of
+from adapters.tap.plan import Start, connect_vbuckets, skipped_vbuckets, start_of
 from gateway.node.items import VBucketState
 from gateway.node.tap_registry import Registration, VbPosition
+
+log = logging.getLogger(__name__)
 
 
 class Phase(Enum):
@@ -67,6 +71,9 @@ def plan_stream(
     """Resolve ``connect`` into per-vbucket cursors (see the module docstring)."""
     active = (vb for vb in range(store.n_vbuckets) if store.state(vb) is VBucketState.ACTIVE)
     vbuckets = connect_vbuckets(connect, range(store.n_vbuckets), active)
+    for vb in skipped_vbuckets(connect, range(store.n_vbuckets)):
+        # As 2.x registerCursor: "VBucket %d not found for TAP cursor. Skip it..."
+        log.warning("%s: vbucket %d not found for the TAP cursor, skipped", name, vb)
     checkpoints = dict(connect.checkpoints)
     positions = registration.positions if registration is not None else {}
     cursors = []

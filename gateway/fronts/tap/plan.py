@@ -18,7 +18,9 @@ the front's own is the UPR stream request that serves each vbucket:
 A vbucket whose resume point is unknown falls back to a full backfill that
 starts with OPAQUE(INITIAL_VBUCKET_STREAM), so the client resets it first;
 so does one the upstream answers with a rollback (the session's business).
-A CONNECT the gateway cannot honour raises ``ProtocolError`` (status
+A listed vbucket the upstream lacks is skipped, as 2.x skipped one it did
+not hold, and named in ``skipped`` (the session counts it as lost). A
+CONNECT the gateway cannot honour raises ``ProtocolError`` (status
 NOT_SUPPORTED).
 """
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 from adapters.tap import ConnectFlags, TapConnect
 from adapters.tap.connect import ConnectView
-from adapters.tap.plan import Start, connect_vbuckets, start_of
+from adapters.tap.plan import Start, connect_vbuckets, skipped_vbuckets, start_of
 from gateway.fronts.tap.registry import VbResume
 
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
@@ -81,6 +83,8 @@ class ConnectionPlan(ConnectView):
     name: str
     flags: ConnectFlags
     starts: tuple[VbStart, ...]
+    skipped: tuple[int, ...] = ()
+    """Listed vbuckets the upstream does not have."""
 
 
 def plan_connection(
@@ -98,7 +102,7 @@ def plan_connection(
     checkpoint ended, for clients that resume with the CHECKPOINT flag.
     """
     active = (vb for vb, state in sorted(upstream.items()) if state.active)
-    vbuckets = connect_vbuckets(connect, upstream, active, missing="no such vbucket upstream")
+    vbuckets = connect_vbuckets(connect, upstream, active)
     checkpoints = dict(connect.checkpoints)
     registered = registered or {}
     starts = []
@@ -118,4 +122,5 @@ def plan_connection(
         else:
             high = state.high_seqno
             starts.append(VbStart(vb, high, uuid=state.uuid, snap_start=high, snap_end=high))
-    return ConnectionPlan(name, connect.connect_flags, tuple(starts))
+    skipped = skipped_vbuckets(connect, upstream)
+    return ConnectionPlan(name, connect.connect_flags, tuple(starts), skipped)

@@ -108,8 +108,13 @@ class UpstreamStreams:
         self._stale_said: set[int] = set()
         """Vbuckets whose dropped stale item was logged."""
         self._stray_said = False
-        self.lost_vbuckets: list[int] = []
-        """Vbuckets whose stream ended other than OK, in the order they ended."""
+        self.lost_vbuckets: list[int] = list(plan.skipped)
+        """Vbuckets whose stream ended other than OK, in the order they ended; a
+        listed vbucket the upstream lacks was never streamed and counts first."""
+        for vb in plan.skipped:
+            # As 2.x registerCursor: "VBucket %d not found for TAP cursor. Skip it..."
+            log.warning("%s: vbucket %d: not on the upstream, skipped", self.name, vb)
+            gateway_stats.stream_ends_total["tap_front", "skipped"] += 1
 
     @property
     def all_ended(self) -> bool:

@@ -289,8 +289,6 @@ async def test_checkpoint_resume_and_fallback_to_backfill(nursery: trio.Nursery)
 async def test_connect_the_node_cannot_serve_is_refused(nursery: trio.Nursery) -> None:
     _, port = await start_node(nursery, filled_store())
     refused = [
-        connect_event(b"huge", F.LIST_VBUCKETS, vbuckets=(999,)),
-        connect_event(b"cp", F.CHECKPOINT, checkpoints=((77, 1),)),
         connect_event(b"tko", F.TAKEOVER_VBUCKETS),
         connect_event(b"tko0", F.TAKEOVER_VBUCKETS | F.LIST_VBUCKETS, vbuckets=()),
     ]
