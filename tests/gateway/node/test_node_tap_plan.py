@@ -120,8 +120,6 @@ def test_registered_position_in_a_backfill_continues_it() -> None:
 @pytest.mark.parametrize(
     "request_",
     [
-        connect(F.LIST_VBUCKETS, vbuckets=(4,)),
-        connect(F.CHECKPOINT, checkpoints=((9, 1),)),
         connect(F.TAKEOVER_VBUCKETS),
         connect(F.TAKEOVER_VBUCKETS | F.LIST_VBUCKETS),
     ],
@@ -130,6 +128,13 @@ def test_connects_the_node_cannot_serve(request_: TapConnect) -> None:
     with pytest.raises(ProtocolError) as info:
         plan_stream(request_, "c", Store(4), None, time.time())
     assert info.value.status == Status.NOT_SUPPORTED
+
+
+def test_a_vbucket_the_store_lacks_is_skipped() -> None:
+    """ep-engine 2.x src/tapconnection.cc ``TapProducer::registerCursor`` skips it."""
+    request_ = connect(F.LIST_VBUCKETS | F.CHECKPOINT, vbuckets=(4, 1), checkpoints=((9, 1),))
+    plan = plan_stream(request_, "c", Store(4), None, time.time())
+    assert [cursor.vb for cursor in plan.cursors] == [1]
 
 
 NOW = 1_000_000.0
