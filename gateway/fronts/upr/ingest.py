@@ -56,7 +56,7 @@ from typing import NoReturn
 import trio
 
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, FrameReader, Magic, Opcode, Status, encode_frame
+from adapters.mcbp import Frame, FrameReader, Opcode, Status
 from adapters.mcbp.constants import VBucketState
 from adapters.tap import (
     ConnectFlags,
@@ -83,6 +83,7 @@ from gateway.fronts.upr.config import UprFrontConfig
 from gateway.fronts.upr.logset import LogSet
 from gateway.fronts.upr.vblog import LogWriteError, VbLog
 from gateway.io.connection import PacketConnection
+from gateway.io.replies import reply
 from gateway.metrics.figures import GatewayStats
 from gateway.tools.capture.mapping import TapRecording
 
@@ -571,12 +572,7 @@ class Ingest:
                 frame.opcode,
                 frame.opaque,
             )
-        return encode_frame(
-            Magic.RESPONSE,
-            frame.opcode,
-            vbucket_or_status=Status.UNKNOWN_COMMAND,
-            opaque=frame.opaque,
-        )
+        return reply(frame, Status.UNKNOWN_COMMAND)  # an empty body, as 2.x sent
 
     async def _refuse_expired_ttl(
         self, event: TapStreamMessage, batch: _Batch, stream: trio.abc.Stream
