@@ -513,3 +513,43 @@ async def test_upr_noop_controls_of_the_later_copy_are_granted(
         answers = [await client.next() for _ in range(3)]
         await client.aclose()
     assert [(a.opcode, a.status) for a in answers if a is not None] == [(dcp.CONTROL, 0)] * 3
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+async def test_tap_checkpoint_messages_only_for_a_client_that_asks(
+    nursery: trio.Nursery, side: str, checkpoint: bool, request: pytest.FixtureRequest
+) -> None:
+    """ep-engine 2.5.1 src/tapconnection.cc: CHECKPOINT_START/END are queued
+    (``hasNextFromCheckpoints_UNLOCKED``) only when ``supportCheckpointSync_``,
+    which ``TapProducer::setFlags`` sets for the CHECKPOINT flag alone. gomemcached's
+    ``TapArguments`` sets it only with ``Checkpoint``; without it the live items
+    come alone (they came each wrapped in its own checkpoint pair)."""
+    if side == "front" and not checkpoint:
+        # Still to do: the TAP front turns every upstream snapshot into a checkpoint
+        # pair whatever the flag (adapters/translate/upr_to_tap*.py), and its own
+        # tests pin that; the node follows 2.5.1.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="TAP front: checkpoints"))
+    store = tap_store(8)
+    _, port = await tap_serve(nursery, store, side)
+    args = TapArguments(backfill=1, vbuckets=(2,), checkpoint=checkpoint, name=b"gm-live")
+    with trio.fail_after(30):
+        client = await TapClient.open(port)
+        await client.send(args.connect())
+        packets: list[TapPacket] = []
+        live = 0
+        while live < 5 and (frame := await client.next_frame()) is not None:
+            packet = TapPacket.receive(frame)
+            packets.append(packet)
+            if packet.asks_ack:
+                await client.send(gm_tap_ack(packet))
+            live += packet.key.startswith(b"live-")
+            if packet.event() == ("end_backfill", 2):
+                for i in range(5):  # each in a checkpoint of its own
+                    store.set(2, b"live-%d" % i, b"v", now=1001.0 + i)
+                    store.close_checkpoint(2)
+        await client.aclose()
+    start = [k for k, _ in events(packets)].index("end_backfill")
+    kinds = [kind for kind, _ in events(packets)][start:]
+    assert kinds.count("mutation") == 5
+    assert ("checkpoint_start" in kinds) is checkpoint
+    assert ("checkpoint_end" in kinds) is checkpoint
