@@ -374,7 +374,7 @@ class UpstreamStreams:
 
     def _drop_stale(self, vb: VbStream, item: upr.Mutation | upr.Deletion | upr.Expiration) -> None:
         """An item whose seqno does not grow: dropped, the stream goes on, as a 3.0
-        consumer does (ep-engine 3.0 dcp-stream.cc ``PassiveStream::messageReceived``
+        consumer does (ep-engine 3.0 upr-stream.cc ``PassiveStream::messageReceived``
         answers ERANGE for that item only). Said once per vbucket and connection."""
         self.gateway_stats.protocol_errors_total["tap_front", "upstream_seqno_not_growing"] += 1
         if vb.vbucket not in self._stale_said:
