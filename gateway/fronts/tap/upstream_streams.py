@@ -57,17 +57,9 @@ log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
 _ENOENT = Status.KEY_NOT_FOUND.value
-_ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
-_FAST_ITEMS = frozenset(_ITEMS)
+_ITEM_TYPES = frozenset((upr.Mutation, upr.Deletion, upr.Expiration))
 _MARKER_ACK = upr.SnapshotFlags.ACK.value
 _MARKER_SIZE = HEADER_SIZE + 20
-_RESPONSES = (
-    upr.StreamRequestOk,
-    upr.StreamRequestRollback,
-    upr.FailoverLogResponse,
-    upr.AddStreamResponse,
-    upr.Response,
-)
 
 
 class UpstreamStreams:
@@ -299,13 +291,18 @@ class UpstreamStreams:
             event = upr.decode_frame(frame, upstream.dialect)
         except ProtocolError as exc:
             raise self._malformed(str(exc)) from None
-        if isinstance(event, _RESPONSES):
-            await self._on_response(event)
-            return
-        if isinstance(event, upr.Noop):
-            if not upstream.answered(frame):  # (the keeper answers those it finds first)
-                await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
-            return
+        await _ON_EVENT.get(type(event), UpstreamStreams._on_stream_message)(self, event, frame)
+
+    async def _on_noop(self, event: upr.Noop, frame: Frame) -> None:
+        upstream = self.upstream
+        assert upstream is not None
+        if not upstream.answered(frame):  # (the keeper answers those it finds first)
+            await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
+
+    async def _on_stream_message(self, event: upr.UprEvent, frame: Frame) -> None:
+        """A message of a stream (an item, a marker, SET_VBUCKET_STATE, STREAM_END...)."""
+        upstream = self.upstream
+        assert upstream is not None
         vb = self.by_opaque.get(event.opaque)
         if vb is None or vb.ended:
             await self._stray(event, frame, vb)
@@ -315,18 +312,19 @@ class UpstreamStreams:
         counted = counts(event)
         if counted:
             upstream.window.unacked_bytes += frame.size
-        if isinstance(event, _ITEMS) and event.by_seqno <= vb.translator.last_seqno:
-            self._drop_stale(vb, event)
+        item = type(event) in _ITEM_TYPES
+        if item and event.by_seqno <= vb.translator.last_seqno:  # type: ignore[union-attr]
+            self._drop_stale(vb, event)  # type: ignore[arg-type]
             await upstream.acknowledge(frame.size)  # freed now: no TAP ack will cover it
             return
         if counted:
             settling.credit += frame.size
-        if not settling.arrival and isinstance(event, _ITEMS):
+        if item and not settling.arrival:
             settling.arrival = time.time()
         if self.captured_in is not None:
             self.captured_in.record(event, vb.vbucket, time.time())
         try:
-            if type(event) in _FAST_ITEMS and peer.captured_out is None:
+            if item and peer.captured_out is None:
                 await self._emit_item(event, vb)  # type: ignore[arg-type]
             else:
                 for message in vb.translate(event):
@@ -339,7 +337,7 @@ class UpstreamStreams:
             peer.settlements.settling.replies.append(upr.encode(reply, upstream.dialect))
             peer.settlements.end()
         self._refresh_fast(vb)
-        if isinstance(event, upr.StreamEnd):
+        if type(event) is upr.StreamEnd:
             if event.reason == upr.StreamEndReason.STATE_CHANGED and not self.plan.takeover:
                 await self._request_again(vb, event.opaque)
             else:
@@ -413,7 +411,7 @@ class UpstreamStreams:
                 await peer.emit(message, vb)
         vb.item_done()
 
-    async def _on_response(self, response: upr.UprResponse) -> None:
+    async def _on_response(self, response: upr.UprResponse, _frame: Frame) -> None:
         vb = self.by_opaque.get(response.opaque)
         answer = _STREAM_REQUEST_ANSWERS.get(type(response))
         if vb is None or answer is None:
@@ -493,6 +491,17 @@ class UpstreamStreams:
         if reason == "ok" and self.plan.takeover:
             self.gateway_stats.takeovers_completed_total["tap_front"] += 1
 
+
+_ON_EVENT: dict[type, Callable[[UpstreamStreams, Any, Frame], Awaitable[None]]] = {
+    upr.StreamRequestOk: UpstreamStreams._on_response,
+    upr.StreamRequestRollback: UpstreamStreams._on_response,
+    upr.FailoverLogResponse: UpstreamStreams._on_response,
+    upr.AddStreamResponse: UpstreamStreams._on_response,
+    upr.Response: UpstreamStreams._on_response,
+    upr.Noop: UpstreamStreams._on_noop,
+}
+"""What the event path does with each upstream event; any other is a stream's message
+(``_on_stream_message``)."""
 
 _STREAM_REQUEST_ANSWERS: dict[type, Callable[[UpstreamStreams, VbStream, Any], Awaitable[None]]] = {
     upr.StreamRequestOk: UpstreamStreams._accepted,
