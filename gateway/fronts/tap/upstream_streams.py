@@ -25,10 +25,13 @@ reconnect to be sent the same bytes again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import trio
 
 from adapters import upr
 from adapters.errors import ProtocolError
@@ -46,7 +49,7 @@ from adapters.upr.flow_control import counts
 from gateway.fronts.tap.peer import TapPeer
 from gateway.fronts.tap.plan import ConnectionPlan
 from gateway.fronts.tap.registry import Registry
-from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamMalformed
+from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError, UprUpstreamMalformed
 from gateway.fronts.tap.vbstream import VbStream
 from gateway.metrics.figures import GatewayStats, StreamStats
 from gateway.tools.capture.mapping import UprRecording
@@ -57,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
 _ENOENT = Status.KEY_NOT_FOUND.value
+_TMPFAIL = Status.TEMPORARY_FAILURE.value
 _ITEM_TYPES = frozenset((upr.Mutation, upr.Deletion, upr.Expiration))
 _MARKER_ACK = upr.SnapshotFlags.ACK.value
 _MARKER_SIZE = HEADER_SIZE + 20
@@ -100,6 +104,12 @@ class UpstreamStreams:
         self._stale_said: set[int] = set()
         """Vbuckets whose dropped stale item was logged."""
         self._stray_said = False
+        self.spawn: Callable[..., object] | None = None
+        """Starts a task in the session's nursery (set by the session)."""
+        self.retry_delays = (0.1, 5.0)
+        """First and longest wait before a stream refused TMPFAIL is asked again."""
+        self._tmpfails: dict[int, int] = {}
+        """Per vbucket, the TMPFAIL answers in a row."""
         self.lost_vbuckets: list[int] = list(plan.skipped)
         """Vbuckets whose stream ended other than OK, in the order they ended; a
         listed vbucket the upstream lacks was never streamed and counts first."""
@@ -421,6 +431,7 @@ class UpstreamStreams:
         await answer(self, vb, response)
 
     async def _accepted(self, vb: VbStream, response: upr.StreamRequestOk) -> None:
+        self._tmpfails.pop(vb.vbucket, None)
         vb.accepted(response.failover_log)
 
     async def _rolled_back(self, vb: VbStream, response: upr.StreamRequestRollback) -> None:
@@ -443,6 +454,9 @@ class UpstreamStreams:
         await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
 
     async def _refused(self, vb: VbStream, response: upr.Response) -> None:
+        if response.status == _TMPFAIL and self.spawn is not None:
+            self._ask_again(vb, response.opaque)
+            return
         text = response.value.decode("utf-8", "replace")
         log.error(
             "%s: vbucket %d: upstream refused the stream (status 0x%02x%s)",
@@ -479,6 +493,36 @@ class UpstreamStreams:
         again = upstream.next_opaque()
         self._route(again, vb)
         await upstream.send_event(vb.stream_request(again, self.plan.takeover))
+
+    def _ask_again(self, vb: VbStream, opaque: int) -> None:
+        """TMPFAIL: a 3.0 upstream's vbucket is being filled by a backfill (open
+        checkpoint id 0, src/upr-producer.cc ``UprProducer::streamRequest``). A 2.x
+        cursor waited there (src/checkpoint.cc ``CheckpointManager::nextItem``:
+        "still in backfill phase", nothing yet), so the stream is asked again
+        with backoff, not lost."""
+        attempts = self._tmpfails.get(vb.vbucket, 0) + 1
+        self._tmpfails[vb.vbucket] = attempts
+        first, longest = self.retry_delays
+        delay = min(longest, first * 2 ** min(attempts - 1, 16))
+        if attempts == 1:
+            log.warning(
+                "%s: vbucket %d: upstream is filling it (TMPFAIL); asking again with backoff",
+                self.name,
+                vb.vbucket,
+            )
+        self.by_opaque.pop(opaque, None)
+        assert self.spawn is not None
+        self.spawn(self._request_later, vb, self.upstream, delay)
+
+    async def _request_later(self, vb: VbStream, upstream: UprUpstream, delay: float) -> None:
+        await trio.sleep(delay)
+        if self.upstream is not upstream or vb.ended:
+            return  # a new upstream requested every stream again
+        opaque = upstream.next_opaque()
+        self._route(opaque, vb)
+        # A failed send: the pump sees the loss too, and asks again on the next upstream.
+        with contextlib.suppress(UprUpstreamError):
+            await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
