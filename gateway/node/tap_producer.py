@@ -332,6 +332,8 @@ class TapStream:
     async def _take_over(self) -> None:
         """Each vbucket: DEAD here, its last items, then VBUCKET_SET(active)."""
         for cursor in self.plan.cursors:
+            # Told to UPR streams, unlike a UPR takeover's: 3.0 tapconnection.cc
+            # calls ``setVBucketState(vb, dead, false)``, ``notify_upr`` left true.
             self.store.set_state(cursor.vb, VBucketState.DEAD, now=time.time())
             while await self._live_step(cursor):
                 pass

@@ -340,7 +340,10 @@ class UpstreamStreams:
             peer.settlements.end()
         self._refresh_fast(vb)
         if isinstance(event, upr.StreamEnd):
-            await self._end_stream(vb, _reason_name(event.reason))
+            if event.reason == upr.StreamEndReason.STATE_CHANGED and not self.plan.takeover:
+                await self._request_again(vb, event.opaque)
+            else:
+                await self._end_stream(vb, _reason_name(event.reason))
 
     async def _stray(self, event: upr.UprEvent, frame: Frame, vb: VbStream | None) -> None:
         """A stream message for no stream of this connection, or for one that ended
@@ -451,6 +454,33 @@ class UpstreamStreams:
             f": {text}" if text else "",
         )
         await self._end_stream(vb, f"refused_0x{response.status:02x}")
+
+    async def _request_again(self, vb: VbStream, opaque: int) -> None:
+        """The upstream vbucket changed state: request its stream again from where it
+        stands. A 2.x producer's cursor outlived a state change of its vbucket
+        (ep-engine 2.x vbucket.cc ``VBucket::setState`` leaves the checkpoint
+        cursors alone; tapconnection.cc ``TapProducer::nextFgFetched_UNLOCKED``
+        skips a dead vbucket only while it is dead), so the TAP client got what
+        was written once it lived again, on the same connection. A 3.0 upstream
+        streams a vbucket in any state (``UprProducer::streamRequest``), so the
+        new stream waits while it is dead; one that was deleted answers
+        NOT_MY_VBUCKET and is lost for good, as 2.x's cursor went with the
+        deleted vbucket (checkpoint.cc ``CheckpointManager::nextItem``: "cursor
+        ... is not found", nothing ever again)."""
+        self.gateway_stats.stream_ends_total["tap_front", "state_changed"] += 1
+        log.info(
+            "%s: vbucket %d: upstream vbucket changed state; requesting it again",
+            self.name,
+            vb.vbucket,
+        )
+        self.by_opaque.pop(opaque, None)  # what the old stream still sends is stray
+        self._fast_streams.pop(opaque, None)
+        vb.prepare_resume()
+        upstream = self.upstream
+        assert upstream is not None
+        again = upstream.next_opaque()
+        self._route(again, vb)
+        await upstream.send_event(vb.stream_request(again, self.plan.takeover))
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
