@@ -36,22 +36,31 @@ whether to apply a message and what to answer, as memcached 2.x's
   ``process_bin_unknown_packet`` hands it to ep-engine, whose
   ``processUnknownCommand`` answers so), noted once per opcode.
 
-Dispatch is by event class (``_TRANSITIONS``, the one table); OPAQUE codes
-that change the connection (CLOSE_TAP_STREAM: the sender is done) are in
-``_OPAQUE_EFFECTS``.
+Once the consumer applied a message it says so (``applied``), and the
+machine keeps the vbuckets in their backfill phase (``backfill``, which the
+node shares with its UPR producers, whose STREAM_REQs for them are TMPFAIL):
+from OPAQUE(INITIAL_VBUCKET_STREAM) to the first CHECKPOINT_START of an id
+over 0, or to a VBUCKET_SET to ACTIVE (3.0 src/ep.cc ``setVBucketState``
+resets the vbucket with open checkpoint 0 until src/tapconnection.cc
+``processCheckpointCommand`` takes the sender's id, or ``VBucket::setState``
+makes it active).
+
+Dispatch is by event class (``_TRANSITIONS``, the one table; ``_APPLIED`` for
+what an applied message changes); OPAQUE codes that change the connection
+(CLOSE_TAP_STREAM: the sender is done) are in ``_OPAQUE_EFFECTS``.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, MutableSet
 from typing import Any, NamedTuple
 
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Status, encode_frame, error_response
 from adapters.tap.acks import ack_of, ack_opcode
 from adapters.tap.codec import decode_frame, encode, is_tap_opcode
-from adapters.tap.constants import OpaqueCode, TapFlags, TapOpcode
+from adapters.tap.constants import OpaqueCode, TapFlags, TapOpcode, VBucketState
 from adapters.tap.events import (
     TapCheckpointEnd,
     TapCheckpointStart,
@@ -110,7 +119,7 @@ class Decision(NamedTuple):
 class TapConsumerMachine:
     """One TAP consumer connection's decisions (see the module docstring)."""
 
-    def __init__(self, peer: str, *, dialed: bool) -> None:
+    def __init__(self, peer: str, *, dialed: bool, backfill: MutableSet[int] | None = None) -> None:
         self.peer = peer
         """Who sends, as the notes name it."""
         self.dialed = dialed
@@ -122,6 +131,8 @@ class TapConsumerMachine:
         self._unknown_said: set[int] = set()
         self.closing = False
         """OPAQUE(CLOSE_TAP_STREAM) arrived: the sender is done."""
+        self.backfill: MutableSet[int] = set() if backfill is None else backfill
+        """Vbuckets in their backfill phase (see the module docstring)."""
 
     def receive_frame(self, frame: Frame) -> Decision:
         """Decode ``frame`` and decide about it."""
@@ -134,6 +145,12 @@ class TapConsumerMachine:
     def receive(self, event: TapEvent, frame: Frame | None = None) -> Decision:
         """Decide about one decoded event (``frame``: the packet it came in, if any)."""
         return _TRANSITIONS[type(event)](self, event, frame)
+
+    def applied(self, message: TapStreamMessage) -> None:
+        """The consumer applied ``message`` (an ``APPLY``): the phase it starts or ends."""
+        effect = _APPLIED.get(type(message))
+        if effect is not None:
+            effect(self, message)
 
     def nack(self, message: TapStreamMessage, status: int, text: str) -> bytes:
         """The answer to a message the consumer could not apply (sent, asked for or not)."""
@@ -177,6 +194,18 @@ class TapConsumerMachine:
 
     def _close_tap_stream(self) -> None:
         self.closing = True
+
+    def _opaque_applied(self, message: TapOpaque) -> None:
+        if message.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM:
+            self.backfill.add(message.vbucket)
+
+    def _checkpoint_applied(self, message: TapCheckpointStart) -> None:
+        if message.checkpoint_id:  # 3.0 ends the backfill phase only for an id over 0
+            self.backfill.discard(message.vbucket)
+
+    def _state_applied(self, message: TapVbucketSet) -> None:
+        if message.state == VBucketState.ACTIVE:
+            self.backfill.discard(message.vbucket)
 
     def _noop(self, event: TapNoop, _frame: Frame | None) -> Decision:
         return Decision(Do.ANSWER, event, encode(TapNoopResponse(event.opaque)))
@@ -249,6 +278,13 @@ _TRANSITIONS: dict[type, _Transition] = {
     TapConnect: TapConsumerMachine._connect,
 }
 """The transition table: what each packet a TAP consumer receives asks for."""
+
+_APPLIED: dict[type, Callable[[TapConsumerMachine, Any], None]] = {
+    TapOpaque: TapConsumerMachine._opaque_applied,
+    TapCheckpointStart: TapConsumerMachine._checkpoint_applied,
+    TapVbucketSet: TapConsumerMachine._state_applied,
+}
+"""What an applied message changes in the backfill phases."""
 
 _OPAQUE_EFFECTS: dict[OpaqueCode | int, Callable[[TapConsumerMachine], None]] = {
     OpaqueCode.CLOSE_TAP_STREAM: TapConsumerMachine._close_tap_stream,

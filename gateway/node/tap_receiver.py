@@ -89,9 +89,9 @@ class TapReceiver:
         self, store: Any, backfill: MutableSet[int] | None = None, *, peer: str = "TAP sender"
     ) -> None:
         self.store = store
-        self.backfill: MutableSet[int] = set() if backfill is None else backfill
+        self.machine = TapConsumerMachine(peer, dialed=False, backfill=backfill)
+        self.backfill = self.machine.backfill
         """Vbuckets between INITIAL_VBUCKET_STREAM and their first checkpoint."""
-        self.machine = TapConsumerMachine(peer, dialed=False)
         self.applied = 0
 
     @property
@@ -123,6 +123,7 @@ class TapReceiver:
         except StoreError as exc:
             log.info("TAP %s into vbucket %d refused: %s", message.NAME, message.vbucket, exc)
             return self.machine.nack(message, exc.status, exc.message)
+        self.machine.applied(message)
         self.applied += 1
         return decision.reply
 
@@ -146,13 +147,9 @@ class TapReceiver:
 
     def _vbucket_set(self, message: TapVbucketSet, now: float) -> None:
         self.store.set_state(message.vbucket, message.state, now=now)
-        if message.state == VBucketState.ACTIVE:
-            self.backfill.discard(message.vbucket)
 
     def _checkpoint_start(self, message: TapCheckpointStart, _now: float) -> None:
         vb = message.vbucket
-        if message.checkpoint_id:  # 3.0 ends the backfill phase only for an id over 0
-            self.backfill.discard(vb)
         if self.store.checkpoints(vb)[-1].id < message.checkpoint_id:
             self.store.close_checkpoint(vb, next_id=message.checkpoint_id)
 
@@ -195,7 +192,6 @@ class TapReceiver:
                 why = f"will not reset vbucket {vb}: it is {state.name.lower()}"
                 raise StoreError(Status.NOT_MY_VBUCKET, why)
             self.store.reset_vbucket(vb)
-            self.backfill.add(vb)
 
 
 _Apply = Callable[[TapReceiver, Any, float], None]

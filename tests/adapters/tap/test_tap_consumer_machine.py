@@ -12,6 +12,7 @@ accepts a pushed stream, and the ingest, which dialed and sent the CONNECT).
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -54,7 +55,7 @@ OPCODE_OF = {
 UNKNOWN_OPCODES = [op for op in range(0x20, 0x100) if not is_tap_opcode(op)]
 
 opaques = st.integers(0, 2**32 - 1)
-vbuckets = st.integers(0, 1023)
+vbuckets = st.integers(0, 3) | st.integers(0, 1023)
 ttls = st.one_of(st.just(0), st.integers(1, 255))
 tap_flags = st.sampled_from([TapFlags(0), TapFlags.ACK, TapFlags.ACK | TapFlags.NETWORK_BYTE_ORDER])
 
@@ -98,6 +99,7 @@ class ConsumerModel(RuleBasedStateMachine):
         self.messages = self.nacks = self.unknown = 0
         self.said: set[int] = set()
         self.closing = False
+        self.backfill: set[int] = set()
 
     @initialize(dialed=st.booleans())
     def start(self, dialed: bool) -> None:
@@ -126,8 +128,16 @@ class ConsumerModel(RuleBasedStateMachine):
     @rule(message=stream_messages())
     def stream_message(self, message: TapStreamMessage) -> None:
         decision = self._stream(message, encode(message))
-        if message.ttl:
-            assert decision.do is Do.APPLY and decision.note is None
+        if not message.ttl:
+            return
+        assert decision.do is Do.APPLY and decision.note is None
+        self.machine.applied(message)
+        # 3.0 src/tapconnection.cc processCheckpointCommand (an id over 0) and
+        # VBucket::setState (active) end the backfill phase.
+        if isinstance(message, TapCheckpointStart) and message.checkpoint_id:
+            self.backfill.discard(message.vbucket)
+        if isinstance(message, TapVbucketSet) and message.state == VBucketState.ACTIVE:
+            self.backfill.discard(message.vbucket)
 
     @rule(
         code=st.sampled_from([*OpaqueCode, 5, 0xFFFF]),
@@ -154,7 +164,10 @@ class ConsumerModel(RuleBasedStateMachine):
             return
         if es_len == 4:
             assert decision.do is Do.APPLY and decision.note is None
+            self.machine.applied(message)
             self.closing |= code == OpaqueCode.CLOSE_TAP_STREAM
+            if code == OpaqueCode.INITIAL_VBUCKET_STREAM:
+                self.backfill.add(vb)
             return
         # src/ep_engine.cc tapNotify: "Received tap opaque with unknown size": logged,
         # not applied, acked as processed.
@@ -162,6 +175,21 @@ class ConsumerModel(RuleBasedStateMachine):
         assert decision.note.level == "warning"
         for word in (PEER, "opcode=0x44", "field=engine_specific_length", f"value={es_len}"):
             assert word in decision.note.text
+
+    @rule(vb=st.integers(0, 3), opaque=opaques, flags=tap_flags)
+    def initial_vbucket_stream(self, vb: int, opaque: int, flags: TapFlags) -> None:
+        self.opaque(OpaqueCode.INITIAL_VBUCKET_STREAM, 4, vb, opaque, flags, 255, False)
+
+    @rule(
+        vb=st.integers(0, 3),
+        message=st.one_of(
+            st.builds(TapCheckpointStart, st.sampled_from([0, 1, 7])),
+            st.builds(TapVbucketSet, st.sampled_from(VBucketState)),
+        ),
+    )
+    def phase_message(self, vb: int, message: TapCheckpointStart | TapVbucketSet) -> None:
+        """What may end a backfill phase, on a vbucket that may be in one."""
+        self.stream_message(replace(message, vbucket=vb))
 
     @rule(opaque=opaques)
     def noop(self, opaque: int) -> None:
@@ -237,6 +265,7 @@ class ConsumerModel(RuleBasedStateMachine):
         assert self.machine.nacks == self.nacks
         assert self.machine.unknown_requests == self.unknown
         assert self.machine.closing == self.closing
+        assert self.machine.backfill == self.backfill
 
 
 ConsumerModel.TestCase.settings = settings(
