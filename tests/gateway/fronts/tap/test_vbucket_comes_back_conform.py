@@ -27,6 +27,7 @@ import trio
 
 from adapters.tap import ConnectFlags, OpaqueCode, TapMutation, TapOpaque
 from gateway.metrics.figures import TAP_FRONT
+from tests.support.raw_dcp import RES, STREAM_REQ, frame
 from tests.support.scripted_upr import (
     MEMORY,
     Channel,
@@ -42,6 +43,7 @@ from tests.support.tapfront import start_front
 
 F = ConnectFlags
 STATE_CHANGED = 2
+TMPFAIL = 0x86
 INITIAL = OpaqueCode.INITIAL_VBUCKET_STREAM
 
 
@@ -75,3 +77,32 @@ async def test_a_vbucket_whose_state_changed_streams_on(nursery: trio.Nursery) -
         assert not [k for k in ends if k[1].startswith("refused")]
         await client.aclose()
         await until(lambda: not front.sessions.holds("back"))
+
+
+async def test_a_vbucket_being_filled_is_asked_again(nursery: trio.Nursery) -> None:
+    """TMPFAIL (src/upr-producer.cc ``UprProducer::streamRequest``: the vbucket
+    is in its backfill state, open checkpoint id 0) is not a loss: a 2.x cursor
+    waited there (src/checkpoint.cc ``CheckpointManager::nextItem``: "still in
+    backfill phase"), so the front asks again with backoff."""
+    answers = [TMPFAIL, TMPFAIL]
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        if answers:
+            status = answers.pop(0)
+            await channel.send(frame(STREAM_REQ, magic=RES, vbucket=status, opaque=o))
+            return
+        await channel.send(stream_ok(req), marker(o, 1, 1, MEMORY), mutation(o, 1, b"a"))
+
+    upr = ScriptedUpr(play, vbuckets={0: (0xABC, 1)})
+    port = await nursery.start(upr.serve)
+    front, front_port = await start_front(nursery, port)
+    connect = connect_event(b"fill", F.LIST_VBUCKETS | F.BACKFILL, backfill_date=0, vbuckets=(0,))
+    with trio.fail_after(20):
+        client = await TapClient.open(front_port, connect)
+        events = await client.collect(lambda e: isinstance(e, TapMutation))
+        assert [e.key for e in events if isinstance(e, TapMutation)] == [b"a"]
+        assert [r.start for r in upr.requests] == [0, 0, 0]
+        assert upr.connections == 1
+        assert not [k for k in front.stats.stream_ends_total if k[1].startswith("refused")]
+        await client.aclose()
