@@ -348,6 +348,10 @@ class PacketConnection:
             self.bytes_sent += len(data)
             return
         await self.wait_for_room()
+        # A task woken (from this wait or a flow-control one) after its scope was
+        # cancelled, e.g. a stream the consumer closed meanwhile, must not queue
+        # behind the answer that ended it (3.0 ``closeStream``: nothing follows).
+        await trio.lowlevel.checkpoint_if_cancelled()
         self.send_nowait(data)
 
     def send_nowait(self, data: bytes) -> None:
