@@ -347,11 +347,13 @@ class PacketConnection:
                     raise self._lost(exc) from None
             self.bytes_sent += len(data)
             return
-        await self.wait_for_room()
-        # A task woken (from this wait or a flow-control one) after its scope was
-        # cancelled, e.g. a stream the consumer closed meanwhile, must not queue
-        # behind the answer that ended it (3.0 ``closeStream``: nothing follows).
-        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._outbox_bytes >= self.max_outbox_bytes and not self._closing:
+            await self.wait_for_room()
+            # A task woken from this wait after its scope was cancelled, e.g. a
+            # stream the consumer closed meanwhile, must not queue behind the answer
+            # that ended it (3.0 ``closeStream``: nothing follows). A send that had
+            # room is written even in a cancelled scope (a closing reply).
+            await trio.lowlevel.checkpoint_if_cancelled()
         self.send_nowait(data)
 
     def send_nowait(self, data: bytes) -> None:
