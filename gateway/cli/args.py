@@ -19,7 +19,15 @@ def address(text: str) -> tuple[str, int]:
     from gateway.io.listen import parse_hostport
 
     host, sep, _ = text.rpartition(":")
-    if sep and not host.strip("[]").strip():
+    if not sep:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no port: write HOST:PORT, e.g. {text or '127.0.0.1'}:11210"
+        )
+    if host.startswith("[") != host.endswith("]"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: unbalanced brackets: write an IPv6 address as [::1]:PORT"
+        )
+    if not host.strip("[]").strip():
         raise argparse.ArgumentTypeError(
             f"{text!r} has no host: write HOST:PORT, e.g. 127.0.0.1{text}"
         )

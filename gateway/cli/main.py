@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import os
 import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 from gateway.cli.args import (
     address,
@@ -142,7 +145,7 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _run_node(args: argparse.Namespace) -> int:
     import trio
 
-    from gateway.cli.startup import StartupError, describe, prepare_directory
+    from gateway.cli.startup import StartupError, describe, lock_directory, prepare_directory
     from gateway.node.main import NodeOptions, run_node
     from gateway.runtime import logs
 
@@ -161,9 +164,11 @@ def _run_node(args: argparse.Namespace) -> int:
         print(f"node: {exc}", file=sys.stderr)
         return 2
     host, port = args.listen
+    held = contextlib.ExitStack()
     if args.data_dir is not None:
         try:
             prepare_directory("--data-dir", args.data_dir)
+            held.enter_context(lock_directory("--data-dir", args.data_dir))
         except StartupError as exc:
             print(f"node: {exc}", file=sys.stderr)
             return 1
@@ -191,7 +196,8 @@ def _run_node(args: argparse.Namespace) -> int:
         ssl_context=tls,
     )
     try:
-        trio.run(run_node, options)
+        with held:
+            trio.run(run_node, options)
     except StartupError as exc:
         print(f"node: {exc}", file=sys.stderr)
         return 1
@@ -205,7 +211,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gateway.cli.security_args import add_client_tls_options
+    from gateway.cli.security_args import add_client_tls_options, add_password_file_option
 
     parser = commands.add_parser(
         "load",
@@ -248,8 +254,9 @@ def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--password",
         default="",
         help="SASL PLAIN password (visible to other users in ps: prefer "
-        "$TAP_UPR_GATEWAY_PASSWORD or a --config file)",
+        "--password-file or $TAP_UPR_GATEWAY_PASSWORD)",
     )
+    add_password_file_option(parser)
     add_client_tls_options(parser, "the node")
     parser.set_defaults(handler=_run_load)
 
@@ -257,12 +264,13 @@ def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _run_load(args: argparse.Namespace) -> int:
     import trio
 
-    from gateway.cli.security_args import client_tls_from
+    from gateway.cli.security_args import client_tls_from, password_from_file
     from gateway.cli.startup import StartupError
     from gateway.tools.load import run_load
 
     host, port = args.target
     try:
+        password_from_file(args)
         ssl_context = client_tls_from(args)
     except StartupError as exc:
         print(f"load: {exc}", file=sys.stderr)
@@ -308,8 +316,26 @@ CONFIG_HELP = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the command and where help is, not the usage
+    block (20 lines for `serve`) with the reason at its foot."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """``unrecognized arguments: ...``, with the option meant where one is close."""
+    known = [s for action in parser._actions for s in action.option_strings]
+    words = []
+    for extra in extras:
+        close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.75)
+        words.append(f"{extra} (did you mean {close[0]}?)" if close else extra)
+    return "unrecognized arguments: " + " ".join(words)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog="tap-upr-gateway",
         description=(
             "Translate between TAP (Couchbase 2.x replication) and UPR/DCP (3.0): serve old TAP "
@@ -348,7 +374,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as shells report a command stopped by Ctrl-C."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before a command's own handler is set (its imports take a second on a
+        # loaded machine): nothing was started, so stop quietly, without a traceback.
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from gateway.cli import settings
 
     words = list(sys.argv[1:] if argv is None else argv)
@@ -359,13 +398,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except settings.SettingsError as exc:
         command = settings.find_command(words, commands)
         (commands[command] if command else parser).error(str(exc))
-    args = parser.parse_args(words)
+    args, extras = parser.parse_known_args(words)
+    if extras:
+        command = getattr(args, "command", None)
+        owner = commands.get(command or "", parser)
+        owner.error(unrecognized(owner, extras))
     # Everything the commands create (state, logs, captures, node data) is private:
     # directories 0700, files 0600.
     old_umask = os.umask(PRIVATE_UMASK)
     try:
         return int(args.handler(args))
-    except KeyboardInterrupt:
-        return 130
     finally:
         os.umask(old_umask)

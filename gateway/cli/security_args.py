@@ -201,13 +201,44 @@ def upstream_tls_from(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 def read_password_file(option: str, path: Path) -> str:
     """The password in ``path`` (its first line's end stripped), or a one-line
-    ``StartupError`` naming ``option`` and why it cannot be read."""
+    ``StartupError`` naming ``option`` and why it cannot be read.
+
+    An empty file is refused (it would log in with an empty password and fail as a
+    wrong one); one that other users may read is used, with a warning."""
     try:
-        return str(path.read_text(encoding="utf-8")).rstrip("\r\n")
+        text = str(path.read_text(encoding="utf-8")).rstrip("\r\n")
+        mode = path.stat().st_mode & 0o777
     except OSError as exc:
         raise StartupError(f"{option} {path}: cannot read it: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise StartupError(f"{option} {path}: not UTF-8 text") from None
+    if not text:
+        raise StartupError(f"{option} {path}: empty: put the password on its first line")
+    if mode & 0o077:
+        log.warning("%s %s is readable by other users (mode %o): chmod 600 it", option, path, mode)
+    return text
+
+
+CLIENT_PASSWORD_ENV = "TAP_UPR_GATEWAY_PASSWORD"
+
+
+def add_password_file_option(parser: argparse.ArgumentParser) -> None:
+    """``--password-file`` for the client commands that log in with ``--user``."""
+    parser.add_argument(
+        "--password-file",
+        type=Path,
+        metavar="FILE",
+        help=f"file holding the --user's password (or set ${CLIENT_PASSWORD_ENV})",
+    )
+
+
+def password_from_file(args: argparse.Namespace) -> None:
+    """Set ``args.password`` from ``--password-file`` when it was given."""
+    if args.password_file is None:
+        return
+    if args.user is None:
+        raise StartupError(f"--password-file {args.password_file}: needs --user")
+    args.password = read_password_file("--password-file", args.password_file)
 
 
 def upstream_password_from(
@@ -216,6 +247,10 @@ def upstream_password_from(
     """The upstream password from its file, the environment or the command line."""
     argv = sys.argv[1:] if argv is None else argv
     if args.upstream_user is None:
+        if args.upstream_password_file is not None:
+            raise StartupError(
+                f"--upstream-password-file {args.upstream_password_file}: needs --upstream-user"
+            )
         return None
     if args.upstream_password_file is not None:
         return read_password_file("--upstream-password-file", args.upstream_password_file)

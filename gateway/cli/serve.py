@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import ssl
 import tempfile
 import time
@@ -28,13 +29,19 @@ from pathlib import Path
 
 import trio
 
-from gateway.cli.startup import prepare_directory, show, start_listener, watch_upstream
+from gateway.cli.startup import (
+    lock_directory,
+    prepare_directory,
+    show,
+    start_listener,
+    watch_upstream,
+)
 from gateway.io.auth import Users
 from gateway.io.limits import ConnectionLimits
 from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.metrics.health import FrontInfo, Health
 from gateway.runtime.loop_watch import LoopWatch, freeze_startup_objects
-from gateway.runtime.signals import stop_on_signal
+from gateway.runtime.signals import stopped_by_signals
 from gateway.runtime.version import describe
 
 log = logging.getLogger("gateway.cli.serve")
@@ -97,24 +104,41 @@ async def run_serve(
     running = Running()
     watch = LoopWatch()
     serving = False
-    with contextlib.ExitStack() as cleanup:
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(stop_on_signal, nursery.cancel_scope)
-                announced = await _start_all(options, running, nursery, cleanup)
-                running.health.listeners_bound = True
-                if options.freeze_gc:
-                    frozen = freeze_startup_objects()
-                    log.debug("%d start-up objects exempted from garbage collection", frozen)
-                nursery.start_soon(watch.run)
-                serving = True
-                log.info("%s serving", describe())
-                for line in announced:
-                    log.info("%s", line)
-                task_status.started(running)
-        finally:
-            if serving:
-                log.info("%s", watch.summary())
+    log.info("%s starting (pid %d): %s", describe(), os.getpid(), _plan(options))
+    async with stopped_by_signals() as stop:
+        with stop, contextlib.ExitStack() as cleanup:
+            try:
+                async with trio.open_nursery() as nursery:
+                    announced = await _start_all(options, running, nursery, cleanup)
+                    running.health.listeners_bound = True
+                    if options.freeze_gc:
+                        frozen = freeze_startup_objects()
+                        log.debug("%d start-up objects exempted from garbage collection", frozen)
+                    nursery.start_soon(watch.run)
+                    serving = True
+                    log.info("%s serving", describe())
+                    for line in announced:
+                        log.info("%s", line)
+                    task_status.started(running)
+            finally:
+                if serving:
+                    log.info("%s", watch.summary())
+
+
+def _plan(options: ServeOptions) -> str:
+    """What this run reads from and where it keeps state, for the first log line."""
+    parts = []
+    if options.upr_upstream is not None:
+        parts.append(f"TAP front from --upr-upstream {show(options.upr_upstream)}")
+    if options.tap_upstream is not None:
+        parts.append(f"UPR front from --tap-upstream {show(options.tap_upstream)}")
+    if not parts:
+        parts.append("both fronts from an embedded reference node")
+    if options.state_dir is not None:
+        parts.append(f"state in --state-dir {options.state_dir.resolve()}")
+    else:
+        parts.append("no --state-dir (nothing kept across restarts)")
+    return "; ".join(parts)
 
 
 async def _start_all(
@@ -141,7 +165,9 @@ async def _start_all(
         ]
     for option, upstream in watched:
         state = health.upstream(option, show(upstream))
-        nursery.start_soon(partial(watch_upstream, option, upstream, health=state))
+        # Over TLS the check stays at TCP (the handshake is the fronts' own).
+        probe = options.upstream_tls is None
+        nursery.start_soon(partial(watch_upstream, option, upstream, health=state, probe=probe))
     upr_option, tap_option = (
         ("embedded node", "embedded node") if running.embedded_port else
         ("--upr-upstream", "--tap-upstream")
@@ -151,6 +177,7 @@ async def _start_all(
     state_dir = options.state_dir
     if state_dir is not None:
         prepare_directory("--state-dir", state_dir)
+        cleanup.enter_context(lock_directory("--state-dir", state_dir))
     elif tap_upstream is not None:
         temporary = tempfile.TemporaryDirectory(prefix="tap-upr-gateway-")
         cleanup.enter_context(temporary)

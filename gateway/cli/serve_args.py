@@ -33,7 +33,13 @@ from gateway.cli.serve import (
     DEFAULT_UPR_LISTEN,
     ServeOptions,
 )
-from gateway.cli.startup import StartupError, describe, prepare_directory, startup_error_in
+from gateway.cli.startup import (
+    StartupError,
+    describe,
+    lock_directory,
+    prepare_directory,
+    startup_error_in,
+)
 from gateway.runtime import logs
 
 DIALECTS = ("dcp", "upr-draft")
@@ -329,6 +335,7 @@ def run_move_command(args: argparse.Namespace) -> int:
             with contextlib.ExitStack() as cleanup:
                 if args.state_dir is not None:
                     state_dir = prepare_directory("--state-dir", args.state_dir)
+                    cleanup.enter_context(lock_directory("--state-dir", state_dir))
                 else:
                     temporary = tempfile.TemporaryDirectory(prefix="tap-upr-move-")
                     state_dir = Path(cleanup.enter_context(temporary))

@@ -7,11 +7,13 @@ listens there)``; the commands print it as ``serve: <message>`` and exit 1.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -112,6 +114,63 @@ def prepare_directory(option: str, path: Path) -> Path:
     return path
 
 
+LOCK_NAME = "lock"
+"""The file in a state directory whose ``flock`` marks the process using it."""
+
+
+@contextlib.contextmanager
+def lock_directory(option: str, path: Path) -> Iterator[None]:
+    """Hold ``path`` for this process only: a second process on the same state would
+    take the first one's live logs for a crash's and write over them.
+
+    ``flock`` goes with the process, so a SIGKILL leaves no stale lock behind."""
+    lock_path = path / LOCK_NAME
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise StartupError(f"{option} {path}: cannot create {LOCK_NAME}: {describe(exc)}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise StartupError(
+                f"{option} {path}: in use by another tap-upr-gateway process{who}; "
+                "give each process its own directory"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+VERSION_REQUEST = bytes([0x80, 0x0B]) + bytes(22)
+"""A memcached binary VERSION request: every 2.x and 3.0 node answers it, before SASL too."""
+
+
+async def probe_memcached(stream: trio.abc.Stream) -> str | None:
+    """None if the peer answers VERSION in the memcached binary protocol, else why not.
+
+    A TCP connect alone takes a REST port, an HTTP proxy or a TLS-only port for an
+    upstream; the fronts would then fail on every client's connection instead."""
+    await stream.send_all(VERSION_REQUEST)
+    first = await _receive_up_to(stream, 24)
+    if first[:1] == b"\x81" and len(first) == 24:
+        # Read the answer whole: closing on unread bytes resets the connection, which
+        # the upstream would log as a lost connection every WATCH_INTERVAL.
+        await _receive_up_to(stream, int.from_bytes(first[8:12], "big"))
+        return None
+    if not first:
+        return "closed the connection without answering a memcached VERSION"
+    if first[:1] == b"\x16":
+        return "speaks TLS, not plain memcached (give --upstream-tls)"
+    if first[:4] == b"HTTP":
+        return "speaks HTTP, not the memcached binary protocol (the data port is 11210)"
+    return f"does not speak the memcached binary protocol (first byte 0x{first[0]:02x})"
+
+
 async def watch_upstream(
     option: str,
     address: tuple[str, int],
@@ -120,6 +179,7 @@ async def watch_upstream(
     first_retry: float = 1.0,
     max_retry: float = 30.0,
     interval: float | None = None,
+    probe: bool = True,
 ) -> None:
     """Check at start-up that ``address`` answers; warn loudly and retry until it does.
 
@@ -132,11 +192,17 @@ async def watch_upstream(
     delay = first_retry
     warned = False
     while True:
+        reason: str | None = None
         try:
             with trio.fail_after(CHECK_TIMEOUT):
                 stream = await trio.open_tcp_stream(*address)
         except (OSError, trio.TooSlowError) as exc:
             reason = describe(exc, address[0]) if isinstance(exc, OSError) else "timed out"
+        else:
+            async with stream:
+                if probe:
+                    reason = await _probe_within(stream)
+        if reason is not None:
             if health is not None:
                 health.record(False, reason)
             log.warning(
@@ -150,7 +216,6 @@ async def watch_upstream(
             await trio.sleep(delay)
             delay = min(delay * 2, max_retry)
             continue
-        await stream.aclose()
         if health is not None:
             health.record(True, "answers")
         if warned:
@@ -160,3 +225,29 @@ async def watch_upstream(
             return
         delay = first_retry
         await trio.sleep(WATCH_INTERVAL if interval is None else interval)
+
+
+async def _receive_up_to(stream: trio.abc.Stream, size: int) -> bytes:
+    """``size`` bytes, or fewer if the peer closes first."""
+    data = b""
+    while len(data) < size:
+        more = await stream.receive_some(size - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+async def _probe_within(stream: trio.abc.Stream) -> str | None:
+    try:
+        with trio.fail_after(CHECK_TIMEOUT):
+            return await probe_memcached(stream)
+    except trio.TooSlowError:
+        return (
+            f"accepts connections but does not answer a memcached VERSION "
+            f"within {CHECK_TIMEOUT:.0f}s (not a memcached data port?)"
+        )
+    except (OSError, trio.BrokenResourceError) as exc:
+        return "connection lost during the check: " + (
+            describe(exc) if isinstance(exc, OSError) else "reset by the peer"
+        )

@@ -349,10 +349,8 @@ class PacketConnection:
             return
         if self._outbox_bytes >= self.max_outbox_bytes and not self._closing:
             await self.wait_for_room()
-            # A task woken from this wait after its scope was cancelled, e.g. a
-            # stream the consumer closed meanwhile, must not queue behind the answer
-            # that ended it (3.0 ``closeStream``: nothing follows). A send that had
-            # room is written even in a cancelled scope (a closing reply).
+            # Woken after its scope was cancelled (a stream the consumer closed
+            # meanwhile): send nothing, or it would follow the answer that ended it.
             await trio.lowlevel.checkpoint_if_cancelled()
         self.send_nowait(data)
 

@@ -17,7 +17,7 @@ from gateway.io.listen import bound_port
 from gateway.node.items import VBucketState
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from gateway.runtime.signals import stop_on_signal
+from gateway.runtime.signals import stopped_by_signals
 
 log = logging.getLogger("gateway.node")
 
@@ -77,20 +77,21 @@ async def run_node(
     except OSError as exc:
         where = f"--data-dir {options.data_dir}" if options.data_dir else "the store"
         raise StartupError(f"{where}: {describe(exc)}") from None
-    try:
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(node.serve, options.host, options.port)
-            port = bound_port(listeners)
-            log.info(
-                "reference node listening on %s:%d (%d vbuckets, dialect %s%s)",
-                options.host,
-                port,
-                options.vbuckets,
-                options.dialect,
-                f", data in {options.data_dir}" if options.data_dir else ", in memory",
-            )
-            nursery.start_soon(stop_on_signal, nursery.cancel_scope)
-            task_status.started(port)
-    finally:
-        node.store.close()
-        log.info("reference node stopped")
+    async with stopped_by_signals() as stop:
+        try:
+            with stop:
+                async with trio.open_nursery() as nursery:
+                    listeners = await nursery.start(node.serve, options.host, options.port)
+                    port = bound_port(listeners)
+                    log.info(
+                        "reference node listening on %s:%d (%d vbuckets, dialect %s%s)",
+                        options.host,
+                        port,
+                        options.vbuckets,
+                        options.dialect,
+                        f", data in {options.data_dir}" if options.data_dir else ", in memory",
+                    )
+                    task_status.started(port)
+        finally:
+            node.store.close()
+            log.info("reference node stopped")

@@ -43,14 +43,16 @@ def add_admin_parsers(commands: argparse._SubParsersAction[Any]) -> None:
     stats = commands.add_parser(
         "stats",
         help="print a STAT group of a node or the gateway (like cbstats)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Print one STAT group, a 'key: value' line per stat.",
         epilog="examples: tap-upr-gateway stats 127.0.0.1:11210 vbucket-seqno;  "
         "tap-upr-gateway stats 127.0.0.1:11213 dcp --json",
     )
     stats.add_argument("target", type=address, metavar="HOST:PORT", help="node or front")
     stats.add_argument(
-        "group", nargs="*", default=[], help="group and its arguments, e.g. vbucket-seqno 5"
+        "group",
+        nargs="*",
+        default=[],
+        help="group and its arguments, e.g. vbucket-seqno 5 (default: the general stats)",
     )
     stats.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     _add_login(stats)
@@ -59,7 +61,6 @@ def add_admin_parsers(commands: argparse._SubParsersAction[Any]) -> None:
     vbucket = commands.add_parser(
         "vbucket",
         help="set a vbucket's state on a node (like cbepctl set_vbucket_state)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Set the state of a vbucket with SET_VBUCKET.",
         epilog="example: tap-upr-gateway vbucket 127.0.0.1:11220 5 replica",
     )

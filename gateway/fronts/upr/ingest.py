@@ -545,8 +545,9 @@ class Ingest:
     async def _close(self, decision: Decision, batch: _Batch, stream: trio.abc.Stream) -> NoReturn:
         """Close on the machine's word: a 2.x producer closes on the nack of an expired
         TTL (memcached 2.x answers it EINVAL), so once what came before is logged and
-        acked (the nack acks it implicitly there), answer so and close; the same for a
-        refused CONNECT or TAP request. A response it cannot take closes at once."""
+        acked (the nack acks it implicitly there), answer so and close. A CONNECT, a
+        TAP request that does not decode or a response it cannot take closes at once,
+        unanswered, with nothing more acked: the producer sends it all again."""
         assert decision.error is not None
         if decision.reply:
             await self._commit(batch.touched)

@@ -15,8 +15,14 @@ from typing import Any
 import trio
 
 from adapters.errors import GatewayError
-from gateway.cli.security_args import add_client_tls_options, client_tls_from
+from gateway.cli.security_args import (
+    add_client_tls_options,
+    add_password_file_option,
+    client_tls_from,
+    password_from_file,
+)
 from gateway.cli.startup import StartupError
+from gateway.runtime import logs
 from gateway.tools.capture.cut import DEFAULT_CUT_TIMEOUT, TwoSidedResult, capture_both
 from gateway.tools.capture.session import (
     DEFAULT_BUFFER_SIZE,
@@ -124,7 +130,7 @@ def add_capture_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.
         "--password",
         default="",
         help="SASL PLAIN password (visible to other users in ps: prefer "
-        "$TAP_UPR_GATEWAY_PASSWORD or a --config file)",
+        "--password-file or $TAP_UPR_GATEWAY_PASSWORD)",
     )
     parser.add_argument("--name", help="connection name (default capture-SIDE-HOST-PORT)")
     parser.add_argument(
@@ -137,11 +143,14 @@ def add_capture_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.
         help=f"UPR connection_buffer_size in bytes (default {DEFAULT_BUFFER_SIZE})",
     )
     parser.add_argument(
-        "--segment-mb", type=_positive, default=64, help="rotate segments at this size (MiB)"
+        "--segment-mb",
+        type=_positive,
+        default=64,
+        help="rotate segments at this size (MiB, default 64)",
     )
     add_client_tls_options(parser, "the endpoints")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    parser.add_argument("-q", "--quiet", action="count", default=0, help="less logging")
+    add_password_file_option(parser)
+    logs.add_logging_options(parser)
     parser.set_defaults(handler=run_capture)
     return parser
 
@@ -265,14 +274,18 @@ def _incomplete(result: CaptureResult, until: bool) -> str | None:
 
 
 def run_capture(args: argparse.Namespace) -> int:
-    from gateway.runtime import logs
     from gateway.tools.capture.tap_capture import capture_tap
     from gateway.tools.capture.upr_capture import capture_upr
 
     if not (args.tap or args.upr):
         print("capture: give --tap HOST:PORT, --upr HOST:PORT, or both", file=sys.stderr)
         return EXIT_USAGE
-    logs.configure(args.verbose - args.quiet)
+    logs.configure_from(args)
+    try:
+        password_from_file(args)
+    except StartupError as unreadable:
+        print(f"capture: {unreadable}", file=sys.stderr)
+        return EXIT_USAGE
     both = bool(args.tap and args.upr)
     try:
         if both:
