@@ -2,13 +2,14 @@
 
 Theory of operation. After ``session.prepare`` the connection sends one
 CONNECT: backfill from date 0 (everything), list of the active vbuckets,
-support ack, fixed flag byte order. Each message is recorded as it comes:
-MUTATION and DELETE as items (TAP cannot tell an expiry from a delete, so
-deletes are ``Kind.DELETE``; there are no seqnos, ``by_seqno`` is None), with
-the id of the checkpoint they came in (None during backfill);
-CHECKPOINT_START/END and OPAQUE(initial vbucket stream / close backfill) as
-boundaries. Every message that asks for an ack is acked at once (an ack
-covers all earlier messages), NOOPs are answered.
+support ack, fixed flag byte order, checkpoints (a 2.x producer, and the TAP
+front, send CHECKPOINT_START/END only to a client with that flag). Each
+message is recorded as it comes: MUTATION and DELETE as items (TAP cannot
+tell an expiry from a delete, so deletes are ``Kind.DELETE``; there are no
+seqnos, ``by_seqno`` is None), with the id of the checkpoint they came in
+(None during backfill); CHECKPOINT_START/END and OPAQUE(initial vbucket
+stream / close backfill) as boundaries. Every message that asks for an ack
+is acked at once (an ack covers all earlier messages), NOOPs are answered.
 
 ``until_caught_up``: a 2.x backfill reads each vbucket up to its high seqno
 when the backfill starts, which is after the STAT taken at start, so the
@@ -57,6 +58,9 @@ CONNECT_FLAGS = (
     | ConnectFlags.LIST_VBUCKETS
     | ConnectFlags.SUPPORT_ACK
     | ConnectFlags.FIX_FLAG_BYTEORDER
+    # The checkpoint boundaries are part of what is verified (2.5.1 tapconnection.cc
+    # ``supportCheckpointSync_``: none without this flag).
+    | ConnectFlags.CHECKPOINT
 )
 
 
