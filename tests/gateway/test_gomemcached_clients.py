@@ -525,11 +525,12 @@ async def test_upr_noop_controls_of_the_later_copy_are_granted(
 async def test_tap_checkpoint_messages_only_for_a_client_that_asks(
     nursery: trio.Nursery, side: str, checkpoint: bool, request: pytest.FixtureRequest
 ) -> None:
-    """ep-engine 2.5.1 src/tapconnection.cc: CHECKPOINT_START/END are queued
-    (``hasNextFromCheckpoints_UNLOCKED``) only when ``supportCheckpointSync_``,
-    which ``TapProducer::evaluateFlags`` sets for the CHECKPOINT flag alone. gomemcached's
-    ``TapArguments`` sets it only with ``Checkpoint``; without it the live items
-    come alone (they came each wrapped in its own checkpoint pair)."""
+    """ep-engine 2.5.1 src/tapconnection.cc: ``nextFgFetched_UNLOCKED`` queues
+    CHECKPOINT_START/END (``addCheckpointMessage_UNLOCKED``) only when
+    ``supportCheckpointSync_``, which ``TapProducer::evaluateFlags`` sets for the
+    CHECKPOINT flag alone; otherwise the cursor passes the boundaries silently.
+    gomemcached's ``TapArguments`` sets it only with ``Checkpoint``; without it
+    the live items come alone (they came each wrapped in its own checkpoint pair)."""
     if side == "front" and not checkpoint:
         # Still to do: the TAP front turns every upstream snapshot into a checkpoint
         # pair whatever the flag (adapters/translate/upr_to_tap*.py), and its own
