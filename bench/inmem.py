@@ -25,6 +25,7 @@ the target both ways; each figure of a front stands beside it.
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 import sys
 import time
@@ -357,7 +358,8 @@ class TapSource:
     unacked and goes on as acks come back."""
 
     ACK_INTERVAL = 1000
-    ACK_WINDOW = 10_000
+    ACK_WINDOW = int(os.environ.get("BENCH_ACK_WINDOW", "10000"))
+    """2.x's window (``BENCH_ACK_WINDOW``: another, to see what the window costs)."""
 
     def __init__(self, items: int, value_size: int, vbuckets: int) -> None:
         self.vbuckets = vbuckets
@@ -471,19 +473,32 @@ async def serve_tap(
             frames[-1] = bytes(stamped)
         more.set()
 
-    async def produce() -> None:
+    async def produce(name: str) -> None:
         nonlocal more
         sent = 0
         if live is not None:
             live.sinks.append(push)
+        started = time.perf_counter()
+        stalls, stalled = 0, 0.0  # waits on the ack window: the consumer acks too late
         while True:
             while sent < len(frames):
-                while sent - acked >= TapSource.ACK_WINDOW:
-                    await room.wait()
+                if sent - acked >= TapSource.ACK_WINDOW:
+                    stalls += 1
+                    since = time.perf_counter()
+                    while sent - acked >= TapSource.ACK_WINDOW:
+                        await room.wait()
+                    stalled += time.perf_counter() - since
                 upto = min(len(frames), sent + 500, acked + TapSource.ACK_WINDOW)
                 await stream.send_all(b"".join(frames[sent:upto]))
                 sent = upto
             if live is None:
+                took = time.perf_counter() - started
+                print(
+                    f"tap source, {name}: {sent:,} messages in {took * 1e3:.0f} ms, "
+                    f"{stalled * 1e3:.1f} ms of it waiting {stalls} times on the ack window",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
             await more.wait()
             more = trio.Event()
@@ -506,7 +521,7 @@ async def serve_tap(
                         + _reply(Opcode.STAT, frame.opaque)
                     )
                 elif frame.opcode == tap.TapOpcode.CONNECT:
-                    nursery.start_soon(produce)
+                    nursery.start_soon(produce, frame.key.decode("utf-8", "replace"))
                 else:  # NOOP, DEREGISTER and the like: accepted
                     await stream.send_all(_reply(frame.opcode, frame.opaque))
         nursery.cancel_scope.cancel()

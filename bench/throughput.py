@@ -67,6 +67,8 @@ def process(command: list[str], pattern: str) -> Iterator[tuple[subprocess.Popen
         for line in proc.stderr:  # read to the end: the gateway's summary of its loop
             if "trio loop" in line:
                 print(f"  {'':<44} {line.split('trio loop', 1)[1].strip(': ')}", end="")
+            elif "ack window" in line and "together" not in line:  # did the TAP source wait?
+                print(f"  {'':<44} {line}", end="")
         proc.wait(timeout=30)
 
 

@@ -178,11 +178,17 @@ def _decode_flush(frame: Frame) -> TapFlush:
 
 
 def _decode_opaque(frame: Frame) -> TapOpaque:
-    body = _need_body(frame, 12, "TAP header and opaque code")
-    _, tap_flags, ttl = _TAP_HEADER.unpack_from(body)
-    raw = _U32.unpack_from(body, 8)[0]
+    body = _need_body(frame, 8, "TAP header")
+    es_len, tap_flags, ttl = _TAP_HEADER.unpack_from(body)
+    if es_len == 4:
+        body = _need_body(frame, 12, "TAP header and opaque code")
+    # Another length is no code, which the consumer warns about and ignores (2.5.1
+    # ep_engine.cc ``tapNotify``): not a malformed packet.
+    raw = _U32.unpack_from(body, 8)[0] if len(body) >= 12 else 0
     code: OpaqueCode | int = _OPAQUE_CODES.get(raw, raw)
-    return TapOpaque(code, frame.vbucket_or_status, frame.opaque, _tap_flags(tap_flags), ttl)
+    return TapOpaque(
+        code, frame.vbucket_or_status, frame.opaque, _tap_flags(tap_flags), ttl, es_len
+    )
 
 
 def _decode_vbucket_set(frame: Frame) -> TapVbucketSet:
@@ -448,19 +454,25 @@ def _encode_flush(event: TapFlush) -> bytes:
     )
 
 
-def _encode_u32_message(opcode: int, event: TapOpaque | TapVbucketSet, code: int) -> bytes:
+def _encode_u32_message(
+    opcode: int, event: TapOpaque | TapVbucketSet, code: int, es_len: int = 4
+) -> bytes:
     return encode_frame(
         _REQUEST,
         opcode,
         vbucket_or_status=event.vbucket,
         opaque=event.opaque,
-        extras=_TAP_HEADER.pack(4, event.tap_flags, event.ttl) + _U32.pack(code),
+        extras=_TAP_HEADER.pack(es_len, event.tap_flags, event.ttl) + _U32.pack(code),
         extras_length=8,
     )
 
 
 def _encode_opaque(event: TapOpaque) -> bytes:
-    return _encode_u32_message(TapOpcode.OPAQUE, event, int(event.opaque_code))
+    # Another engine-specific length than 4 is written as given (a peer's fault to
+    # reproduce), still followed by the 4 code bytes.
+    return _encode_u32_message(
+        TapOpcode.OPAQUE, event, int(event.opaque_code), event.engine_specific_length
+    )
 
 
 def _encode_vbucket_set(event: TapVbucketSet) -> bytes:

@@ -94,6 +94,10 @@ class TapOpaque:
     opaque: int = 0
     tap_flags: TapFlags = NO_TAP_FLAGS
     ttl: int = DEFAULT_TTL
+    engine_specific_length: int = 4
+    """The code is these 4 bytes; with any other length it means nothing (2.5.1
+    logged such an OPAQUE and went on), and ``opaque_code`` holds the 4 bytes
+    after the TAP header as they came, or 0 when the body ends first."""
 
 
 @dataclass(frozen=True, slots=True)

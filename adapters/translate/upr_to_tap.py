@@ -250,7 +250,7 @@ class UprToTap:
 
 def _in_stream(state: VBucketState) -> VBucketState:
     """The state a producer meant in a stream's SET_VBUCKET_STATE. Producers send
-    only pending, then active (ep-engine 3.0 src/dcp-stream.cc ``ActiveStream``
+    only pending, then active (ep-engine 3.0 src/upr-stream.cc ``ActiveStream``
     ``takeoverState``), but 3.0 puts pending on the wire as 2 (memcached 3.0
     daemon/memcached.c ``dcp_message_set_vbucket_state``), which the engine's
     order, the released dialect's, reads as replica."""

@@ -65,7 +65,7 @@ MUTATION's, DELETION's, EXPIRATION's and STREAM_END's are dropped; any other
 NOOP liveness: once enabled, a NOOP is due ``noop_interval`` after the last
 one (or after the setting changed); ``on_timer`` at the deadline returns the
 NOOP's bytes, or raises ``ProtocolError`` when the previous one is still
-unanswered, and the connection drops (ep-engine 3.0 ``DcpProducer::maybeSendNoop``).
+unanswered, and the connection drops (ep-engine 3.0 upr-producer.cc ``UprProducer::maybeSendNoop``).
 
 Flow control: ``window`` is the ``ProducerWindow`` the streams count their
 writes in (once per write, on the hot path); ``flow_control.counts(event)``
@@ -416,7 +416,7 @@ class ProducerMachine(Generic[S]):
         return (size,)
 
     def _enable_noop(self, value: bytes, now: float) -> tuple[object] | str:
-        # ep-engine 3.0 dcp-producer.cc ``control``: "true" turns NOOPs on,
+        # ep-engine 3.0 upr-producer.cc ``UprProducer::control``: "true" turns NOOPs on,
         # any other value turns them off; neither is refused.
         self.noop_enabled = value == b"true"
         self._noop_due = now + self.noop_interval if self.noop_enabled else None

@@ -347,7 +347,11 @@ class PacketConnection:
                     raise self._lost(exc) from None
             self.bytes_sent += len(data)
             return
-        await self.wait_for_room()
+        if self._outbox_bytes >= self.max_outbox_bytes and not self._closing:
+            await self.wait_for_room()
+            # Woken after its scope was cancelled (a stream the consumer closed
+            # meanwhile): send nothing, or it would follow the answer that ended it.
+            await trio.lowlevel.checkpoint_if_cancelled()
         self.send_nowait(data)
 
     def send_nowait(self, data: bytes) -> None:

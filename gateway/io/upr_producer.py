@@ -217,6 +217,9 @@ class UprProducerBase(Generic[S]):
                 self._room = trio.Event()
             await self._room.wait()
         self._on_unblocked(trio.current_time() - blocked_at)
+        # A stream woken by a credit after its scope was cancelled (CLOSE_STREAM
+        # read meanwhile) sends nothing more: 3.0 ``closeStream`` answers last.
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     # -- statistics ------------------------------------------------------------
 

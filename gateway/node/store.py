@@ -308,14 +308,29 @@ class Store(StoreCore):
     def state(self, vb: int) -> VBucketState:
         return self._vb(vb).state
 
-    def set_state(self, vb: int, state: VBucketState, *, now: float) -> None:
-        """Change state; becoming ACTIVE starts a new history (failover entry)."""
+    def state_changes(self, vb: int) -> int:
+        """How many state changes of ``vb`` its UPR streams were told of: a stream
+        ends STATE_CHANGED once this moves past what it was at its request."""
+        return self._vb(vb).state_changes
+
+    def set_state(
+        self, vb: int, state: VBucketState, *, now: float, notify_streams: bool = True
+    ) -> None:
+        """Change state; becoming ACTIVE starts a new history (failover entry).
+
+        ``notify_streams=False`` is a UPR takeover stream's own hand-off: 3.0
+        ``ActiveStream::setVBucketStateAckRecieved`` (src/upr-stream.cc) calls
+        ``EventuallyPersistentStore::setVBucketState`` (src/ep.cc) with
+        ``notify_upr`` false, so ``UprConnMap::vbucketStateChanged`` ends no stream.
+        """
         v = self._vb(vb)
         state = VBucketState(state)
         if state is v.state:
             return
         was_active = v.state is VBucketState.ACTIVE
         v.state = state
+        if notify_streams:
+            v.state_changes += 1
         self._log([Rec.STATE, vb, int(state)], now)
         if state is VBucketState.ACTIVE and not was_active:
             v.checkpoints.close()

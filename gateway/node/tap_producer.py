@@ -13,7 +13,8 @@ connection closes. One ``TapStream`` then runs three tasks:
   items, as 2.x's ``registerCursor`` scheduled a dump as a backfill of
   those; the others send nothing); then live items,
   grouped by the checkpoint each was written in, between CHECKPOINT_START
-  and CHECKPOINT_END. A DUMP ends after its backfill; a takeover, once every
+  and CHECKPOINT_END when the client set the CHECKPOINT flag (without it
+  the items alone, as 2.x sent them). A DUMP ends after its backfill; a takeover, once every
   vbucket is caught up and (with support-ack) the client has acked it all,
   makes each vbucket DEAD, sends what the last writes left and
   VBUCKET_SET(active). Both then wait for every ack and close;
@@ -172,6 +173,9 @@ class TapStream:
         self._control_sent: int | None = None
         self._checkpoint_sent: int | None = None
         """Sequence numbers of the last OPAQUE and checkpoint message sent."""
+        self.checkpoint_sync = plan.has(ConnectFlags.CHECKPOINT)
+        """CHECKPOINT_START/END go out only to a client that asked for them (2.5.1
+        tapconnection.cc: ``supportCheckpointSync_``, set by the CHECKPOINT flag)."""
         self.item_messages = ItemMessages(
             keys_only=plan.has(ConnectFlags.KEYS_ONLY),
             network_byte_order=plan.has(ConnectFlags.FIX_FLAG_BYTEORDER),
@@ -297,7 +301,8 @@ class TapStream:
             if item.checkpoint_id != cursor.checkpoint:
                 await self._end_checkpoint(cursor)
                 cursor.checkpoint = item.checkpoint_id
-                await self._emit(self._checkpoint_start(item.checkpoint_id, vb))
+                if self.checkpoint_sync:
+                    await self._emit(self._checkpoint_start(item.checkpoint_id, vb))
             position = VbPosition(item.by_seqno, item.checkpoint_id)
             last = index == len(batch) - 1 and self._caught_up(vb, item.by_seqno)
             await self._emit(self._item_message(item), position, last=last)
@@ -325,6 +330,8 @@ class TapStream:
         if cursor.checkpoint is None:
             return
         checkpoint, cursor.checkpoint = cursor.checkpoint, None
+        if not self.checkpoint_sync:
+            return
         self.checkpoint_ends += 1
         position = VbPosition(cursor.seqno, checkpoint)
         await self._emit(TapCheckpointEnd(checkpoint, cursor.vb), position)
@@ -332,6 +339,8 @@ class TapStream:
     async def _take_over(self) -> None:
         """Each vbucket: DEAD here, its last items, then VBUCKET_SET(active)."""
         for cursor in self.plan.cursors:
+            # Told to UPR streams, unlike a UPR takeover's: 3.0 tapconnection.cc
+            # calls ``setVBucketState(vb, dead, false)``, ``notify_upr`` left true.
             self.store.set_state(cursor.vb, VBucketState.DEAD, now=time.time())
             while await self._live_step(cursor):
                 pass

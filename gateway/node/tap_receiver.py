@@ -25,13 +25,12 @@ message to the store in arrival order:
 - CHECKPOINT_START/END: the vbucket's checkpoints follow the sender's ids,
   so a later CONNECT can resume from this node's last closed checkpoint.
 
-Every message with TapFlags.ACK is answered once applied (magic 0x81, same
-opcode and opaque, status 0); a message that cannot be applied gets a nack,
+What the sender's packets ask for (acks, NOOPs, an expired TTL, a CONNECT
+or an unknown opcode, an OPAQUE of the wrong size) is the TAP consumer
+machine's call (``adapters.tap.consumer_machine``, not ``dialed``: it goes
+on after an expired TTL's nack and ignores stray responses); this module
+applies what it says to apply. A message the store refuses gets a nack,
 asked for or not, with the store's status and text, and the stream goes on.
-A message whose TTL has run out (0) is refused with INVALID_ARGUMENTS: it
-has been relayed too often, probably in a loop. A packet that does not
-decode gets an error response and the connection closes. NOOPs are
-answered; responses from the sender are ignored.
 """
 
 from __future__ import annotations
@@ -42,26 +41,20 @@ from collections.abc import Callable, MutableSet
 from typing import Any
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Status, error_response
+from adapters.mcbp import Frame, Status
 from adapters.tap import (
     OpaqueCode,
     TapCheckpointEnd,
     TapCheckpointStart,
-    TapConnect,
     TapDelete,
     TapFlags,
     TapFlush,
     TapMutation,
-    TapNoop,
-    TapNoopResponse,
     TapOpaque,
-    TapResponse,
     TapStreamMessage,
     TapVbucketSet,
-    decode_frame,
-    encode,
 )
-from adapters.tap.acks import ack_of
+from adapters.tap.consumer_machine import Decision, Do, TapConsumerMachine
 from adapters.tap.item_messages import stored_flags
 from gateway.io.connection import PacketConnection
 from gateway.io.replies import send_refusal
@@ -75,7 +68,7 @@ _NO_RESET_STATES = (VBucketState.ACTIVE, VBucketState.DEAD)
 async def receive_tap_stream(node: Any, conn: PacketConnection, first: Frame) -> None:
     """Apply the TAP stream arriving on ``conn``, starting with ``first``."""
     conn.reader.lenient_responses = True  # a TAP peer's responses: body length frames them
-    receiver = TapReceiver(node.store, node.upr.initial_backfill)
+    receiver = TapReceiver(node.store, node.upr.initial_backfill, peer=conn.name)
     frame: Frame | None = first
     while frame is not None:
         try:
@@ -92,48 +85,56 @@ async def receive_tap_stream(node: Any, conn: PacketConnection, first: Frame) ->
 class TapReceiver:
     """Applies decoded TAP messages to ``store``; ``handle`` returns the reply bytes."""
 
-    def __init__(self, store: Any, backfill: MutableSet[int] | None = None) -> None:
+    def __init__(
+        self, store: Any, backfill: MutableSet[int] | None = None, *, peer: str = "TAP sender"
+    ) -> None:
         self.store = store
-        self.backfill: MutableSet[int] = set() if backfill is None else backfill
+        self.machine = TapConsumerMachine(peer, dialed=False, backfill=backfill)
+        self.backfill = self.machine.backfill
         """Vbuckets between INITIAL_VBUCKET_STREAM and their first checkpoint."""
         self.applied = 0
-        self.nacks = 0
-        self.closing = False
+
+    @property
+    def nacks(self) -> int:
+        return self.machine.nacks
+
+    @property
+    def closing(self) -> bool:
         """OPAQUE(CLOSE_TAP_STREAM) arrived: the sender is done."""
+        return self.machine.closing
 
     def handle(self, frame: Frame) -> bytes:
-        try:
-            event = decode_frame(frame)
-        except ProtocolError as exc:
-            if not frame.is_request:
-                raise
-            raise _Refused(error_response(frame, exc), exc) from None
-        if isinstance(event, TapResponse | TapNoopResponse):
-            return b""  # the sender's answers to our NOOPs, or stray acks: nothing to do
-        if isinstance(event, TapNoop):
-            return encode(TapNoopResponse(event.opaque))
-        if isinstance(event, TapConnect):
-            refused = ProtocolError(
-                "CONNECT inside a TAP stream", opcode=frame.opcode, status=Status.NOT_SUPPORTED
-            )
-            raise _Refused(error_response(frame, refused), refused)
-        return self.receive(event)
+        """The reply to one packet; raises (the connection closes) when it is refused."""
+        return self._act(self.machine.receive_frame(frame))
 
     def receive(self, message: TapStreamMessage) -> bytes:
         """Apply one stream message; the ack, the nack or nothing."""
-        if message.ttl == 0:
-            self.nacks += 1
-            return ack_of(message, Status.INVALID_ARGUMENTS, b"TTL expired")
+        return self._act(self.machine.receive(message))
+
+    def _act(self, decision: Decision) -> bytes:
+        if decision.note is not None:
+            log.log(logging.getLevelName(decision.note.level.upper()), decision.note.text)
+        return _ACT[decision.do](self, decision)
+
+    def _apply_decided(self, decision: Decision) -> bytes:
+        message = decision.message
         try:
             self._apply(message)
         except StoreError as exc:
-            self.nacks += 1
             log.info("TAP %s into vbucket %d refused: %s", message.NAME, message.vbucket, exc)
-            return ack_of(message, exc.status, exc.message.encode())
+            return self.machine.nack(message, exc.status, exc.message)
+        self.machine.applied(message)
         self.applied += 1
-        if message.tap_flags & TapFlags.ACK:
-            return ack_of(message)
-        return b""
+        return decision.reply
+
+    def _reply(self, decision: Decision) -> bytes:
+        return decision.reply
+
+    def _close(self, decision: Decision) -> bytes:
+        assert decision.error is not None
+        if not decision.reply:
+            raise decision.error
+        raise _Refused(decision.reply, decision.error)
 
     def _apply(self, message: TapStreamMessage) -> None:
         _APPLY[type(message)](self, message, time.time())
@@ -146,13 +147,9 @@ class TapReceiver:
 
     def _vbucket_set(self, message: TapVbucketSet, now: float) -> None:
         self.store.set_state(message.vbucket, message.state, now=now)
-        if message.state == VBucketState.ACTIVE:
-            self.backfill.discard(message.vbucket)
 
     def _checkpoint_start(self, message: TapCheckpointStart, _now: float) -> None:
         vb = message.vbucket
-        if message.checkpoint_id:  # 3.0 ends the backfill phase only for an id over 0
-            self.backfill.discard(vb)
         if self.store.checkpoints(vb)[-1].id < message.checkpoint_id:
             self.store.close_checkpoint(vb, next_id=message.checkpoint_id)
 
@@ -195,9 +192,6 @@ class TapReceiver:
                 why = f"will not reset vbucket {vb}: it is {state.name.lower()}"
                 raise StoreError(Status.NOT_MY_VBUCKET, why)
             self.store.reset_vbucket(vb)
-            self.backfill.add(vb)
-        elif message.opaque_code == OpaqueCode.CLOSE_TAP_STREAM:
-            self.closing = True
 
 
 _Apply = Callable[[TapReceiver, Any, float], None]
@@ -211,6 +205,16 @@ _APPLY: dict[type, _Apply] = {
     TapFlush: TapReceiver._flush,
 }
 """What each stream message does to the store (the one table)."""
+
+_ACT: dict[Do, Callable[[TapReceiver, Decision], bytes]] = {
+    Do.APPLY: TapReceiver._apply_decided,
+    Do.SKIP: TapReceiver._reply,
+    Do.ANSWER: TapReceiver._reply,
+    Do.NACK: TapReceiver._reply,
+    Do.IGNORE: TapReceiver._reply,
+    Do.CLOSE: TapReceiver._close,
+}
+"""What the receiver does for each of the machine's decisions."""
 
 
 class _Refused(ProtocolError):

@@ -43,7 +43,6 @@ from adapters.upr.rollback import resolve_end
 from gateway.io.connection import PacketConnection
 from gateway.io.upr_producer import UprProducerBase
 from gateway.io.upr_stream import NotifierStream
-from gateway.node.items import VBucketState
 from gateway.node.upr_hub import UprHub
 from gateway.node.upr_streams import ProducerStream, StreamSettings, check_request
 
@@ -123,8 +122,8 @@ class ProducerConnection(UprProducerBase[ProducerStream | NotifierStream]):
             return
         stream: ProducerStream | NotifierStream
         if notifier:
-            # The state at the request: a change before the task runs ends it too.
-            beyond = partial(self._beyond, req.vbucket, store.state(req.vbucket))
+            # The changes at the request: one before the task runs ends it too.
+            beyond = partial(self._beyond, req.vbucket, store.state_changes(req.vbucket))
             stream = NotifierStream(req, send=self.send_counted, beyond=beyond)
         else:
             stream = ProducerStream(self, req)
@@ -133,12 +132,13 @@ class ProducerConnection(UprProducerBase[ProducerStream | NotifierStream]):
         assert self._nursery is not None
         self._nursery.start_soon(stream.run)
 
-    async def _beyond(self, vb: int, state: VBucketState, start: int) -> upr.StreamEndReason:
+    async def _beyond(self, vb: int, seen: int, start: int) -> upr.StreamEndReason:
         """A notifier stream's wait: OK once the vbucket's high seqno passes
         ``start``, STATE_CHANGED once it changes state (3.0 ep.cc
-        ``setVBucketState`` tells every stream of the vbucket)."""
+        ``setVBucketState`` tells every stream of the vbucket, but not of a
+        takeover stream's own hand-off: ``Store.set_state``)."""
         store, changes = self.node.store, self.node.changes
-        while store.state(vb) is state:
+        while store.state_changes(vb) == seen:
             if store.high_seqno(vb) > start:
                 return upr.StreamEndReason.OK
             await changes.wait(vb)  # nothing awaited since the look: none missed

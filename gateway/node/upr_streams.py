@@ -16,7 +16,9 @@ log. (A live stream on the vbucket, KEY_EXISTS, is the connection's business.)
    checkpoint boundary and flagged CHECKPOINT when it begins one; between
    batches the stream sleeps on the node's change feed;
 3. STREAM_END: OK once the end seqno is sent, STATE_CHANGED once the vbucket
-   changes state (whichever it had at the request). After the consumer's
+   changes state (whichever it had at the request), except by another
+   stream's takeover hand-off: 3.0 makes the vbucket dead without telling its
+   other streams, which send what it held and then wait (see ``_take_over``). After the consumer's
    CLOSE_STREAM nothing more is sent: the close response is the end
    (``close_by_consumer``).
 
@@ -141,9 +143,8 @@ class ProducerStream(StreamTask):
         self.backfill_end = 0
         self.items_sent = 0
         self.markers_sent = 0
-        self._giving_up_vbucket = False
-        self._state = self.store.state(req.vbucket)
-        """The vbucket's state at the request: any change ends the stream."""
+        self._state_changes = self.store.state_changes(req.vbucket)
+        """The vbucket's state changes told to streams at the request: another ends it."""
 
     # -- life cycle --------------------------------------------------------------
 
@@ -177,11 +178,10 @@ class ProducerStream(StreamTask):
             await self.changes.wait(self.vbucket)
 
     def _state_changed(self) -> upr.StreamEndReason | None:
-        if self._giving_up_vbucket:
-            return None
-        if self.store.state(self.vbucket) is not self._state:
+        if self.store.state_changes(self.vbucket) != self._state_changes:
             # ep-engine 3.0 src/ep.cc ``setVBucketState`` ends every stream of
-            # the vbucket on any change (``vbucketStateChanged``).
+            # the vbucket on a change it is told to notify (``vbucketStateChanged``
+            # -> src/upr-producer.cc ``UprProducer::vbucketStateChanged`` -> ``setDead``).
             return upr.StreamEndReason.STATE_CHANGED
         if self.store.high_seqno(self.vbucket) < self.last_read:
             # Rolled back under the stream: what was sent is no longer history.
@@ -268,9 +268,10 @@ class ProducerStream(StreamTask):
     async def _take_over(self) -> None:
         await self.wait_for_marker_acks()
         await self._set_vbucket_state(VBucketState.PENDING)
-        # From here on this stream ends the vbucket's life here, not a state change.
-        self._giving_up_vbucket = True
-        self.store.set_state(self.vbucket, VBucketState.DEAD, now=time.time())
+        # 3.0 src/upr-stream.cc ``setVBucketStateAckRecieved``: dead with
+        # ``notify_upr`` false, so no stream of the vbucket ends, this one or
+        # another connection's: those send what it held, then nothing more comes.
+        self.store.set_state(self.vbucket, VBucketState.DEAD, now=time.time(), notify_streams=False)
         self.rules.state_confirmed()
         while await self._memory_snapshot():
             pass  # what was written before the vbucket died

@@ -51,6 +51,7 @@ class VBucket:
         "purge_seqno",
         "snapshot",
         "state",
+        "state_changes",
         "tombstones",
     )
 
@@ -59,6 +60,8 @@ class VBucket:
     ) -> None:
         self.id = vbid
         self.state = state
+        # State changes UPR streams are told of (all but a takeover's own hand-off).
+        self.state_changes = 0
         self.checkpoints = checkpoints
         self.failover = failover
         self.items: dict[bytes, Item] = {}

@@ -148,10 +148,12 @@ async def test_control_keys_known_but_unsupported_are_not_supported(
 async def test_control_values_are_read_as_3_0_reads_them(
     nursery: trio.Nursery, side: str, tmp_path: Path
 ) -> None:
-    """ep-engine v3.0.0 src/dcp-producer.cc ``DcpProducer::control``: enable_noop
-    is on for "true" and off for any other value, never EINVAL; numbers go
-    through ``parseUint32`` (src/utility.cc, ``strtoul``): leading blanks, a
-    ``+`` and a blank-separated tail are fine, a ``-`` or junk is EINVAL."""
+    """ep-engine v3.0.0 src/upr-producer.cc ``UprProducer::control``: enable_noop
+    is on for "true" and off for any other value, never EINVAL. Numbers as
+    later 3.x src/dcp-producer.cc ``DcpProducer::control`` reads them, through
+    ``parseUint32`` (src/utility.cc, ``strtoul``; 3.0.0 used ``atoi``, which
+    took more): leading blanks, a ``+`` and a blank-separated tail are fine, a
+    ``-`` or junk is EINVAL."""
     server, port = await serve(nursery, filled(8), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"ctl")

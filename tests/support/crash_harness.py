@@ -6,7 +6,8 @@ a writer on it, and a UPR consumer of the front that behaves as a 3.0
 consumer across restarts: it keeps per vbucket the last seqno it received,
 the last snapshot marker's range and the latest failover entry's uuid, asks
 STREAM_REQ with them after each restart and honours ROLLBACK
-(ep-engine 3.0 src/dcp-consumer.cc, src/failover-table.cc ``needsRollback``).
+(ep-engine v3.0.0 src/upr-consumer.cc ``UprConsumer::handleResponse``,
+``doRollback``; src/failover-table.cc ``needsRollback``).
 
 After each SIGKILL, once the node saw the TAP connection end (so every ack
 the process sent has been read), the state directory is copied and the copy
@@ -295,10 +296,11 @@ class VbView:
 
     def request_snap(self) -> tuple[int, int]:
         """As a consumer after 3.0.0 asks: a snapshot received whole, or none of whose items
-        came (only its marker), counts as (seqno, seqno). That is the later dcp-stream.cc
-        ``PassiveStream``, which records a snapshot with its first item (``saveSnapshot``);
-        3.0.0's upr-stream.cc ``processMarker`` recorded it at the marker, so a 3.0.0
-        consumer asked (seqno, marker start, marker end) and was refused ERANGE."""
+        came (only its marker), counts as (seqno, seqno). That is later kv_engine's
+        dcp-stream.cc ``PassiveStream``, which records a snapshot with its first
+        item (``saveSnapshot``); 3.0.0's upr-stream.cc ``processMarker`` recorded it
+        at the marker, so a 3.0.0 consumer asked (seqno, marker start, marker end)
+        and was refused ERANGE."""
         start, end = self.snap
         return (start, end) if start <= self.seqno < end else (self.seqno, self.seqno)
 

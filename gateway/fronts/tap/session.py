@@ -205,6 +205,8 @@ class TapSession:
     async def _pump(self, nursery: trio.Nursery) -> None:
         peer = self.peer
         streams = self.streams
+        streams.spawn = nursery.start_soon
+        streams.retry_delays = (self.config.reconnect_initial, self.config.reconnect_max)
         for message in self._opening_messages():
             await peer.emit(message, None)
         await peer.flush()

@@ -25,10 +25,13 @@ reconnect to be sent the same bytes again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import trio
 
 from adapters import upr
 from adapters.errors import ProtocolError
@@ -46,7 +49,7 @@ from adapters.upr.flow_control import counts
 from gateway.fronts.tap.peer import TapPeer
 from gateway.fronts.tap.plan import ConnectionPlan
 from gateway.fronts.tap.registry import Registry
-from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamMalformed
+from gateway.fronts.tap.upstream import UprUpstream, UprUpstreamError, UprUpstreamMalformed
 from gateway.fronts.tap.vbstream import VbStream
 from gateway.metrics.figures import GatewayStats, StreamStats
 from gateway.tools.capture.mapping import UprRecording
@@ -57,17 +60,10 @@ log = logging.getLogger(__name__)
 
 _OK = Status.SUCCESS.value
 _ENOENT = Status.KEY_NOT_FOUND.value
-_ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
-_FAST_ITEMS = frozenset(_ITEMS)
+_TMPFAIL = Status.TEMPORARY_FAILURE.value
+_ITEM_TYPES = frozenset((upr.Mutation, upr.Deletion, upr.Expiration))
 _MARKER_ACK = upr.SnapshotFlags.ACK.value
 _MARKER_SIZE = HEADER_SIZE + 20
-_RESPONSES = (
-    upr.StreamRequestOk,
-    upr.StreamRequestRollback,
-    upr.FailoverLogResponse,
-    upr.AddStreamResponse,
-    upr.Response,
-)
 
 
 class UpstreamStreams:
@@ -108,6 +104,12 @@ class UpstreamStreams:
         self._stale_said: set[int] = set()
         """Vbuckets whose dropped stale item was logged."""
         self._stray_said = False
+        self.spawn: Callable[..., object] | None = None
+        """Starts a task in the session's nursery (set by the session)."""
+        self.retry_delays = (0.1, 5.0)
+        """First and longest wait before a stream refused TMPFAIL is asked again."""
+        self._tmpfails: dict[int, int] = {}
+        """Per vbucket, the TMPFAIL answers in a row."""
         self.lost_vbuckets: list[int] = list(plan.skipped)
         """Vbuckets whose stream ended other than OK, in the order they ended; a
         listed vbucket the upstream lacks was never streamed and counts first."""
@@ -299,13 +301,18 @@ class UpstreamStreams:
             event = upr.decode_frame(frame, upstream.dialect)
         except ProtocolError as exc:
             raise self._malformed(str(exc)) from None
-        if isinstance(event, _RESPONSES):
-            await self._on_response(event)
-            return
-        if isinstance(event, upr.Noop):
-            if not upstream.answered(frame):  # (the keeper answers those it finds first)
-                await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
-            return
+        await _ON_EVENT.get(type(event), UpstreamStreams._on_stream_message)(self, event, frame)
+
+    async def _on_noop(self, event: upr.Noop, frame: Frame) -> None:
+        upstream = self.upstream
+        assert upstream is not None
+        if not upstream.answered(frame):  # (the keeper answers those it finds first)
+            await upstream.send_event(upr.Response(upr.Command.NOOP, event.opaque, _OK))
+
+    async def _on_stream_message(self, event: upr.UprEvent, frame: Frame) -> None:
+        """A message of a stream (an item, a marker, SET_VBUCKET_STATE, STREAM_END...)."""
+        upstream = self.upstream
+        assert upstream is not None
         vb = self.by_opaque.get(event.opaque)
         if vb is None or vb.ended:
             await self._stray(event, frame, vb)
@@ -315,18 +322,19 @@ class UpstreamStreams:
         counted = counts(event)
         if counted:
             upstream.window.unacked_bytes += frame.size
-        if isinstance(event, _ITEMS) and event.by_seqno <= vb.translator.last_seqno:
-            self._drop_stale(vb, event)
+        item = type(event) in _ITEM_TYPES
+        if item and event.by_seqno <= vb.translator.last_seqno:  # type: ignore[union-attr]
+            self._drop_stale(vb, event)  # type: ignore[arg-type]
             await upstream.acknowledge(frame.size)  # freed now: no TAP ack will cover it
             return
         if counted:
             settling.credit += frame.size
-        if not settling.arrival and isinstance(event, _ITEMS):
+        if item and not settling.arrival:
             settling.arrival = time.time()
         if self.captured_in is not None:
             self.captured_in.record(event, vb.vbucket, time.time())
         try:
-            if type(event) in _FAST_ITEMS and peer.captured_out is None:
+            if item and peer.captured_out is None:
                 await self._emit_item(event, vb)  # type: ignore[arg-type]
             else:
                 for message in vb.translate(event):
@@ -339,8 +347,11 @@ class UpstreamStreams:
             peer.settlements.settling.replies.append(upr.encode(reply, upstream.dialect))
             peer.settlements.end()
         self._refresh_fast(vb)
-        if isinstance(event, upr.StreamEnd):
-            await self._end_stream(vb, _reason_name(event.reason))
+        if type(event) is upr.StreamEnd:
+            if event.reason == upr.StreamEndReason.STATE_CHANGED and not self.plan.takeover:
+                await self._request_again(vb, event.opaque)
+            else:
+                await self._end_stream(vb, _reason_name(event.reason))
 
     async def _stray(self, event: upr.UprEvent, frame: Frame, vb: VbStream | None) -> None:
         """A stream message for no stream of this connection, or for one that ended
@@ -371,7 +382,7 @@ class UpstreamStreams:
 
     def _drop_stale(self, vb: VbStream, item: upr.Mutation | upr.Deletion | upr.Expiration) -> None:
         """An item whose seqno does not grow: dropped, the stream goes on, as a 3.0
-        consumer does (ep-engine 3.0 dcp-stream.cc ``PassiveStream::messageReceived``
+        consumer does (ep-engine 3.0 upr-stream.cc ``PassiveStream::messageReceived``
         answers ERANGE for that item only). Said once per vbucket and connection."""
         self.gateway_stats.protocol_errors_total["tap_front", "upstream_seqno_not_growing"] += 1
         if vb.vbucket not in self._stale_said:
@@ -410,7 +421,7 @@ class UpstreamStreams:
                 await peer.emit(message, vb)
         vb.item_done()
 
-    async def _on_response(self, response: upr.UprResponse) -> None:
+    async def _on_response(self, response: upr.UprResponse, _frame: Frame) -> None:
         vb = self.by_opaque.get(response.opaque)
         answer = _STREAM_REQUEST_ANSWERS.get(type(response))
         if vb is None or answer is None:
@@ -420,6 +431,7 @@ class UpstreamStreams:
         await answer(self, vb, response)
 
     async def _accepted(self, vb: VbStream, response: upr.StreamRequestOk) -> None:
+        self._tmpfails.pop(vb.vbucket, None)
         vb.accepted(response.failover_log)
 
     async def _rolled_back(self, vb: VbStream, response: upr.StreamRequestRollback) -> None:
@@ -442,6 +454,9 @@ class UpstreamStreams:
         await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
 
     async def _refused(self, vb: VbStream, response: upr.Response) -> None:
+        if response.status == _TMPFAIL and self.spawn is not None:
+            self._ask_again(vb, response.opaque)
+            return
         text = response.value.decode("utf-8", "replace")
         log.error(
             "%s: vbucket %d: upstream refused the stream (status 0x%02x%s)",
@@ -451,6 +466,63 @@ class UpstreamStreams:
             f": {text}" if text else "",
         )
         await self._end_stream(vb, f"refused_0x{response.status:02x}")
+
+    async def _request_again(self, vb: VbStream, opaque: int) -> None:
+        """The upstream vbucket changed state: request its stream again from where it
+        stands. A 2.x producer's cursor outlived a state change of its vbucket
+        (ep-engine 2.x vbucket.cc ``VBucket::setState`` leaves the checkpoint
+        cursors alone; tapconnection.cc ``TapProducer::nextFgFetched_UNLOCKED``
+        skips a dead vbucket only while it is dead), so the TAP client got what
+        was written once it lived again, on the same connection. A 3.0 upstream
+        streams a vbucket in any state (``UprProducer::streamRequest``), so the
+        new stream waits while it is dead; one that was deleted answers
+        NOT_MY_VBUCKET and is lost for good, as 2.x's cursor went with the
+        deleted vbucket (checkpoint.cc ``CheckpointManager::nextItem``: "cursor
+        ... is not found", nothing ever again)."""
+        self.gateway_stats.stream_ends_total["tap_front", "state_changed"] += 1
+        log.info(
+            "%s: vbucket %d: upstream vbucket changed state; requesting it again",
+            self.name,
+            vb.vbucket,
+        )
+        self.by_opaque.pop(opaque, None)  # what the old stream still sends is stray
+        self._fast_streams.pop(opaque, None)
+        vb.prepare_resume()
+        upstream = self.upstream
+        assert upstream is not None
+        again = upstream.next_opaque()
+        self._route(again, vb)
+        await upstream.send_event(vb.stream_request(again, self.plan.takeover))
+
+    def _ask_again(self, vb: VbStream, opaque: int) -> None:
+        """TMPFAIL: a 3.0 upstream's vbucket is being filled by a backfill (open
+        checkpoint id 0, src/upr-producer.cc ``UprProducer::streamRequest``). A 2.x
+        cursor waited there (src/checkpoint.cc ``CheckpointManager::nextItem``:
+        "still in backfill phase", nothing yet), so the stream is asked again
+        with backoff, not lost."""
+        attempts = self._tmpfails.get(vb.vbucket, 0) + 1
+        self._tmpfails[vb.vbucket] = attempts
+        first, longest = self.retry_delays
+        delay = min(longest, first * 2 ** min(attempts - 1, 16))
+        if attempts == 1:
+            log.warning(
+                "%s: vbucket %d: upstream is filling it (TMPFAIL); asking again with backoff",
+                self.name,
+                vb.vbucket,
+            )
+        self.by_opaque.pop(opaque, None)
+        assert self.spawn is not None
+        self.spawn(self._request_later, vb, self.upstream, delay)
+
+    async def _request_later(self, vb: VbStream, upstream: UprUpstream, delay: float) -> None:
+        await trio.sleep(delay)
+        if self.upstream is not upstream or vb.ended:
+            return  # a new upstream requested every stream again
+        opaque = upstream.next_opaque()
+        self._route(opaque, vb)
+        # A failed send: the pump sees the loss too, and asks again on the next upstream.
+        with contextlib.suppress(UprUpstreamError):
+            await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
@@ -463,6 +535,17 @@ class UpstreamStreams:
         if reason == "ok" and self.plan.takeover:
             self.gateway_stats.takeovers_completed_total["tap_front"] += 1
 
+
+_ON_EVENT: dict[type, Callable[[UpstreamStreams, Any, Frame], Awaitable[None]]] = {
+    upr.StreamRequestOk: UpstreamStreams._on_response,
+    upr.StreamRequestRollback: UpstreamStreams._on_response,
+    upr.FailoverLogResponse: UpstreamStreams._on_response,
+    upr.AddStreamResponse: UpstreamStreams._on_response,
+    upr.Response: UpstreamStreams._on_response,
+    upr.Noop: UpstreamStreams._on_noop,
+}
+"""What the event path does with each upstream event; any other is a stream's message
+(``_on_stream_message``)."""
 
 _STREAM_REQUEST_ANSWERS: dict[type, Callable[[UpstreamStreams, VbStream, Any], Awaitable[None]]] = {
     upr.StreamRequestOk: UpstreamStreams._accepted,

@@ -13,7 +13,8 @@ become an open-ended marker and a close, and STREAM_START is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from adapters import upr
 from adapters.fastinit import positional_constructor
@@ -24,7 +25,7 @@ from gateway.fronts.tap.plan import MAX_SEQNO, VbStart
 from gateway.fronts.tap.registry import VbResume
 from gateway.metrics.figures import VbProgress
 
-_ITEMS = (upr.Mutation, upr.Deletion, upr.Expiration)
+_OK = Status.SUCCESS.value
 _resume = positional_constructor(VbResume)
 """``VbResume`` (uuid, seqno, snap_start, snap_end, checkpoint_id, backfill_done), made
 once per checkpoint a live stream closes and per vbucket a batch touched."""
@@ -123,36 +124,47 @@ class VbStream:
     # -- stream messages -------------------------------------------------------
 
     def translate(self, event: upr.UprEvent) -> list[TapStreamMessage]:
-        if isinstance(event, upr.StreamStart):
-            return []
-        if isinstance(event, upr.SnapshotStart):
-            first = self.translator.last_seqno + 1
-            flags = (
-                upr.SnapshotFlags.DISK
-                if self.translator.backfill_pending
-                else upr.SnapshotFlags.MEMORY
-            )
-            event = upr.SnapshotMarker(first, MAX_SEQNO, flags, event.opaque, event.vbucket)
-        if isinstance(event, upr.SnapshotEnd):
-            return self.translator.finish()
+        return _TRANSLATE.get(type(event), VbStream._feed)(self, event)
+
+    def _stream_start(self, event: upr.StreamStart) -> list[TapStreamMessage]:
+        return []
+
+    def _snapshot_start(self, event: upr.SnapshotStart) -> list[TapStreamMessage]:
+        first = self.translator.last_seqno + 1
+        flags = (
+            upr.SnapshotFlags.DISK if self.translator.backfill_pending else upr.SnapshotFlags.MEMORY
+        )
+        return self._marker(
+            upr.SnapshotMarker(first, MAX_SEQNO, flags, event.opaque, event.vbucket)
+        )
+
+    def _snapshot_end(self, event: upr.SnapshotEnd) -> list[TapStreamMessage]:
+        return self.translator.finish()
+
+    def _marker(self, event: upr.SnapshotMarker) -> list[TapStreamMessage]:
         progress = self.progress
-        if isinstance(event, upr.SnapshotMarker):
-            if event.end_seqno != MAX_SEQNO:
-                progress.upstream_high_seqno = max(progress.upstream_high_seqno, event.end_seqno)
-            if event.flags & upr.SnapshotFlags.DISK:
-                progress.backfilling = True
-                progress.backfill_end_seqno = event.end_seqno
-        elif isinstance(event, _ITEMS):
-            progress.sent_seqno = event.by_seqno
-            progress.upstream_high_seqno = max(progress.upstream_high_seqno, event.by_seqno)
+        if event.end_seqno != MAX_SEQNO:
+            progress.upstream_high_seqno = max(progress.upstream_high_seqno, event.end_seqno)
+        if event.flags & upr.SnapshotFlags.DISK:
+            progress.backfilling = True
+            progress.backfill_end_seqno = event.end_seqno
+        out = self._feed(event)
+        if self.translator.in_backfill and not progress.backfilling:
+            # a backfill served from memory (no DISK flag)
+            progress.backfilling = True
+            progress.backfill_end_seqno = event.end_seqno
+        return out
+
+    def _item(self, event: upr.Mutation | upr.Deletion | upr.Expiration) -> list[TapStreamMessage]:
+        progress = self.progress
+        progress.sent_seqno = event.by_seqno
+        progress.upstream_high_seqno = max(progress.upstream_high_seqno, event.by_seqno)
+        return self._feed(event)
+
+    def _feed(self, event: upr.UprEvent) -> list[TapStreamMessage]:
         out = self.translator.feed(event)
-        if self.translator.in_backfill:
-            if not progress.backfilling and isinstance(event, upr.SnapshotMarker):
-                # a backfill served from memory (no DISK flag)
-                progress.backfilling = True
-                progress.backfill_end_seqno = event.end_seqno
-        elif progress.backfilling:
-            progress.backfilling = False
+        if self.progress.backfilling and not self.translator.in_backfill:
+            self.progress.backfilling = False
         return out
 
     def advance_item(self, item: upr.Mutation | upr.Deletion | upr.Expiration) -> bool:
@@ -188,15 +200,31 @@ class VbStream:
 
     def reply_due(self, event: upr.UprEvent) -> upr.Response | None:
         """The reply ``event`` makes due, once what was sent so far is acked."""
-        ok = Status.SUCCESS.value
-        if isinstance(event, upr.SetVbucketState):
-            return upr.Response(upr.Command.SET_VBUCKET_STATE, event.opaque, ok)
-        reply = None
+        return _REPLY_DUE.get(type(event), VbStream._settle_marker)(self, event)
+
+    def _state_reply(self, event: upr.SetVbucketState) -> upr.Response:
+        return upr.Response(upr.Command.SET_VBUCKET_STATE, event.opaque, _OK)
+
+    def _settle_marker(self, event: upr.UprEvent) -> upr.Response | None:
+        """An ACK-flagged marker is answered once its snapshot ended: by any
+        message that is not an item of it."""
         pending = self._marker_ack
-        if pending is not None and (not isinstance(event, _ITEMS) or event.by_seqno >= pending[0]):
-            self._marker_ack = None
-            reply = upr.Response(upr.Command.SNAPSHOT_MARKER, pending[1], ok)
-        if isinstance(event, upr.SnapshotMarker) and event.flags & upr.SnapshotFlags.ACK:
+        if pending is None:
+            return None
+        self._marker_ack = None
+        return upr.Response(upr.Command.SNAPSHOT_MARKER, pending[1], _OK)
+
+    def _item_reply(
+        self, event: upr.Mutation | upr.Deletion | upr.Expiration
+    ) -> upr.Response | None:
+        pending = self._marker_ack
+        if pending is None or event.by_seqno < pending[0]:
+            return None
+        return self._settle_marker(event)
+
+    def _marker_reply(self, event: upr.SnapshotMarker) -> upr.Response | None:
+        reply = self._settle_marker(event)
+        if event.flags & upr.SnapshotFlags.ACK:
             self._marker_ack = (event.end_seqno, event.opaque)
         return reply
 
@@ -238,3 +266,24 @@ class VbStream:
             translator.last_closed_checkpoint,
             not translator.backfill_pending,
         )
+
+
+_TRANSLATE: dict[type, Callable[[VbStream, Any], list[TapStreamMessage]]] = {
+    upr.Mutation: VbStream._item,
+    upr.Deletion: VbStream._item,
+    upr.Expiration: VbStream._item,
+    upr.SnapshotMarker: VbStream._marker,
+    upr.SnapshotStart: VbStream._snapshot_start,
+    upr.SnapshotEnd: VbStream._snapshot_end,
+    upr.StreamStart: VbStream._stream_start,
+}
+"""What ``translate`` does with each event (any other goes to the translator as is)."""
+
+_REPLY_DUE: dict[type, Callable[[VbStream, Any], upr.Response | None]] = {
+    upr.SetVbucketState: VbStream._state_reply,
+    upr.Mutation: VbStream._item_reply,
+    upr.Deletion: VbStream._item_reply,
+    upr.Expiration: VbStream._item_reply,
+    upr.SnapshotMarker: VbStream._marker_reply,
+}
+"""What reply each event makes due (any other only settles a pending marker)."""

@@ -55,35 +55,27 @@ from typing import NoReturn
 
 import trio
 
-from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, FrameReader, Opcode, Status
+from adapters.errors import GatewayError
+from adapters.mcbp import Frame, FrameReader, Opcode
 from adapters.mcbp.constants import VBucketState
 from adapters.tap import (
     ConnectFlags,
     TapConnect,
     TapDelete,
-    TapFlags,
     TapFlush,
     TapMutation,
-    TapNoop,
-    TapNoopResponse,
     TapOpaque,
-    TapOpcode,
-    TapResponse,
     TapStreamMessage,
     TapVbucketSet,
-    decode_frame,
     encode,
-    is_tap_opcode,
 )
-from adapters.tap.acks import ack_of, ack_opcode
+from adapters.tap.consumer_machine import Decision, Do, TapConsumerMachine
 from adapters.translate.tap_to_log_fast import frame_end, log_buffer
 from gateway.fronts.upr.commit import GroupCommit, commit
 from gateway.fronts.upr.config import UprFrontConfig
 from gateway.fronts.upr.logset import LogSet
 from gateway.fronts.upr.vblog import LogWriteError, VbLog
 from gateway.io.connection import PacketConnection
-from gateway.io.replies import reply
 from gateway.metrics.figures import GatewayStats
 from gateway.runtime.logs import Repeats
 from gateway.tools.capture.mapping import TapRecording
@@ -103,7 +95,6 @@ CONNECT_FLAGS = (
     | ConnectFlags.REGISTERED_CLIENT
     | ConnectFlags.FIX_FLAG_BYTEORDER
 )
-_ACK = int(TapFlags.ACK)
 NO_SUCH_CHECKPOINT = 2**63 - 1
 """The last closed checkpoint named for a vbucket to fetch whole (see ``connect_event``)."""
 
@@ -185,14 +176,15 @@ class Ingest:
         self.state_hook = state_hook
         self.recording = recording
         """Records every message received from the upstream (``capture_dir``)."""
-        self._unknown_said: set[int] = set()
-        """Request opcodes from the upstream that no TAP consumer knows, logged once each."""
         self.handed_over = handed_over
         """Vbuckets handed over to a UPR consumer: left out of the CONNECT (``takeover``)."""
         self._logs: dict[int, VbLog] = {}
         """The logs this connection writes: the ones it opened with, never a log that
         replaced one since (see ``restart``)."""
         self.address = f"{config.tap_upstream[0]}:{config.tap_upstream[1]}"
+        self._machine = TapConsumerMachine(f"upstream {self.address}", dialed=True)
+        """What each packet from the upstream asks for (one for the Ingest's life, so an
+        unknown opcode is logged once)."""
         self.connected = trio.Event()
         self.connections = 0
         self.batches = 0
@@ -497,47 +489,43 @@ class Ingest:
         self, frame: Frame, now: float, batch: _Batch, stream: trio.abc.Stream
     ) -> None:
         """Log one frame through its event (counted in ``batch.messages`` unless a NOOP)."""
+        decision = self._machine.receive_frame(frame)
+        event = decision.event
+        if self.recording is not None and event is not None:
+            self.recording.record(event, now)
+        do = decision.do
+        if do is Do.APPLY:
+            batch.messages += 1
+            await self._apply_message(decision.message, now, batch, stream)
+        elif do is Do.SKIP:  # an OPAQUE of unknown size: acked, not logged
+            batch.messages += 1
+        elif do is Do.CLOSE:
+            await self._close(decision, batch, stream)
+        elif event is None:  # an unknown request, answered UNKNOWN_COMMAND
+            self.stats.protocol_errors_total["upr_front", "upstream_unknown_opcode"] += 1
+        if decision.note is not None:
+            log.log(logging.getLevelName(decision.note.level.upper()), decision.note.text)
+        if decision.reply:  # sent once what came before is durable
+            (batch.acks if do is Do.APPLY or do is Do.SKIP else batch.replies).append(
+                decision.reply
+            )
+
+    async def _apply_message(
+        self, event: TapStreamMessage, now: float, batch: _Batch, stream: trio.abc.Stream
+    ) -> None:
+        """Write one stream message to its log (a FLUSH to every log)."""
         always = self.config.fsync == "always"
         logs = self._logs
-        try:
-            event = decode_frame(frame)
-        except ProtocolError:
-            if not frame.is_request or is_tap_opcode(frame.opcode):
-                raise
-            batch.replies.append(self._unknown_request(frame))
-            return
-        if self.recording is not None:
-            self.recording.record(event, now)
         kind = type(event)
         if kind is TapMutation or kind is TapDelete:  # the common case first
-            if not event.ttl:  # type: ignore[union-attr]
-                await self._refuse_expired_ttl(event, batch, stream)  # type: ignore[arg-type]
-            vbucket = event.vbucket  # type: ignore[union-attr]
+            vbucket = event.vbucket
             vblog = logs.get(vbucket) or await self._open(vbucket)
-            vblog.ingest(event, now)  # type: ignore[arg-type]
+            vblog.ingest(event, now)
             batch.touched[vbucket] = vblog
-            batch.messages += 1
             if always:
                 await self._commit(batch.touched)
                 batch.touched = {}
-            if int(event.tap_flags) & _ACK:  # type: ignore[union-attr]
-                batch.acks.append(ack_of(event))  # type: ignore[arg-type]
             return
-        if isinstance(event, TapNoop):
-            batch.replies.append(encode(TapNoopResponse(event.opaque)))
-            return
-        if isinstance(event, TapNoopResponse):
-            return
-        if isinstance(event, TapResponse):
-            text = event.text.decode("utf-8", "replace")
-            raise TapUpstreamError(
-                f"upstream answered 0x{event.status:02x} to {event.opcode.name}: {text}"
-            )
-        if isinstance(event, TapConnect):
-            raise ProtocolError("CONNECT from a TAP producer", opcode=TapOpcode.CONNECT)
-        if not event.ttl:
-            await self._refuse_expired_ttl(event, batch, stream)
-        batch.messages += 1
         if isinstance(event, TapVbucketSet) and self.state_hook is not None:
             # Durable first: what came before the state change is logged.
             await self._commit(batch.touched)
@@ -562,41 +550,20 @@ class Ingest:
             if always:
                 await self._commit(batch.touched)
                 batch.touched = {}
-        if int(event.tap_flags) & _ACK:
-            batch.acks.append(ack_of(event))
 
-    def _unknown_request(self, frame: Frame) -> bytes:
-        """A request opcode no TAP consumer knows: answered UNKNOWN_COMMAND, and the
-        stream goes on, as a 2.x node's memcached did (``process_bin_unknown_packet``
-        hands it to ep-engine, whose ``processUnknownCommand`` answers so; nothing
-        closes the connection). Logged once per opcode."""
-        self.stats.protocol_errors_total["upr_front", "upstream_unknown_opcode"] += 1
-        if frame.opcode not in self._unknown_said:
-            self._unknown_said.add(frame.opcode)
-            log.warning(
-                "upstream %s: unknown request (opcode=0x%02x field=opcode value=%d, "
-                "opaque %d): answered UNKNOWN_COMMAND, the TAP stream goes on",
-                self.address,
-                frame.opcode,
-                frame.opcode,
-                frame.opaque,
-            )
-        return reply(frame, Status.UNKNOWN_COMMAND)  # an empty body, as 2.x sent
-
-    async def _refuse_expired_ttl(
-        self, event: TapStreamMessage, batch: _Batch, stream: trio.abc.Stream
-    ) -> NoReturn:
-        """memcached 2.x answers a message whose TTL ran out (relayed in a loop) EINVAL,
-        and a 2.x producer closes on that nack: once what came before is logged and
-        acked (the nack acks it implicitly there), answer so and close."""
-        await self._commit(batch.touched)
-        batch.touched = {}
-        nack = ack_of(event, Status.INVALID_ARGUMENTS, b"TTL expired")
-        await stream.send_all(b"".join([*batch.replies, *batch.acks, nack]))
-        batch.replies, batch.acks = [], []
-        raise ProtocolError(
-            "TTL expired (relayed too often)", opcode=ack_opcode(event), field="ttl", value=0
-        )
+    async def _close(self, decision: Decision, batch: _Batch, stream: trio.abc.Stream) -> NoReturn:
+        """Close on the machine's word: a 2.x producer closes on the nack of an expired
+        TTL (memcached 2.x answers it EINVAL), so once what came before is logged and
+        acked (the nack acks it implicitly there), answer so and close. A CONNECT, a
+        TAP request that does not decode or a response it cannot take closes at once,
+        unanswered, with nothing more acked: the producer sends it all again."""
+        assert decision.error is not None
+        if decision.reply:
+            await self._commit(batch.touched)
+            batch.touched = {}
+            await stream.send_all(b"".join([*batch.replies, *batch.acks, decision.reply]))
+            batch.replies, batch.acks = [], []
+        raise decision.error
 
     async def _open(self, vbucket: int) -> VbLog:
         """The log of a vbucket the node sends and the CONNECT did not name."""

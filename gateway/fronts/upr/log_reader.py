@@ -14,7 +14,6 @@ once on the loop, for tools and tests.
 from __future__ import annotations
 
 import bisect
-import mmap
 import os
 
 import trio
@@ -126,7 +125,7 @@ async def read_disk(
                 length = min(want, size - offset)
                 if stop is not None:
                     await trio.lowlevel.checkpoint()  # a slice of work per chunk, at most
-                data: bytes | mmap.mmap | None = pread_cached(fd, offset, length)
+                data: bytes | memoryview | None = pread_cached(fd, offset, length)
                 if data is None:  # from the disk: in a worker thread
                     data = await to_thread(pread, fd, offset, length, limiter=limiter)
                 end, done = walk_records(data, offset, sink)

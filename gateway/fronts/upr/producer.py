@@ -85,7 +85,8 @@ def delete_kind(expiry_opcode: bool) -> Kind:
 class LogNotifier(NotifierStream):
     """A notifier stream on a vbucket's log: it reads nothing, so no other stream
     waits on it for a shared read (``position``), and it ends STATE_CHANGED as
-    the log's streams do when the log is set aside or handed over."""
+    the log's streams do when the log is set aside (not when it is handed over:
+    ``takeover.py``)."""
 
     position = MAX_SEQNO
 

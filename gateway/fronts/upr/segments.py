@@ -37,6 +37,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -284,7 +285,7 @@ class LogItemSink:
 
 
 def walk_records(
-    data: bytes | mmap.mmap, base: int, sink: RecordSink, *, verify: bool = True
+    data: bytes | memoryview, base: int, sink: RecordSink, *, verify: bool = True
 ) -> tuple[int, bool]:
     """Feed ``sink`` the items of the whole records of ``data`` (``base``: its offset in
     the file), in order, until it says the read is done.
@@ -495,27 +496,35 @@ def read_planned(
 
 
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+_cache_buffers = threading.local()
+"""Each thread's buffer for ``pread_cached`` (an anonymous map, kept)."""
 
 
-def pread_cached(fd: int, offset: int, size: int) -> mmap.mmap | None:
+def pread_cached(fd: int, offset: int, size: int) -> memoryview | None:
     """``pread``, if the page cache holds all those bytes now; else None, at once
     (``RWF_NOWAIT``: never waits for the disk, so it may run on the loop).
 
-    Into an anonymous map, unmapped once dropped: chunks read on the loop do
-    not fragment its heap between the long-lived buffers of stalled connections
-    (RSS comes back when they close)."""
+    The bytes are a view of this thread's one buffer, valid until its next call:
+    walk them before anything else may read (``walk_records`` copies what it
+    keeps). The buffer is an anonymous map allocated once and kept (grown for a
+    bigger read): a map per read cost about 0.5 ms of page faults per 256 KiB
+    here, 16 times the read, and chunks on the heap would fragment it between
+    the long-lived buffers of stalled connections."""
     if _NOWAIT is None:
         return None
-    buffer = mmap.mmap(-1, size)
+    buffer: mmap.mmap | None = getattr(_cache_buffers, "map", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _cache_buffers.map = mmap.mmap(-1, max(size, READ_CHUNK))
+    view = memoryview(buffer)[:size]
     try:
-        got = os.preadv(fd, [buffer], offset, _NOWAIT)
+        got = os.preadv(fd, [view], offset, _NOWAIT)
     except OSError:  # EAGAIN: not all cached; EOPNOTSUPP: a file system without it
-        buffer.close()
+        view.release()
         return None
     if got != size:
-        buffer.close()
+        view.release()
         return None
-    return buffer
+    return view
 
 
 def pread(fd: int, offset: int, size: int) -> bytes:

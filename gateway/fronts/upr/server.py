@@ -22,7 +22,7 @@ turns the node's VBUCKET_SET messages into the stream's SET_VBUCKET_STATE,
 acking each only once the consumer replied; the active state goes out only
 once every record served is synced and the vbucket is recorded as handed
 over. From then on, across restarts too, the vbucket is dead here: not
-served (NOT_MY_VBUCKET), not ingested (other streams on it end STATE_CHANGED).
+served (NOT_MY_VBUCKET), not ingested (other streams on it stay open, as in 3.0).
 """
 
 from __future__ import annotations

@@ -37,10 +37,11 @@ bytes pass ``SHARED_BYTES``: memory stays bounded whatever the consumers do.
 
 from __future__ import annotations
 
+import enum
 import struct
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 import trio
 
@@ -58,8 +59,18 @@ _BODY_LENGTH = struct.Struct(">I").unpack_from
 _OPAQUE = struct.Struct(">I").pack
 
 Key = tuple[int, int, int, int, int, int, bool, bool]
-TAIL = object()
-"""The segment of a batch read from the in-memory tail (which a compaction only drops)."""
+
+
+class TailMark(enum.Enum):
+    """Stands for the segment of a batch read from the in-memory tail (which a
+    compaction only drops), so a key's segment is a ``Segment`` or this mark."""
+
+    TAIL = "tail"
+
+
+TAIL = TailMark.TAIL
+ReadFrom = Union["Segment", TailMark]
+"""Where a batch was read from: a segment on disk or the in-memory tail."""
 Stop = tuple["Segment", int]
 
 
@@ -70,7 +81,7 @@ class _Entry:
     def __init__(
         self,
         log: VbLog,
-        segment: object,
+        segment: ReadFrom,
         encoded: EncodedBatch,
         opaque: int,
         stop: Stop | None,
@@ -79,7 +90,7 @@ class _Entry:
         left: int,
     ) -> None:
         self.log = weakref.ref(log)
-        self.segment: object = segment
+        self.segment: ReadFrom = segment
         self.encoded = encoded
         self.opaque = opaque
         self.pieces: list[bytes] | None = None
@@ -163,7 +174,7 @@ class SharedReads:
                 encoder.expiry_opcode, encoder.delete_times)  # fmt: skip
 
     def take(
-        self, key: Key, vblog: VbLog, segment: object, asked: int, opaque: int
+        self, key: Key, vblog: VbLog, segment: ReadFrom, asked: int, opaque: int
     ) -> Shared | None:
         entry = self._entries.get(key)
         if entry is None or entry.log() is not vblog or entry.segment is not segment:
@@ -198,7 +209,7 @@ class SharedReads:
         self,
         key: Key,
         vblog: VbLog,
-        segment: object,
+        segment: ReadFrom,
         encoded: EncodedBatch,
         opaque: int,
         stop: Stop | None,

@@ -15,9 +15,10 @@ them, tagged with the request's opaque:
   per publish round, and gives it back when it falls behind the in-memory
   tail or reaches its end seqno;
 - it ends with STREAM_END: OK once everything up to the end seqno is sent
-  (items beyond it are never sent), STATE_CHANGED when the vbucket is
-  taken over by another stream; after the consumer's CLOSE_STREAM nothing
-  more is sent, the close response is the end.
+  (items beyond it are never sent), STATE_CHANGED when its log is set
+  aside (a takeover by another stream leaves it open: ``takeover.py``);
+  after the consumer's CLOSE_STREAM nothing more is sent, the close
+  response is the end.
 
 Before each read the stream waits for the connection's ``send_budget``:
 room in the flow-control window and in the socket's outbox. It reads at

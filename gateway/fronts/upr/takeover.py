@@ -43,6 +43,13 @@ replied. Before SET_VBUCKET_STATE(active) goes out:
    meta and the manifest are rewritten all the time by the log, and a
    manifest rebuilt from the logs would forget it.
 
+Streams of the vbucket on other connections stay open, as in 3.0, where
+the hand-off makes the vbucket dead without telling its other streams
+(``setVBucketState(vb, dead, false, false)``: ``notify_upr`` false, so
+``UprConnMap::vbucketStateChanged`` is not called): they send what the log
+holds, then nothing more comes (the TAP node's copy is dead too), until the
+consumer closes them or the connection ends.
+
 From then on the vbucket is dead here: stream requests get NOT_MY_VBUCKET,
 ``STAT vbucket`` says dead, the ingest leaves it out of its CONNECT, and its
 log stays on disk untouched. After a restart the same holds, and start-up
@@ -179,10 +186,9 @@ async def take_over(front: UprFront, stream: LogStream) -> upr.StreamEndReason:
         )
     front.taken_over.add(vb)
     await stream.catch_up()
-    for connection in front.connections.values():
-        other = connection.streams.get(vb)
-        if other is not None and other is not stream and other.live:
-            other.close(upr.StreamEndReason.STATE_CHANGED)
+    # Other connections' streams of the vbucket stay open: 3.0 makes it dead
+    # with ``notify_upr`` false (src/upr-stream.cc ``setVBucketStateAckRecieved``
+    # -> src/ep.cc ``setVBucketState``), so ``vbucketStateChanged`` ends none.
     front.stats.takeovers_completed_total[UPR_FRONT] += 1
     return upr.StreamEndReason.OK
 

@@ -175,6 +175,25 @@ def test_opaque_close_stream_with_header_in_the_value() -> None:
     ]
 
 
+def test_an_opaque_of_another_engine_specific_length_decodes_for_the_consumer() -> None:
+    # 2.5.1 ep_engine.cc ``tapNotify`` logs such an OPAQUE and goes on, so the codec
+    # refuses none: the length travels in the event and the consumer decides.
+    header_only = struct.pack(">HHB3x", 0, TapFlags.ACK, 255)
+    wide = struct.pack(">HHB3xI4x", 8, 0, 255, OpaqueCode.INITIAL_VBUCKET_STREAM)
+    packets = [
+        encode_frame(0x80, TapOpcode.OPAQUE, opaque=5, extras=header_only),
+        encode_frame(0x80, TapOpcode.OPAQUE, opaque=6, extras=wide[:8], value=wide[8:]),
+    ]
+    assert decode_all(b"".join(packets)) == [
+        TapOpaque(0, opaque=5, tap_flags=TapFlags.ACK, engine_specific_length=0),
+        TapOpaque(OpaqueCode.INITIAL_VBUCKET_STREAM, opaque=6, engine_specific_length=8),
+    ]
+    # With 4, the code must be there.
+    short = encode_frame(0x80, TapOpcode.OPAQUE, extras=struct.pack(">HHB3x", 4, 0, 255))
+    with pytest.raises(ProtocolError):
+        decode_all(short)
+
+
 def test_acks_nacks_and_noops() -> None:
     events = [
         TapResponse(TapOpcode.MUTATION, opaque=1000),

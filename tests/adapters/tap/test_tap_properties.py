@@ -120,6 +120,7 @@ events: st.SearchStrategy[TapEvent] = st.one_of(
         opaque=u32,
         tap_flags=tap_flags,
         ttl=u8,
+        engine_specific_length=st.just(4) | u16,
     ),
     st.builds(
         TapVbucketSet,

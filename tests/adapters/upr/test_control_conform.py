@@ -1,9 +1,10 @@
-"""CONTROL ``set_noop_interval`` as ep-engine 3.0 reads it.
+"""CONTROL ``set_noop_interval`` as later 3.x ep-engine reads it.
 
-src/upr-producer.cc ``UprProducer::control`` reads the value with
-``parseUint32`` (src/utility.cc, ``strtoul``): any 32-bit decimal, 0
+3.0.0's src/upr-producer.cc ``UprProducer::control`` knew no such key
+(EINVAL); later src/dcp-producer.cc ``DcpProducer::control`` reads the value
+with ``parseUint32`` (src/utility.cc, ``strtoul``): any 32-bit decimal, 0
 included, with leading blanks, a ``+`` or a blank-separated tail, is
-SUCCESS. 3.0 counts NOOP time in whole seconds (``ep_current_time``), so an
+SUCCESS. 3.x counts NOOP time in whole seconds (``ep_current_time``), so an
 interval of 0 sends a NOOP at the next second: one second here. (A fraction
 of a second is ours, beyond 3.0.)
 """

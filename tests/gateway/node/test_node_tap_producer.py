@@ -149,9 +149,10 @@ async def test_only_active_vbuckets_unless_listed(nursery: trio.Nursery) -> None
 
 
 async def test_live_changes_follow_the_backfill_inside_checkpoints(nursery: trio.Nursery) -> None:
+    """With the CHECKPOINT flag (2.5.1 tapconnection.cc ``supportCheckpointSync_``)."""
     store = filled_store(checkpoint_items=5)
     _, port = await start_node(nursery, store)
-    flags = F.BACKFILL | F.LIST_VBUCKETS
+    flags = F.BACKFILL | F.LIST_VBUCKETS | F.CHECKPOINT
     with trio.fail_after(5):
         client = await TapClient.open(
             port, connect_event(b"live", flags, backfill_date=0, vbuckets=(2,))

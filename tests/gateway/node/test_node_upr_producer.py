@@ -219,7 +219,8 @@ async def test_control_keys(nursery: trio.Nursery) -> None:
         assert isinstance(reply, upr.Response) and reply.value
     conn = node.upr.get("ctl")
     assert conn.window.buffer_size == 1024 and conn.noop_enabled
-    # dcp-producer.cc ``control``: a value other than "true" turns NOOPs off.
+    # v3.0.0 upr-producer.cc ``UprProducer::control``: a value other than "true"
+    # turns NOOPs off.
     assert (await client.control("enable_noop", "yes")).status == ok
     assert not conn.noop_enabled
     await client.aclose()

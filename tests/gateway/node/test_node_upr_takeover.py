@@ -80,10 +80,17 @@ async def test_takeover_hands_over_and_kills_the_vbucket(nursery: trio.Nursery) 
     assert log.markers[0].flags == SF.DISK
     assert latest(log) == stored(store, 0)
     assert store.state(0) is VBucketState.DEAD
-    # Any other stream of the vbucket ends when it dies.
-    other = await watcher.read_stream(1)
+    # The hand-off ends no other stream of the vbucket (3.0 src/upr-stream.cc
+    # ``setVBucketStateAckRecieved`` makes it dead with ``notify_upr`` false):
+    # the watcher gets everything, the late write too, then a later state
+    # change (src/ep.cc ``setVBucketState``, notified) ends it.
+    other = StreamLog()
+    while latest(other) != stored(store, 0):
+        other.events.append(await watcher.receive())
+    assert other.end is None
+    store.set_state(0, VBucketState.REPLICA, now=time.time())
+    await watcher.read_stream(1, log=other)
     assert other.end == upr.StreamEnd(upr.StreamEndReason.STATE_CHANGED, opaque=1, vbucket=0)
-    assert set(stored(store, 0)) - {b"late"} <= set(latest(other))
     await client.aclose()
     await watcher.aclose()
 

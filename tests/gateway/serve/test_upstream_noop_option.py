@@ -1,9 +1,10 @@
 """``serve --upstream-noop-interval``: the TAP front's CONTROL set_noop_interval.
 
 The value goes to the UPR upstream as a decimal string in CONTROL
-``set_noop_interval`` (ep-engine 3.x dcp-producer.cc ``DcpProducer::control``
-reads it with ``parseUint32``), so the option takes whole seconds from 1 to
-2^32-1; anything else is refused before anything starts, with one line
+``set_noop_interval`` (later 3.x ep-engine dcp-producer.cc
+``DcpProducer::control`` reads it with ``parseUint32``; 3.0.0's
+upr-producer.cc knew no such key), so the option takes whole seconds from 1
+to 2^32-1; anything else is refused before anything starts, with one line
 naming the option and the value.
 """
 

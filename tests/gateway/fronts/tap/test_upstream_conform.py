@@ -213,10 +213,16 @@ async def test_stream_end_of_each_reason_ends_the_vbucket(
     vbucketStateChanged`` sends when the vbucket stops being active): the open
     checkpoint is closed. With every vbucket ended the TAP connection closes
     after OK (the stream was served to its end) and stays open, idle, after any
-    other reason (a lost vbucket: test_lost_vbucket_conform.py)."""
+    other reason (a lost vbucket: test_lost_vbucket_conform.py). After
+    STATE_CHANGED the stream is requested again (test_vbucket_comes_back_conform.py);
+    here the vbucket is gone by then (NOT_MY_VBUCKET)."""
+    from tests.support.raw_dcp import RES, STREAM_REQ, frame
 
     async def play(channel: Channel, req: Request) -> None:
         o = req.opaque
+        if req.start:  # requested again after STATE_CHANGED: deleted meanwhile
+            await channel.send(frame(STREAM_REQ, magic=RES, vbucket=0x07, opaque=o))
+            return
         await channel.send(
             stream_ok(req),
             marker(o, 0, 2, DISK),

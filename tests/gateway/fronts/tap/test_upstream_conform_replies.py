@@ -1,10 +1,7 @@
 """The replies a 3.0 producer waits for, and what its consumer lets pass.
 
-(The 3.0 sources moved from src/upr-*.cc to src/dcp-*.cc with the rename of
-UPR to DCP, the wire unchanged; the names below are the later ones.)
-
 A scripted producer (tests/support/scripted_upr.py) plays ep-engine v3.0.0's
-takeover (src/dcp-stream.cc ``ActiveStream::takeoverSendPhase``: every
+takeover (src/upr-stream.cc ``ActiveStream::takeoverSendPhase``: every
 memory snapshot of the takeover phase carries the ACK flag, and
 SET_VBUCKET_STATE goes only once each was answered; ``setVBucketStateAck
 Recieved``: pending, then active, then STREAM_END) and an item whose seqno
@@ -97,9 +94,9 @@ async def test_a_3_0_takeover_gets_each_reply_it_waits_for(nursery: trio.Nursery
 async def test_an_item_whose_seqno_does_not_grow_is_dropped_and_the_stream_goes_on(
     nursery: trio.Nursery,
 ) -> None:
-    """v3.0.0 src/dcp-stream.cc ``PassiveStream::messageReceived`` drops an item
+    """v3.0.0 src/upr-stream.cc ``PassiveStream::messageReceived`` drops an item
     whose by_seqno is not above the last one (ERANGE, which the producer ignores:
-    src/dcp-producer.cc ``handleResponse``) and keeps the stream; the TAP peer
+    src/upr-producer.cc ``UprProducer::handleResponse``) and keeps the stream; the TAP peer
     gets every other item once, and the dropped item's bytes still return to
     the producer's buffer."""
 
@@ -130,7 +127,7 @@ async def test_an_item_whose_seqno_does_not_grow_is_dropped_and_the_stream_goes_
 async def test_a_dropped_item_returns_its_buffer_bytes_on_its_own(nursery: trio.Nursery) -> None:
     """The bytes of a dropped item come back to the producer even when no TAP
     message follows it to carry them: a 3.0 producer holding a large item
-    (v3.0.0 src/dcp-producer.cc ``BufferLog::insert``) must not wait on them."""
+    (v3.0.0 src/upr-producer.cc ``BufferLog::insert``) must not wait on them."""
 
     async def play(channel: Channel, req: Request) -> None:
         o = req.opaque

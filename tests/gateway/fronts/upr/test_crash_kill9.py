@@ -4,8 +4,8 @@ The harness (``tests.support.crash_harness``) runs the real ``serve`` process
 over a reference node in this process, kills it during start-up, backfill,
 live ingest, compaction and segment rolls, restarts it on the same state
 directory and checks, after each kill, what the node saw acked against the
-log, and what a 3.0 consumer that follows every restart (ep-engine 3.0
-src/dcp-consumer.cc, src/failover-table.cc ``needsRollback``) holds against
+log, and what a 3.0 consumer that follows every restart (ep-engine v3.0.0
+src/upr-consumer.cc ``doRollback``, src/failover-table.cc ``needsRollback``) holds against
 what the front serves it. The seed is printed; ``CRASH_SEED`` replays one.
 """
 

@@ -1,7 +1,7 @@
 """Memory of stalled consumers of the UPR front: what a stream and a connection may hold.
 
 ep-engine 3.0 bounds a DCP producer connection by the consumer's buffer
-(``src/dcp-producer.cc``, ``DcpProducer::getNextItem`` stops while
+(v3.0.0 ``src/upr-producer.cc``, ``UprProducer::getNextItem`` stops while
 ``BufferLog::isFull``); the gateway also bounds what it queues for a socket
 that does not drain (``max_outbox_bytes``), with or without flow control. A
 stalled consumer therefore costs its connection at most the lesser of the two

@@ -27,7 +27,7 @@ from gateway.fronts.upr import compaction, log_reader
 from gateway.fronts.upr import vblog as vblog_module
 from gateway.fronts.upr.compaction import compact_log
 from gateway.fronts.upr.ingest import commit
-from gateway.fronts.upr.segments import pread, pread_cached
+from gateway.fronts.upr.segments import READ_CHUNK, pread, pread_cached
 from gateway.fronts.upr.vblog import VbLog
 
 NOW = 1_700_000_000.0
@@ -421,5 +421,26 @@ def test_a_read_from_the_page_cache_gives_all_the_bytes_or_none(tmp_path: Path) 
         got = pread_cached(fd, 10, 1000)
         assert got is None or got[:] == pread(fd, 10, 1000)
         assert pread_cached(fd, 25_000, 1000) is None  # 600 bytes there
+    finally:
+        os.close(fd)
+
+
+def test_reads_from_the_page_cache_reuse_one_buffer_and_give_each_read_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """``pread_cached`` reads into one kept buffer per thread (a map per read cost
+    page faults): each read's view holds that read's bytes, a read bigger than the
+    buffer gets a bigger one, and a smaller one after it still sees only its own."""
+    path = tmp_path / "segment"
+    data = os.urandom(3 * READ_CHUNK)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset, size in ((0, 1000), (7, 5000), (0, 2 * READ_CHUNK + 5), (3, 10), (0, 0)):
+            got = pread_cached(fd, offset, size)
+            if got is None:  # no RWF_NOWAIT here, or the pages are not cached
+                continue
+            assert len(got) == size
+            assert bytes(got) == data[offset : offset + size]
     finally:
         os.close(fd)
