@@ -1,6 +1,7 @@
 """Clients of the benchmarks: they read as fast as they can and count.
 
-``tap_read`` is a TAP client (CONNECT with backfill+dump or live, support-ack):
+``tap_read`` is a TAP client (CONNECT with backfill+dump or live, support-ack,
+and with ``checkpoint`` the CHECKPOINT flag, so live items come in checkpoints):
 it acks every message that asks for one, as a 2.x consumer does, counts the
 mutations and, for live items, records now - the send time in the value.
 ``upr_read`` is a UPR consumer of every vbucket up to its high seqno (or
@@ -38,12 +39,15 @@ async def tap_read(
     dump: bool,
     expected: int | None = None,
     latencies: list[float] | None = None,
+    checkpoint: bool = False,
 ) -> tuple[int, int, float]:
     """(mutations, bytes, seconds) of one TAP stream through ``port``."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     flags = tap.ConnectFlags.SUPPORT_ACK
     if dump:
         flags |= tap.ConnectFlags.BACKFILL | tap.ConnectFlags.DUMP
+    if checkpoint:
+        flags |= tap.ConnectFlags.CHECKPOINT
     reader = FrameReader(lenient_responses=True)
     count = total = 0
     started = time.perf_counter()

@@ -284,7 +284,10 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> tuple[bool, bool] | 
         gateway_tap_front(source) as (gateway, tap_port),
     ):
         highs = {vb: 0 for vb in range(vbuckets)}
-        gateway_side = partial(tap_read, tap_port, name=b"live", dump=False, expected=expected)
+        # With the CHECKPOINT flag: one checkpoint per item, three messages, the worst case.
+        gateway_side = partial(
+            tap_read, tap_port, name=b"live", dump=False, expected=expected, checkpoint=True
+        )
         relay_side = partial(
             upr_read, relay_port, highs, name=b"relay", live=True, expected=expected
         )
@@ -308,7 +311,7 @@ def tap_live(rate: float, vbuckets: int, seconds: float) -> tuple[bool, bool] | 
             return None
         g, r = quantiles(via_gateway), quantiles(via_relay)
         print(
-            f"  TAP front live {rate:>7,.0f}/s: got {got_gateway:,}/{expected:,} "
+            f"  TAP front live (CHECKPOINT flag) {rate:>7,.0f}/s: got {got_gateway:,}/{expected:,} "
             f"(relay {got_relay:,}) in {elapsed:.1f}s; added p50 {(g[0] - r[0]) * 1e3:+.2f} ms, "
             f"p99 {(g[1] - r[1]) * 1e3:+.2f} ms, p99.9 {(g[2] - r[2]) * 1e3:+.2f} ms "
             f"(relay p50 {r[0] * 1e3:.2f} p99 {r[1] * 1e3:.2f} ms); "

@@ -10,12 +10,18 @@ have sent (unstamped: the TAP producer adds sequence numbers and ack flags):
   snapshot usually, a MEMORY one when the producer still holds every item
   in memory (a 2.x server backfilled a new client all the same, and its
   receiver resets the vbucket on the first message);
-- every other snapshot becomes CHECKPOINT_START(id), its items,
+- with ``checkpoint_sync`` (the client set the CHECKPOINT connect flag),
+  every other snapshot becomes CHECKPOINT_START(id), its items,
   CHECKPOINT_END(id), with ids increasing per vbucket (drawn from
   ``checkpoint_ids``, which a caller may share between streams);
   ``checkpoints`` keeps id -> (first, last) seqno actually sent under that
   checkpoint, recorded when it closes, so a client that resumes by
-  checkpoint id can be resumed by seqno upstream;
+  checkpoint id can be resumed by seqno upstream. Without it the items come
+  alone, as 2.x sent them (ep-engine 2.5.1 src/tapconnection.cc queues
+  checkpoint messages only when ``supportCheckpointSync_``, which
+  ``TapProducer::evaluateFlags`` sets for the CHECKPOINT flag alone): the
+  snapshot is still tracked (checkpoint id 0, ``NO_CHECKPOINT``), but no id
+  is drawn nor remembered;
 - after ``resume()`` (the upstream stream was re-requested from the last
   seqno sent), the first marker continues the snapshot still open instead of
   closing it: the client sees one unbroken checkpoint or backfill;
@@ -66,12 +72,18 @@ per vbucket a live stream of one-item snapshots added some 65,000 before the
 oldest went, enough for a young collection of 10 ms or more early in every session."""
 
 
+NO_CHECKPOINT = 0
+"""The checkpoint id of a snapshot sent without checkpoint messages (no CHECKPOINT
+flag); real ids start at 1."""
+
+
 @dataclass(frozen=True, slots=True)
 class OpenSnapshot:
     start: int
     end: int
     checkpoint_id: int | None
-    """None for the backfill (initial vbucket stream), else the TAP checkpoint id."""
+    """None for the backfill (initial vbucket stream), ``NO_CHECKPOINT`` for a
+    snapshot sent without checkpoint messages, else the TAP checkpoint id."""
 
 
 def _snapshot_constructor() -> Callable[[int, int, int | None], OpenSnapshot]:
@@ -102,10 +114,14 @@ class UprToTap:
         first_checkpoint_id: int = 1,
         checkpoint_ids: Iterator[int] | None = None,
         continue_backfill: bool = False,
+        checkpoint_sync: bool = False,
     ) -> None:
         """``continue_backfill``: the client already holds the start of this
-        vbucket's backfill; go on with it (no new INITIAL_VBUCKET_STREAM)."""
+        vbucket's backfill; go on with it (no new INITIAL_VBUCKET_STREAM).
+        ``checkpoint_sync``: the client set the CHECKPOINT flag, so snapshots
+        become checkpoints (see the module docstring)."""
         self.vbucket = vbucket
+        self.checkpoint_sync = checkpoint_sync
         self.keys_only = keys_only
         self.network_byte_order = network_byte_order
         self._expect_backfill = backfill
@@ -169,10 +185,12 @@ class UprToTap:
         if self._expect_backfill:
             self.open = OpenSnapshot(marker.start_seqno, marker.end_seqno, None)
             out.append(TapOpaque(OpaqueCode.INITIAL_VBUCKET_STREAM, vbucket=self.vbucket))
-        else:
+        elif self.checkpoint_sync:
             checkpoint_id = next(self._ids)
             self.open = OpenSnapshot(marker.start_seqno, marker.end_seqno, checkpoint_id)
             out.append(TapCheckpointStart(checkpoint_id, vbucket=self.vbucket))
+        else:
+            self.open = OpenSnapshot(marker.start_seqno, marker.end_seqno, NO_CHECKPOINT)
         self._expect_backfill = False
         return out
 
@@ -208,13 +226,14 @@ class UprToTap:
 
     def open_checkpoint(self, start: int, end: int, flags: int) -> int | None:
         """The fast path's ``feed`` of a marker with nothing open to close or continue:
-        opens the checkpoint and returns its id (a CHECKPOINT_START to send), or
-        returns None, changing nothing, for a marker ``feed`` must take."""
+        opens the checkpoint and returns its id (a CHECKPOINT_START to send;
+        ``NO_CHECKPOINT``: nothing to send), or returns None, changing nothing,
+        for a marker ``feed`` must take."""
         if self._resuming or self.open is not None:
             return None
         if self._expect_backfill:
             return None
-        checkpoint_id = next(self._ids)
+        checkpoint_id = next(self._ids) if self.checkpoint_sync else NO_CHECKPOINT
         self.open = _open_snapshot(start, end, checkpoint_id)
         self._expect_backfill = False
         self.snap_start, self.snap_end = start, end
@@ -223,10 +242,11 @@ class UprToTap:
 
     def close_open(self) -> OpenSnapshot | None:
         """The fast path's ``close``: the snapshot it closed (None: nothing was open);
-        a checkpoint id of None means a CLOSE_BACKFILL, else a CHECKPOINT_END."""
+        a checkpoint id of None means a CLOSE_BACKFILL, ``NO_CHECKPOINT`` nothing,
+        else a CHECKPOINT_END."""
         snapshot, self.open = self.open, None
         first, self.first_in_open = self.first_in_open, 0
-        if snapshot is not None and snapshot.checkpoint_id is not None:
+        if snapshot is not None and snapshot.checkpoint_id:
             self._remember(snapshot.checkpoint_id, first or snapshot.start, self.last_seqno)
         return snapshot
 
@@ -236,6 +256,8 @@ class UprToTap:
             return []
         if snapshot.checkpoint_id is None:
             return [TapOpaque(OpaqueCode.CLOSE_BACKFILL, vbucket=self.vbucket)]
+        if snapshot.checkpoint_id == NO_CHECKPOINT:
+            return []
         return [TapCheckpointEnd(snapshot.checkpoint_id, vbucket=self.vbucket)]
 
     def _remember(self, checkpoint_id: int, start: int, end: int) -> None:

@@ -27,7 +27,7 @@ from adapters.tap.constants import (
     swap32,
 )
 from adapters.tap.producer import TapProducer
-from adapters.translate.upr_to_tap import UprToTap
+from adapters.translate.upr_to_tap import NO_CHECKPOINT, UprToTap
 from adapters.upr.constants import SnapshotFlags
 from adapters.upr.events import Deletion, Expiration, Mutation
 
@@ -183,16 +183,18 @@ def translate_items(
     (another message, an incomplete frame, a stream not in ``streams``, a
     seqno that does not grow) and when the producer has no room. Without
     ``closed`` it also stops before any snapshot marker and after an item that
-    ends its snapshot (which ``close_frame`` then closes). With ``closed`` the
+    ends its snapshot (which ``close_frame`` then closes), unless that snapshot
+    closes unsaid (``NO_CHECKPOINT``: closed here). With ``closed`` the
     run goes on through what a live stream sends between items: a marker that
     ``marker_frame`` would take (neither ACK nor DISK flagged) becomes its
-    CHECKPOINT_START, and the snapshot an item ends is closed as ``close_frame``
-    closes it, each checkpoint closed adding (vbucket, checkpoint id, last
-    seqno) to ``closed``; it returns a closing translator only when no room was
-    left for the close. Returns (offset reached, flow-control bytes of the
-    frames taken, mutations, deletions, checkpoint messages made, the
-    translator whose snapshot the last item ended or None); every translator
-    that took a frame is in ``touched`` by vbucket.
+    CHECKPOINT_START (or nothing, without checkpoint sync), and the snapshot an
+    item ends is closed as ``close_frame`` closes it, each checkpoint closed
+    adding (vbucket, checkpoint id, last seqno) to ``closed``; it returns a
+    closing translator only when no room was left for the close. Returns
+    (offset reached, flow-control bytes of the frames taken, mutations,
+    deletions, checkpoint messages made, the translator whose snapshot the
+    last item ended or None); every translator that took a frame is in
+    ``touched`` by vbucket.
     """
     end = len(buf)
     room = producer.room
@@ -296,18 +298,19 @@ def translate_items(
                 checkpoint_id = translator.open_checkpoint(start, snap_end, flags)
                 if checkpoint_id is None:
                     break
-                seqno = next_seqno
-                next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
-                since = 0
-                append(
-                    _START.pack(
-                        _REQUEST, _OP_CHECKPOINT_START, _START_KEYLEN, 16, 0, translator.vbucket,
-                        _START_BODYLEN, seqno, 0, 0, control_flags, DEFAULT_TTL, 0, 0, _START_KEY,
-                        checkpoint_id,
-                    )
-                )  # fmt: skip
-                markers += 1
-                room -= 1
+                if checkpoint_id:  # (``NO_CHECKPOINT``: the snapshot opens unsaid)
+                    seqno = next_seqno
+                    next_seqno = seqno + 1 if seqno + 1 < _SEQNO_LIMIT else 1
+                    since = 0
+                    append(
+                        _START.pack(
+                            _REQUEST, _OP_CHECKPOINT_START, _START_KEYLEN, 16, 0,
+                            translator.vbucket, _START_BODYLEN, seqno, 0, 0, control_flags,
+                            DEFAULT_TTL, 0, 0, _START_KEY, checkpoint_id,
+                        )
+                    )  # fmt: skip
+                    markers += 1
+                    room -= 1
                 credit += frame_end - offset
                 offset = frame_end
                 touched[translator.vbucket] = translator
@@ -327,6 +330,9 @@ def translate_items(
             if translator is not last_touched:
                 touched[translator.vbucket] = last_touched = translator
             if snapshot is not None and by_seqno >= snapshot.end:
+                if snapshot.checkpoint_id == NO_CHECKPOINT:
+                    translator.close_open()  # nothing to send: no room needed
+                    continue
                 if closed is None or room <= 0:
                     closing = translator
                     break
@@ -428,9 +434,10 @@ def _checkpoint_frame(
 def close_frame(translator: UprToTap, producer: TapProducer) -> tuple[bytes, int | None] | None:
     """The fast path's ``close``: the stamped frame that closes the open snapshot (a
     CHECKPOINT_END, or OPAQUE(CLOSE_BACKFILL) for a backfill) and the checkpoint's
-    id (None for a backfill), or None when nothing was open."""
+    id (None for a backfill), or None when nothing was open or the snapshot closes
+    unsaid (``NO_CHECKPOINT``)."""
     snapshot = translator.close_open()
-    if snapshot is None:
+    if snapshot is None or snapshot.checkpoint_id == NO_CHECKPOINT:
         return None
     if snapshot.checkpoint_id is None:
         seqno, tap_flags = producer.next_stamp(0, force_ack=True)
@@ -451,9 +458,12 @@ def marker_frame(
     translator: UprToTap, producer: TapProducer, start: int, end: int, flags: int
 ) -> bytes | None:
     """The fast path's ``feed`` of a snapshot marker that opens a checkpoint with
-    nothing open before it: the stamped CHECKPOINT_START; None (nothing done)
-    for a marker the event path must take."""
+    nothing open before it: the stamped CHECKPOINT_START (empty when the
+    snapshot opens unsaid, ``NO_CHECKPOINT``); None (nothing done) for a marker
+    the event path must take."""
     checkpoint_id = translator.open_checkpoint(start, end, flags)
     if checkpoint_id is None:
         return None
+    if checkpoint_id == NO_CHECKPOINT:
+        return b""
     return checkpoint_frame(producer, _OP_CHECKPOINT_START, translator.vbucket, checkpoint_id)

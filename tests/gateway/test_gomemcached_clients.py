@@ -523,7 +523,7 @@ async def test_upr_noop_controls_of_the_later_copy_are_granted(
 
 @pytest.mark.parametrize("checkpoint", [False, True])
 async def test_tap_checkpoint_messages_only_for_a_client_that_asks(
-    nursery: trio.Nursery, side: str, checkpoint: bool, request: pytest.FixtureRequest
+    nursery: trio.Nursery, side: str, checkpoint: bool
 ) -> None:
     """ep-engine 2.5.1 src/tapconnection.cc: ``nextFgFetched_UNLOCKED`` queues
     CHECKPOINT_START/END (``addCheckpointMessage_UNLOCKED``) only when
@@ -531,11 +531,6 @@ async def test_tap_checkpoint_messages_only_for_a_client_that_asks(
     CHECKPOINT flag alone; otherwise the cursor passes the boundaries silently.
     gomemcached's ``TapArguments`` sets it only with ``Checkpoint``; without it
     the live items come alone (they came each wrapped in its own checkpoint pair)."""
-    if side == "front" and not checkpoint:
-        # Still to do: the TAP front turns every upstream snapshot into a checkpoint
-        # pair whatever the flag (adapters/translate/upr_to_tap*.py), and its own
-        # tests pin that; the node follows 2.5.1.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="TAP front: checkpoints"))
     store = tap_store(8)
     _, port = await tap_serve(nursery, store, side)
     args = TapArguments(backfill=1, vbuckets=(2,), checkpoint=checkpoint, name=b"gm-live")

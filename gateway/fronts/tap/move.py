@@ -4,12 +4,14 @@
 node as the source: it makes each vbucket a replica on the destination
 (SET_VBUCKET), connects to the destination as a TAP sender and runs a
 ``TapSession`` whose plan is backfill + support-ack + list vbuckets (+
-takeover). Without takeover each vbucket is streamed up to the source's high
-seqno at the start; with takeover the source streams until it has handed the
-vbucket over (pending, dead on the source, active), which the destination
-acknowledges through the TAP acks. Either way the session ends with
-OPAQUE(CLOSE_TAP_STREAM) asking for an ack, and returns once it is acked:
-everything before it has been applied on the destination.
+takeover), without CHECKPOINT: after each backfill the items come alone, as
+to any TAP client that did not ask for checkpoints. Without takeover each
+vbucket is streamed up to the source's high seqno at the start; with
+takeover the source streams until it has handed the vbucket over (pending,
+dead on the source, active), which the destination acknowledges through
+the TAP acks. Either way the session ends with OPAQUE(CLOSE_TAP_STREAM)
+asking for an ack, and returns once it is acked: everything before it has
+been applied on the destination.
 """
 
 from __future__ import annotations

@@ -72,8 +72,9 @@ _SOME_ACKS = 2 * HEADER_SIZE
 
 def _take_acks(reader: FrameReader, acks: list[int]) -> None:
     """The successful acks buffered in ``reader`` next, without a ``Frame`` each: at
-    live rates a peer acks two checkpoint messages per item (2.x asked for an
-    ack on each), and framing every ack cost more than the rest of its read."""
+    live rates a peer with the CHECKPOINT flag acks two checkpoint messages per
+    item (2.x asked for an ack on each), and framing every ack cost more than
+    the rest of its read."""
     data = reader.take_buffered()
     taken = successful_acks(data, 0, acks, reader.max_frame_size)
     reader.consumed += taken

@@ -83,6 +83,9 @@ class UpstreamStreams:
         self.gateway_stats = gateway_stats
         keys_only = plan.has(ConnectFlags.KEYS_ONLY)
         network_order = plan.has(ConnectFlags.FIX_FLAG_BYTEORDER)
+        # Checkpoint messages only for a client that asked (2.5.1 tapconnection.cc
+        # ``supportCheckpointSync_``, set by the CHECKPOINT flag alone).
+        checkpoint_sync = plan.has(ConnectFlags.CHECKPOINT)
         self.vbuckets = {
             start.vbucket: VbStream(
                 start,
@@ -90,6 +93,7 @@ class UpstreamStreams:
                 keys_only=keys_only,
                 network_byte_order=network_order,
                 progress=stats.vbucket(start.vbucket),
+                checkpoint_sync=checkpoint_sync,
             )
             for start in plan.starts
         }
@@ -286,8 +290,9 @@ class UpstreamStreams:
         upstream.window.unacked_bytes += _MARKER_SIZE
         peer.settlements.settling.credit += _MARKER_SIZE
         vb.took_marker(start, end, flags)
-        peer.batch.append(data)
-        self.stats.items_sent["marker"] += 1
+        if data:  # (empty: no CHECKPOINT_START without checkpoint sync)
+            peer.batch.append(data)
+            self.stats.items_sent["marker"] += 1
         peer.settlements.settling.touched[vb.vbucket] = vb
         vb.item_done()
         return True

@@ -40,12 +40,16 @@ class VbStream:
         keys_only: bool,
         network_byte_order: bool,
         progress: VbProgress,
+        checkpoint_sync: bool = False,
     ) -> None:
+        """``checkpoint_sync``: the client set the CHECKPOINT flag, so snapshots
+        become CHECKPOINT_START/END (``UprToTap``)."""
         self.vbucket = start.vbucket
         self.start = start
         self._ids = checkpoint_ids
         self._keys_only = keys_only
         self._network_order = network_byte_order
+        self._checkpoint_sync = checkpoint_sync
         self.translator = self._translator(start)
         self.uuid = start.uuid
         self._marker_ack: tuple[int, int] | None = None
@@ -63,6 +67,7 @@ class VbStream:
             keys_only=self._keys_only,
             network_byte_order=self._network_order,
             checkpoint_ids=self._ids,
+            checkpoint_sync=self._checkpoint_sync,
         )
         translator.last_seqno = start.start_seqno
         translator.snap_start, translator.snap_end = start.snap_start, start.snap_end

@@ -16,6 +16,9 @@ what the consumer already holds, and sent would lower a value the consumer
 knew from its own warm-up or an earlier connection: a key re-created there
 would then get a rev seqno at or below an older deletion's, and lose to it
 in XDCR conflict resolution. So the front sends none, on both paths.
+
+Checkpoint messages go only to a client with the CHECKPOINT flag (2.5.1
+src/tapconnection.cc ``supportCheckpointSync_``): the translators here have it.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def engine_specific_length(frame: bytes) -> int:
 def test_event_path_checkpoint_start_has_no_engine_specific(
     rev_seqno: int, flags: SnapshotFlags
 ) -> None:
-    translator = UprToTap(VB, backfill=False)
+    translator = UprToTap(VB, backfill=False, checkpoint_sync=True)
     out = [m for event in removed_then_marker(rev_seqno, flags) for m in translator.feed(event)]
     starts = [m for m in out if isinstance(m, TapCheckpointStart)]
     assert starts and all(m.engine_specific == b"" for m in starts)
@@ -74,12 +77,12 @@ def test_fast_paths_checkpoint_start_has_no_engine_specific(
     rev_seqno: int, flags: SnapshotFlags
 ) -> None:
     producer = TapProducer(support_ack=False)
-    translator = UprToTap(VB, backfill=False)
+    translator = UprToTap(VB, backfill=False, checkpoint_sync=True)
     data = marker_frame(translator, producer, 1, 1, SnapshotFlags.MEMORY)
     assert data is not None and engine_specific_length(data) == 0
 
     # the run of a live stream: the deletion closes its checkpoint, the marker opens one
-    translator = UprToTap(VB, backfill=False)
+    translator = UprToTap(VB, backfill=False, checkpoint_sync=True)
     first, deletion, marker = removed_then_marker(rev_seqno, flags)
     translator.feed(first)
     wire = upr.encode(deletion) + upr.encode(marker)

@@ -1,4 +1,7 @@
-"""UPR snapshots of one vbucket become TAP backfill and checkpoints."""
+"""UPR snapshots of one vbucket become TAP backfill and, for a client with the
+CHECKPOINT flag, checkpoints (ep-engine 2.5.1 src/tapconnection.cc: checkpoint
+messages are queued only when ``supportCheckpointSync_``, which
+``TapProducer::evaluateFlags`` sets for that flag alone)."""
 
 from __future__ import annotations
 
@@ -70,7 +73,7 @@ def names(messages: list[TapStreamMessage]) -> list[str]:
 
 
 def test_backfill_then_live_checkpoints() -> None:
-    translator = UprToTap(3, backfill=True)
+    translator = UprToTap(3, backfill=True, checkpoint_sync=True)
     out = run(
         translator,
         [
@@ -104,7 +107,7 @@ def test_backfill_then_live_checkpoints() -> None:
 
 
 def test_short_snapshot_closes_at_the_next_marker_or_stream_end() -> None:
-    translator = UprToTap(0, backfill=True, first_checkpoint_id=7)
+    translator = UprToTap(0, backfill=True, first_checkpoint_id=7, checkpoint_sync=True)
     out = run(
         translator,
         [
@@ -126,13 +129,13 @@ def test_short_snapshot_closes_at_the_next_marker_or_stream_end() -> None:
 
 
 def test_mutation_metadata_keys_only_and_flag_byte_order() -> None:
-    host_order = UprToTap(3, backfill=False, keys_only=True)
+    host_order = UprToTap(3, backfill=False, keys_only=True, checkpoint_sync=True)
     (start, item) = run(host_order, [SnapshotMarker(1, 9, MEMORY), mutation(1, flags=0x01020304)])
     assert isinstance(start, TapCheckpointStart) and isinstance(item, TapMutation)
     assert item.value == b"" and item.tap_flags == TapFlags.NO_VALUE
     assert item.flags == 0x04030201 == swap32(0x01020304)
     assert (item.rev_seqno, item.cas, item.nru) == (1, 1, 2)
-    network = UprToTap(3, backfill=False, network_byte_order=True)
+    network = UprToTap(3, backfill=False, network_byte_order=True, checkpoint_sync=True)
     (_, item) = run(network, [SnapshotMarker(1, 9, MEMORY), mutation(1, flags=0x01020304)])
     assert isinstance(item, TapMutation)
     assert item.flags == 0x01020304 and item.tap_flags == TapFlags.NETWORK_BYTE_ORDER
@@ -140,7 +143,7 @@ def test_mutation_metadata_keys_only_and_flag_byte_order() -> None:
 
 
 def test_state_change_and_protocol_errors() -> None:
-    translator = UprToTap(5, backfill=False)
+    translator = UprToTap(5, backfill=False, checkpoint_sync=True)
     out = run(
         translator,
         [SnapshotMarker(1, 5, MEMORY), mutation(1), SetVbucketState(VBucketState.ACTIVE)],
@@ -171,11 +174,13 @@ def snapshot_streams(draw: st.DrawFn) -> list[UprEvent]:
     return events
 
 
-@given(snapshot_streams(), st.booleans())
+@given(snapshot_streams(), st.booleans(), st.booleans())
 def test_every_item_once_in_order_inside_balanced_brackets(
-    events: list[UprEvent], backfill: bool
+    events: list[UprEvent], backfill: bool, checkpoint_sync: bool
 ) -> None:
-    translator = UprToTap(1, backfill=backfill)
+    """Items outside a backfill are bracketed by checkpoints with checkpoint sync, and
+    come alone without it (tapconnection.cc ``supportCheckpointSync_``)."""
+    translator = UprToTap(1, backfill=backfill, checkpoint_sync=checkpoint_sync)
     out = run(translator, events) + translator.finish()
     items = [m for m in out if isinstance(m, TapMutation | TapDelete)]
     sent = [e for e in events if isinstance(e, Mutation | Deletion)]
@@ -198,9 +203,11 @@ def test_every_item_once_in_order_inside_balanced_brackets(
                 assert open_bracket == "backfill"
                 open_bracket = None
         else:
-            assert open_bracket is not None
+            assert open_bracket is not None or not checkpoint_sync
     assert open_bracket is None
     assert ids == sorted(set(ids))
+    if not checkpoint_sync:
+        assert not ids and not translator.checkpoints
 
 
 def test_checkpoint_records_what_was_sent_and_ids_come_from_a_shared_counter() -> None:
@@ -208,8 +215,8 @@ def test_checkpoint_records_what_was_sent_and_ids_come_from_a_shared_counter() -
 
     ids = itertools.count(40)
     first, second = (
-        UprToTap(1, backfill=False, checkpoint_ids=ids),
-        UprToTap(2, backfill=False, checkpoint_ids=ids),
+        UprToTap(1, backfill=False, checkpoint_ids=ids, checkpoint_sync=True),
+        UprToTap(2, backfill=False, checkpoint_ids=ids, checkpoint_sync=True),
     )
     run(first, [SnapshotMarker(3, 9, MEMORY), mutation(4), mutation(6), StreamEnd()])
     out = run(second, [SnapshotMarker(1, 1, MEMORY), mutation(1)])
@@ -218,7 +225,7 @@ def test_checkpoint_records_what_was_sent_and_ids_come_from_a_shared_counter() -
 
 
 def test_resume_continues_the_open_checkpoint_and_the_open_backfill() -> None:
-    translator = UprToTap(0, backfill=True)
+    translator = UprToTap(0, backfill=True, checkpoint_sync=True)
     out = run(translator, [SnapshotMarker(0, 10, DISK), mutation(3)])
     translator.resume()
     out += run(translator, [SnapshotMarker(4, 12, DISK), mutation(11), mutation(12)])
@@ -244,3 +251,40 @@ def test_an_unfinished_backfill_goes_on_without_a_reset() -> None:
     out = run(translator, [SnapshotMarker(5, 7, DISK), mutation(6), mutation(7)])
     assert names(out) == ["MUTATION", "MUTATION", "CLOSE_BACKFILL"]
     assert translator.last_closed_checkpoint == 0
+
+
+def test_without_checkpoint_sync_live_items_come_alone() -> None:
+    """No CHECKPOINT flag: the backfill keeps its OPAQUE brackets (2.5.1
+    tapconnection.cc sends INITIAL_VBUCKET_STREAM and CLOSE_BACKFILL whatever the
+    flags), live snapshots send no CHECKPOINT_START/END, draw no id from the shared
+    counter and leave no checkpoint to resume from; a resumed stream still
+    continues the snapshot that was open."""
+    import itertools
+
+    ids = itertools.count(40)
+    translator = UprToTap(3, backfill=True, checkpoint_ids=ids)
+    out = run(
+        translator,
+        [
+            SnapshotMarker(0, 2, DISK),
+            mutation(1),
+            mutation(2),
+            SnapshotMarker(3, 4, MEMORY | SnapshotFlags.CHECKPOINT),
+            mutation(3),
+        ],
+    )
+    translator.resume()
+    out += run(translator, [SnapshotMarker(4, 4, MEMORY), mutation(4)])
+    out += run(translator, [SnapshotMarker(5, 9, MEMORY), mutation(5), StreamEnd()])
+    assert names(out) == [
+        "INITIAL_VBUCKET_STREAM",
+        "MUTATION",
+        "MUTATION",
+        "CLOSE_BACKFILL",
+        "MUTATION",
+        "MUTATION",
+        "MUTATION",
+    ]
+    assert translator.checkpoints == {} and translator.last_closed_checkpoint == 0
+    assert next(ids) == 40
+    assert translator.open is None and translator.last_seqno == 5

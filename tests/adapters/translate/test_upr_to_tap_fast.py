@@ -8,7 +8,9 @@ the buffer path the TAP front runs over whole socket reads
 (``translate_items``, ``marker_frame``, ``close_frame``, the event path for
 the rest), and the same with ``translate_items`` taking markers and closes
 inline, must produce the same TAP bytes per read, ask for acks on the same
-messages, and keep a retransmit window that encodes to the same bytes.
+messages, and keep a retransmit window that encodes to the same bytes; with
+and without checkpoint sync (the CHECKPOINT flag: CHECKPOINT_START/END only
+with it, ep-engine 2.5.1 src/tapconnection.cc ``supportCheckpointSync_``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Path:
                 backfill=bool(options["backfill"]),
                 keys_only=bool(options["keys_only"]),
                 network_byte_order=bool(options["network_order"]),
+                checkpoint_sync=bool(options["checkpoint_sync"]),
             )
             for vb in VBUCKETS
         }
@@ -123,7 +126,8 @@ class Path:
                 opaque, start, end, flags = marker
                 done = marker_frame(streams[opaque], self.producer, start, end, flags)
                 if done is not None:
-                    batch.append(done)
+                    if done:  # (empty: the snapshot opens unsaid, no checkpoint sync)
+                        batch.append(done)
                     self.offset += 44
                     continue
             reader = FrameReader()
@@ -212,6 +216,7 @@ options = st.fixed_dictionaries(
         "backfill": st.booleans(),
         "keys_only": st.booleans(),
         "network_order": st.booleans(),
+        "checkpoint_sync": st.booleans(),
         "support_ack": st.booleans(),
         "ack_interval": st.integers(1, 4),
     }
@@ -281,3 +286,31 @@ def test_a_kept_frame_is_restamped_for_an_ack_request() -> None:
     again = decode_frame(one_frame(asked))
     assert again.tap_flags & TapFlags.ACK  # type: ignore[union-attr]
     assert (again.key, again.opaque, again.vbucket) == (b"key", sent.opaque, 7)  # type: ignore[union-attr]
+
+
+def test_without_checkpoint_sync_a_live_run_sends_the_items_alone() -> None:
+    """One-item snapshots to a client without the CHECKPOINT flag: the run takes the
+    markers and closes inline and sends only the items, stamped with consecutive
+    sequence numbers (2.5.1 src/tapconnection.cc: no checkpoint message is queued
+    without ``supportCheckpointSync_``, and each message sent takes the next seqno)."""
+    producer = TapProducer(support_ack=True, ack_interval=100, max_unacked=1000)
+    translator = UprToTap(7, backfill=False)
+    wire = b"".join(
+        upr.encode(event)
+        for seqno in (1, 2, 3)
+        for event in (
+            upr.SnapshotMarker(seqno, seqno, SnapshotFlags.MEMORY, vbucket=7, opaque=9),
+            upr.Mutation(b"k%d" % seqno, b"v", by_seqno=seqno, vbucket=7, opaque=9),
+        )
+    )
+    out: list[bytes] = []
+    closed: list[int] = []
+    offset, _, mutations, _, markers, closing = translate_items(
+        wire, 0, {9: translator}, producer, out, {}, closed
+    )
+    assert (offset, mutations, markers, closing, closed) == (len(wire), 3, 0, None, [])
+    sent = [decode_frame(one_frame(frame)) for frame in out]
+    assert [(m.NAME, m.opaque) for m in sent] == [("MUTATION", 1), ("MUTATION", 2), ("MUTATION", 3)]
+    assert translator.open is None and translator.checkpoints == {}
+    assert marker_frame(translator, producer, 4, 4, SnapshotFlags.MEMORY) == b""
+    assert translator.open is not None and translator.open.checkpoint_id == 0

@@ -149,7 +149,9 @@ async def test_an_upstream_speaking_the_transport_draft(nursery: trio.Nursery) -
     replica = Replica()
     with trio.fail_after(20):
         client = await TapClient.open(
-            port, connect_event(b"draft", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+            # checkpoints (2.5.1 tapconnection.cc ``supportCheckpointSync_``) bracket its items
+            port,
+            connect_event(b"draft", F.BACKFILL | F.SUPPORT_ACK | F.CHECKPOINT, backfill_date=0),
         )
         events = await catch_up(client, replica, store)
         store.set(3, b"live", b"after", now=time.time())

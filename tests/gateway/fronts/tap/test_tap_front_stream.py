@@ -1,10 +1,16 @@
-"""TAP clients served through the TAP front from a UPR reference node."""
+"""TAP clients served through the TAP front from a UPR reference node.
+
+Live items come inside CHECKPOINT_START/END only for a client with the
+CHECKPOINT flag (ep-engine 2.5.1 src/tapconnection.cc ``supportCheckpointSync_``,
+set by ``TapProducer::evaluateFlags`` for that flag alone), alone otherwise.
+"""
 
 from __future__ import annotations
 
 import time
 from functools import partial
 
+import pytest
 import trio
 
 from adapters.tap import (
@@ -50,18 +56,26 @@ async def read_until(client: TapClient, done: callable, replica: Replica) -> lis
     return events
 
 
-async def test_backfill_then_live_changes_match_the_node(nursery: trio.Nursery) -> None:
+@pytest.mark.parametrize("checkpoint", [True, False])
+async def test_backfill_then_live_changes_match_the_node(
+    nursery: trio.Nursery, checkpoint: bool
+) -> None:
+    """With the CHECKPOINT flag the stream opens with OPAQUE(ENABLE_CHECKPOINT_SYNC)
+    after OPAQUE(ENABLE_AUTO_NACK) and live items come in checkpoints; without
+    it, neither (2.5.1 tapconnection.cc ``evaluateFlags``, ``nextFgFetched_UNLOCKED``)."""
     store = filled_store()
     _, node_port = await start_node(nursery, store)
     _, port = await start_front(nursery, node_port)
     replica = Replica()
+    flags = F.BACKFILL | F.SUPPORT_ACK | (F.CHECKPOINT if checkpoint else F(0))
     with trio.fail_after(20):
-        client = await TapClient.open(
-            port, connect_event(b"bf", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
-        )
+        client = await TapClient.open(port, connect_event(b"bf", flags, backfill_date=0))
         events = await read_until(client, lambda ev: closes(ev) == VBUCKETS, replica)
-        assert isinstance(events[0], TapOpaque)
-        assert events[0].opaque_code == OpaqueCode.ENABLE_AUTO_NACK
+        opening = [OpaqueCode.ENABLE_AUTO_NACK]
+        if checkpoint:
+            opening.append(OpaqueCode.ENABLE_CHECKPOINT_SYNC)
+        assert [e.opaque_code for e in events[: len(opening)]] == opening  # type: ignore[union-attr]
+        assert not is_opaque(events[len(opening)], OpaqueCode.ENABLE_CHECKPOINT_SYNC)
         assert sorted(replica.resets) == list(range(VBUCKETS))
         assert replica.items == node_state(store, range(VBUCKETS))
         now = time.time()
@@ -69,8 +83,9 @@ async def test_backfill_then_live_changes_match_the_node(nursery: trio.Nursery) 
             store.set(vb, b"live-%d" % vb, b"new", now=now)
             store.delete(vb, b"key-1", now=now)
         live = await catch_up(client, replica, store)
-        check_brackets(events + live)
-        assert any(isinstance(e, TapCheckpointStart) for e in live)
+        check_brackets(events + live, checkpoints=checkpoint)
+        assert any(isinstance(e, TapCheckpointStart) for e in live) is checkpoint
+        assert any(isinstance(e, TapMutation) for e in live)
         await client.aclose()
 
 
@@ -85,10 +100,14 @@ async def catch_up(client: TapClient, replica: Replica, store: object) -> list[T
     return events
 
 
-def check_brackets(events: list[TapEvent]) -> None:
-    """Checkpoints open and close per vbucket, items only inside one or a backfill."""
+def check_brackets(events: list[TapEvent], *, checkpoints: bool = True) -> None:
+    """Checkpoints open and close per vbucket, items only inside one or a backfill;
+    without ``checkpoints`` (no CHECKPOINT flag), no checkpoint message and items
+    outside a backfill alone."""
     open_bracket: dict[int, int | str] = {}
     for event in events:
+        if isinstance(event, TapCheckpointStart | TapCheckpointEnd):
+            assert checkpoints, event
         if isinstance(event, TapCheckpointStart):
             assert event.vbucket not in open_bracket
             open_bracket[event.vbucket] = event.checkpoint_id
@@ -102,7 +121,7 @@ def check_brackets(events: list[TapEvent]) -> None:
         elif is_opaque(event, OpaqueCode.CLOSE_BACKFILL):
             assert open_bracket.pop(event.vbucket) == "backfill"
         elif isinstance(event, TapMutation | TapDelete):
-            assert event.vbucket in open_bracket, event
+            assert event.vbucket in open_bracket or not checkpoints, event
 
 
 async def test_live_checkpoints_wrap_items_under_concurrent_load(nursery: trio.Nursery) -> None:
@@ -111,7 +130,8 @@ async def test_live_checkpoints_wrap_items_under_concurrent_load(nursery: trio.N
     replica = Replica()
     with trio.fail_after(30):
         client = await TapClient.open(
-            port, connect_event(b"load", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+            port,
+            connect_event(b"load", F.BACKFILL | F.SUPPORT_ACK | F.CHECKPOINT, backfill_date=0),
         )
         events: list[TapEvent] = []
         async with trio.open_nursery() as writers:

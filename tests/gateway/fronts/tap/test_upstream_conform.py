@@ -5,6 +5,11 @@ v3.0.0 sends and the reference node never does. Each test names the source
 it follows: src/upr-stream.cc ``ActiveStream`` (``markDiskSnapshot``,
 ``nextCheckpointItem``, ``endStream``), src/upr-producer.cc
 ``UprProducer::step`` and ``vbucketStateChanged``, src/upr-response.h.
+
+The clients set the CHECKPOINT flag, so snapshots reach them as checkpoints
+(ep-engine 2.5.1 src/tapconnection.cc sends CHECKPOINT_START/END only when
+``supportCheckpointSync_``, which that flag alone sets); a client without it
+gets the items alone (``test_without_the_checkpoint_flag_items_come_alone``).
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from tests.support.tapfront import start_front
 from tests.support.waiting import until
 
 F = ConnectFlags
-BACKFILL = F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK
+BACKFILL = F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK | F.CHECKPOINT
 
 
 def shape(events: list[TapEvent]) -> list[str]:
@@ -133,6 +138,41 @@ async def test_every_snapshot_kind_of_a_3_0_producer(nursery: trio.Nursery) -> N
     ]
 
 
+async def test_without_the_checkpoint_flag_items_come_alone(nursery: trio.Nursery) -> None:
+    """The snapshots of ``test_every_snapshot_kind_of_a_3_0_producer`` to a client
+    without the CHECKPOINT flag: the backfill keeps its OPAQUE brackets, the live
+    items come alone, no OPAQUE(ENABLE_CHECKPOINT_SYNC) opens the stream
+    (ep-engine 2.5.1 src/tapconnection.cc: ``TapProducer::evaluateFlags`` sets
+    ``supportCheckpointSync_`` and queues that OPAQUE for the CHECKPOINT flag
+    alone; ``nextFgFetched_UNLOCKED`` queues checkpoint messages only with it),
+    and no checkpoint end is kept for a CHECKPOINT resume."""
+
+    async def play(channel: Channel, req: Request) -> None:
+        o = req.opaque
+        await channel.send(
+            stream_ok(req),
+            marker(o, 0, 3, DISK),
+            mutation(o, 1, b"1"),
+            mutation(o, 2, b"2"),
+            marker(o, 4, 5, MEMORY | CHECKPOINT),
+            mutation(o, 4, b"4"),
+            mutation(o, 5, b"5"),
+            marker(o, 6, 6, MEMORY),  # empty
+            marker(o, 7, 8, MEMORY),
+            mutation(o, 7, b"7"),
+            deletion(o, 8, b"8"),
+            stream_end(o, 0),
+        )
+
+    flags = F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK
+    events, front = await run_client(nursery, ScriptedUpr(play), flags)
+    assert shape(events) == ["I", "m1", "m2", "C", "m4", "m5", "m7", "d8"]
+    assert not any(isinstance(e, TapCheckpointStart | TapCheckpointEnd) for e in events)
+    codes = [e.opaque_code for e in events if isinstance(e, TapOpaque)]
+    assert OpaqueCode.ENABLE_CHECKPOINT_SYNC not in codes
+    assert front.registry.checkpoint_ends() == {}
+
+
 async def test_an_empty_disk_snapshot_is_an_empty_backfill(nursery: trio.Nursery) -> None:
     """A disk snapshot every item of which was deleted and purged since (src/
     upr-stream.cc ``markDiskSnapshot`` marks the range the backfill read, items
@@ -197,7 +237,8 @@ async def test_a_first_marker_that_starts_below_the_stream_start(nursery: trio.N
             stream_end(o, 0),
         )
 
-    events, _ = await run_client(nursery, ScriptedUpr(play), F.LIST_VBUCKETS | F.SUPPORT_ACK)
+    flags = F.LIST_VBUCKETS | F.SUPPORT_ACK | F.CHECKPOINT
+    events, _ = await run_client(nursery, ScriptedUpr(play), flags)
     assert shape(events) == ["S", "mx", "my", "E"]
 
 
