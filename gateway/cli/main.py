@@ -97,7 +97,11 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="address to serve (default 127.0.0.1:11210)",
     )
     parser.add_argument(
-        "--vbuckets", type=vbucket_count, default=64, help="number of vbuckets (default 64)"
+        "--vbuckets",
+        type=vbucket_count,
+        default=64,
+        metavar="N",
+        help="number of vbuckets (default 64)",
     )
     parser.add_argument(
         "--replica-vbuckets",
@@ -107,7 +111,13 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="vbuckets that start as replicas, e.g. 0-63 for a move's destination "
         "(default: every vbucket active)",
     )
-    parser.add_argument("--data-dir", type=Path, help="persist to this directory (msgpack journal)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="persist to this directory (msgpack journal; one process per directory; "
+        "default: in memory only)",
+    )
     parser.add_argument(
         "--fsync",
         choices=("always", "batch", "never"),
@@ -118,15 +128,23 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--max-items",
         type=positive,
         default=2_000_000,
+        metavar="N",
         help="items plus tombstones the store may hold (default 2000000)",
     )
     parser.add_argument(
         "--sample-items",
         type=count,
         default=0,
-        help="write this many sample items at start (keys sample::NNNNNN)",
+        metavar="N",
+        help="write this many sample items at start (keys sample::NNNNNN; default 0)",
     )
-    parser.add_argument("--value-size", type=count, default=100, help="sample value size in bytes")
+    parser.add_argument(
+        "--value-size",
+        type=count,
+        default=100,
+        metavar="BYTES",
+        help="sample value size (default 100)",
+    )
     parser.add_argument(
         "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect to speak (default dcp)"
     )
@@ -230,24 +248,33 @@ def _add_load(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="HOST:PORT",
         help="node to load (default 127.0.0.1:11210)",
     )
-    parser.add_argument("--items", type=count, required=True, help="keys to write")
-    parser.add_argument("--value-size", type=count, default=100, help="value size in bytes")
+    parser.add_argument("--items", type=count, required=True, metavar="N", help="keys to write")
+    parser.add_argument(
+        "--value-size", type=count, default=100, metavar="BYTES", help="value size (default 100)"
+    )
     parser.add_argument(
         "--ttl-fraction",
         type=fraction,
         default=0.0,
-        help="fraction of writes with a short TTL (0..1)",
+        metavar="F",
+        help="fraction of writes with a short TTL (0..1, default 0)",
     )
     parser.add_argument(
-        "--ttl", type=positive, default=2, help="the short TTL in seconds (default 2)"
+        "--ttl", type=positive, default=2, metavar="SECONDS", help="the short TTL (default 2)"
     )
     parser.add_argument(
         "--delete-fraction",
         type=fraction,
         default=0.0,
-        help="fraction of non-TTL keys deleted after writing (0..1)",
+        metavar="F",
+        help="fraction of non-TTL keys deleted after writing (0..1, default 0)",
     )
-    parser.add_argument("--rate", type=float_at_least(0.001), help="cap on operations per second")
+    parser.add_argument(
+        "--rate",
+        type=float_at_least(0.001),
+        metavar="OPS",
+        help="cap on operations per second (default: as fast as the node answers)",
+    )
     parser.add_argument("--prefix", default="load", help="key prefix (default load)")
     parser.add_argument("--user", help="SASL PLAIN user")
     parser.add_argument(
@@ -265,7 +292,7 @@ def _run_load(args: argparse.Namespace) -> int:
     import trio
 
     from gateway.cli.security_args import client_tls_from, password_from_file
-    from gateway.cli.startup import StartupError
+    from gateway.cli.startup import StartupError, describe
     from gateway.tools.load import run_load
 
     host, port = args.target
@@ -294,7 +321,7 @@ def _run_load(args: argparse.Namespace) -> int:
             )
         )
     except OSError as exc:
-        print(f"load: cannot reach {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"load: cannot reach {host}:{port}: {describe(exc, host)}", file=sys.stderr)
         return 1
     except Exception as exc:  # a refused login or a target that is not a node
         print(f"load: {exc}", file=sys.stderr)

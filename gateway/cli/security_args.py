@@ -69,7 +69,9 @@ def add_listener_options(parser: argparse.ArgumentParser, *, fronts: bool) -> No
 
 
 def add_upstream_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--upstream-user", help="SASL PLAIN user for the upstream nodes")
+    parser.add_argument(
+        "--upstream-user", metavar="USER", help="SASL PLAIN user for the upstream nodes"
+    )
     parser.add_argument(
         "--upstream-password-file",
         type=Path,
@@ -79,6 +81,7 @@ def add_upstream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upstream-password",
         default="",
+        metavar="PASSWORD",
         help=f"upstream password (visible to other users in ps: prefer ${PASSWORD_ENV} "
         "or --upstream-password-file)",
     )

@@ -99,7 +99,9 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument(
         "--state-dir",
         type=Path,
-        help="durable state: the UPR front's log, TAP registered clients (default: a temp dir)",
+        metavar="DIR",
+        help="durable state: the UPR front's log, TAP registered clients; one process per "
+        "directory (default: a temporary directory, removed on exit)",
     )
     parser.add_argument(
         "--fsync",
@@ -135,7 +137,11 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
             f"(default {_show(DEFAULT_METRICS_LISTEN)})"
         ),
     )
-    parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    parser.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="serve no /metrics, /healthz, /readyz nor status page",
+    )
     parser.add_argument(
         "--capture-dir",
         type=Path,
@@ -149,15 +155,24 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
     embedded = parser.add_argument_group("embedded upstream (when no upstream is given)")
     embedded.add_argument(
-        "--vbuckets", type=vbucket_count, default=64, help="vbuckets (default 64)"
+        "--vbuckets",
+        type=vbucket_count,
+        default=64,
+        metavar="N",
+        help="number of vbuckets (default 64)",
     )
     embedded.add_argument(
-        "--sample-items", type=count, default=10_000, help="sample items (default 10000)"
+        "--sample-items",
+        type=count,
+        default=10_000,
+        metavar="N",
+        help="sample items (default 10000)",
     )
     embedded.add_argument(
         "--writes-per-second",
         type=float_at_least(0.0),
         default=20.0,
+        metavar="N",
         help="live writes to the embedded node (default 20; 0 for none)",
     )
     add_listener_options(parser, fronts=True)
@@ -258,14 +273,23 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("--to-tap", type=address, metavar="HOST:PORT", help="TAP destination")
     parser.add_argument("--to-upr", type=address, metavar="HOST:PORT", help="UPR destination")
     parser.add_argument(
-        "--vbuckets", type=vbucket_list, required=True, help="vbuckets, e.g. 1,2 or 0-15"
+        "--vbuckets",
+        type=vbucket_list,
+        required=True,
+        metavar="LIST",
+        help="vbucket ids, e.g. 1,2 or 0-15",
     )
     parser.add_argument("--takeover", action="store_true", help="hand the vbuckets over")
-    parser.add_argument("--state-dir", type=Path, help="log directory (--from-tap only)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="log directory (--from-tap only; default: a temporary directory)",
+    )
     parser.add_argument(
         "--dialect", choices=DIALECTS, default="dcp", help="UPR dialect (default dcp)"
     )
-    parser.add_argument("--upstream-user", help="SASL PLAIN user for the source")
+    parser.add_argument("--upstream-user", metavar="USER", help="SASL PLAIN user for the source")
     parser.add_argument(
         "--upstream-password-file",
         type=Path,
@@ -275,6 +299,7 @@ def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument(
         "--upstream-password",
         default="",
+        metavar="PASSWORD",
         help="the source's password (visible in ps: prefer the file or the variable)",
     )
     add_move_tls_options(parser)

@@ -20,7 +20,7 @@ from typing import TypeVar
 import trio
 
 from gateway.metrics.health import UpstreamHealth
-from gateway.runtime.logs import os_error_in
+from gateway.runtime.logs import Repeats, os_error_in
 
 log = logging.getLogger("gateway.cli.serve")
 
@@ -191,6 +191,7 @@ async def watch_upstream(
     """
     delay = first_retry
     warned = False
+    repeats = Repeats()
     while True:
         reason: str | None = None
         try:
@@ -205,13 +206,9 @@ async def watch_upstream(
         if reason is not None:
             if health is not None:
                 health.record(False, reason)
-            log.warning(
-                "%s %s is unreachable: %s; checking again in %.0fs",
-                option,
-                show(address),
-                reason,
-                delay,
-            )
+            level, note = repeats.level(reason)
+            log.log(level, "%s %s is unreachable: %s; checking again in %.0fs%s",
+                    option, show(address), reason, delay, note)  # fmt: skip
             warned = True
             await trio.sleep(delay)
             delay = min(delay * 2, max_retry)
@@ -221,6 +218,7 @@ async def watch_upstream(
         if warned:
             log.info("%s %s answers again", option, show(address))
             warned = False
+            repeats.reset()
         if health is None:
             return
         delay = first_retry

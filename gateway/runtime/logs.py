@@ -17,7 +17,7 @@ import contextvars
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 LEVELS = ("debug", "info", "warning", "error")
@@ -132,3 +132,33 @@ def os_error_in(exc: BaseException) -> OSError | None:
             if found is not None:
                 return found
     return None
+
+
+class Repeats:
+    """The level for a failure that may repeat for hours (an upstream down): WARNING
+    the first time and whenever the message changes, then at most once per
+    ``every`` seconds (with how many were quieter since); DEBUG in between.
+
+    A retry loop backing off to a few seconds otherwise writes ~1,000 identical
+    warnings an hour, burying whatever else happens."""
+
+    def __init__(self, every: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self.clock = clock
+        self._last = ""
+        self._shown_at = 0.0
+        self._quiet = 0
+
+    def level(self, key: str) -> tuple[int, str]:
+        """(the level for this occurrence of failure ``key``, a note to append to it)."""
+        now = self.clock()
+        if key != self._last or now - self._shown_at >= self.every:
+            note = f" ({self._quiet} more since, at debug level)" if self._quiet else ""
+            self._last, self._shown_at, self._quiet = key, now, 0
+            return logging.WARNING, note
+        self._quiet += 1
+        return logging.DEBUG, ""
+
+    def reset(self) -> None:
+        """The failure is over: the next one is news."""
+        self._last, self._quiet = "", 0

@@ -525,11 +525,12 @@ async def test_upr_noop_controls_of_the_later_copy_are_granted(
 async def test_tap_checkpoint_messages_only_for_a_client_that_asks(
     nursery: trio.Nursery, side: str, checkpoint: bool
 ) -> None:
-    """ep-engine 2.5.1 src/tapconnection.cc: CHECKPOINT_START/END are queued
-    (``hasNextFromCheckpoints_UNLOCKED``) only when ``supportCheckpointSync_``,
-    which ``TapProducer::evaluateFlags`` sets for the CHECKPOINT flag alone. gomemcached's
-    ``TapArguments`` sets it only with ``Checkpoint``; without it the live items
-    come alone (they came each wrapped in its own checkpoint pair)."""
+    """ep-engine 2.5.1 src/tapconnection.cc: ``nextFgFetched_UNLOCKED`` queues
+    CHECKPOINT_START/END (``addCheckpointMessage_UNLOCKED``) only when
+    ``supportCheckpointSync_``, which ``TapProducer::evaluateFlags`` sets for the
+    CHECKPOINT flag alone; otherwise the cursor passes the boundaries silently.
+    gomemcached's ``TapArguments`` sets it only with ``Checkpoint``; without it
+    the live items come alone (they came each wrapped in its own checkpoint pair)."""
     store = tap_store(8)
     _, port = await tap_serve(nursery, store, side)
     args = TapArguments(backfill=1, vbuckets=(2,), checkpoint=checkpoint, name=b"gm-live")

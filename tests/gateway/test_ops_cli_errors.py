@@ -145,3 +145,36 @@ def test_ctrl_c_before_a_command_runs_stops_quietly(
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["serve"]) == 130
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["serve", "node", "move", "capture", "load", "check-log"])
+def test_option_values_are_named_by_kind_not_by_python_name(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """`--state-dir DIR`, `--upstream-user USER`, as in the other commands, not
+    `--state-dir STATE_DIR`."""
+    import re
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    python_names = re.findall(r"--[a-z-]+ ([A-Z]+_[A-Z_]+)", usage)
+    assert python_names == [], python_names
+
+
+@pytest.mark.parametrize(
+    ("argv", "prefix"),
+    [
+        (["move", "--from-tap", "{a}", "--to-upr", "{a}", "--vbuckets", "1"],
+         "move: cannot reach the destination {a}: "),
+        (["capture", "--upr", "{a}", "--out", "{out}"], "capture: {a}: "),
+        (["load", "--target", "{a}", "--items", "1"], "load: cannot reach {a}: "),
+    ],
+)  # fmt: skip
+def test_a_refused_connection_says_why_not_all_attempts_failed(
+    tmp_path: Path, argv: list[str], prefix: str
+) -> None:
+    where = {"a": f"127.0.0.1:{closed_port()}", "out": str(tmp_path / "cap")}
+    code, err = run(*(word.format(**where) for word in argv))
+    assert code == 1
+    assert err.strip() == prefix.format(**where) + "connection refused (nothing listens there)"

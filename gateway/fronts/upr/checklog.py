@@ -122,7 +122,11 @@ def add_check_log_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
         epilog=EXIT_CODES,
     )
     parser.add_argument(
-        "--state-dir", type=Path, required=True, help="the state directory `serve` uses"
+        "--state-dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the state directory `serve` uses",
     )
     parser.set_defaults(handler=run_check_log)
 

@@ -77,6 +77,7 @@ from gateway.fronts.upr.logset import LogSet
 from gateway.fronts.upr.vblog import LogWriteError, VbLog
 from gateway.io.connection import PacketConnection
 from gateway.metrics.figures import GatewayStats
+from gateway.runtime.logs import Repeats
 from gateway.tools.capture.mapping import TapRecording
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,8 @@ class Ingest:
         self.batches = 0
         self.messages = 0
         self.last_error: str | None = None
+        self._repeats = Repeats()
+        """An upstream down for hours: one warning a minute, not one per retry."""
         self.fast = True
         """Item frames skip the event objects (``tap_to_log_fast``); tests turn it off."""
         self.clock: Callable[[], float] = time.time
@@ -225,15 +228,21 @@ class Ingest:
                 self.last_error = str(exc)
                 logged = False
                 log.error("%s; TAP stream reopened in %.2fs to write it again", exc, delay)
-            except (OSError, trio.BrokenResourceError, GatewayError, EOFError) as exc:
+            except OSError as exc:  # "connection refused", not trio's "all attempts failed"
+                from gateway.cli.startup import describe  # (it imports the fronts)
+
+                self.last_error = describe(exc, self.config.tap_upstream[0])
+            except (trio.BrokenResourceError, GatewayError, EOFError) as exc:
                 self.last_error = str(exc) or type(exc).__name__
             if logged:
-                log.warning(
-                    "upstream %s: %s; reconnecting in %.2fs", self.address, self.last_error, delay
-                )
+                level, note = self._repeats.level(self.last_error or "")
+                log.log(level, "upstream %s: %s; reconnecting in %.2fs%s",
+                        self.address, self.last_error, delay, note)  # fmt: skip
             self.stats.upstream_reconnects_total[self.address] += 1
             await trio.sleep(delay)
             progressed = self.messages > started and logged
+            if progressed:
+                self._repeats.reset()
             delay = (
                 self.config.reconnect_min
                 if progressed

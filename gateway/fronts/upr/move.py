@@ -135,8 +135,10 @@ async def move_tap_to_upr(
     except DestinationRefused as exc:
         raise UprFrontError(str(exc)) from None
     except OSError as exc:
+        from gateway.cli.startup import describe  # (it imports the fronts)
+
         raise UprFrontError(
-            f"cannot reach the destination {to_upr[0]}:{to_upr[1]}: {exc}"
+            f"cannot reach the destination {to_upr[0]}:{to_upr[1]}: {describe(exc, to_upr[0])}"
         ) from None
     config = UprFrontConfig(
         ("127.0.0.1", 0),

@@ -21,7 +21,7 @@ from gateway.cli.security_args import (
     client_tls_from,
     password_from_file,
 )
-from gateway.cli.startup import StartupError
+from gateway.cli.startup import StartupError, describe
 from gateway.runtime import logs
 from gateway.tools.capture.cut import DEFAULT_CUT_TIMEOUT, TwoSidedResult, capture_both
 from gateway.tools.capture.session import (
@@ -106,6 +106,7 @@ def add_capture_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.
         "--out",
         type=Path,
         required=True,
+        metavar="DIR",
         help="directory for the segments (with --tap and --upr: DIR/tap and DIR/upr)",
     )
     parser.add_argument(
@@ -134,18 +135,23 @@ def add_capture_parser(subparsers: argparse._SubParsersAction[Any]) -> argparse.
     )
     parser.add_argument("--name", help="connection name (default capture-SIDE-HOST-PORT)")
     parser.add_argument(
-        "--vbuckets", type=_vbuckets, help="only these vbuckets, e.g. 0-3,9 (default all active)"
+        "--vbuckets",
+        type=_vbuckets,
+        metavar="LIST",
+        help="only these vbuckets, e.g. 0-3,9 (default all active)",
     )
     parser.add_argument(
         "--buffer-size",
         type=_positive,
         default=DEFAULT_BUFFER_SIZE,
-        help=f"UPR connection_buffer_size in bytes (default {DEFAULT_BUFFER_SIZE})",
+        metavar="BYTES",
+        help=f"UPR connection_buffer_size (default {DEFAULT_BUFFER_SIZE})",
     )
     parser.add_argument(
         "--segment-mb",
         type=_positive,
         default=64,
+        metavar="MIB",
         help="rotate segments at this size (MiB, default 64)",
     )
     add_client_tls_options(parser, "the endpoints")
@@ -323,7 +329,7 @@ def run_capture(args: argparse.Namespace) -> int:
         error = str(group.exceptions[0])
     except* OSError as group:
         exc = group.exceptions[0]
-        error = str(getattr(exc, "strerror", None) or exc)
+        error = describe(exc, where.split(":")[0]) if isinstance(exc, OSError) else str(exc)
     if error is not None:
         print(f"capture: {where}: {error}", file=sys.stderr)
         return EXIT_INCOMPLETE
