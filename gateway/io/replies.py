@@ -54,7 +54,9 @@ def error_reply(frame: Frame, status: int, text: str) -> bytes:
 
 
 def refusal(opcode: int, opaque: int, exc: ProtocolError) -> bytes:
-    """The error response for a refused request: ``mcbp.error_response``'s rule."""
+    """The error response for a refused request known by its opcode and opaque
+    (a caller holding the decoded request, not its frame): ``mcbp.error_response``'s
+    rule. With the frame at hand, call ``error_response`` itself."""
     return error_response(Frame(Magic.REQUEST, opcode, 0, 0, 0, 0, opaque, 0, b""), exc)
 
 

@@ -30,6 +30,10 @@ connection closes. One ``TapStream`` then runs three tasks:
   length 8 or 16 over an empty body (see ``adapters.mcbp.frames``);
 - the watcher: wakes the producer on any store change.
 
+Both directions dispatch by table: ``_SENDING`` says what each message the
+producer sends waits for (with ``tap_wait_control_acks``) and records once
+stamped; ``_RECEIVED`` what the reader does with each TAP packet.
+
 The producer reads the store in bounded batches and awaits each send, so a
 slow client pushes back through the socket outbox and, with support-ack,
 through the ack window. With support-ack, the last message before it
@@ -57,12 +61,13 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
 import trio
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Status
+from adapters.mcbp import Frame, Status, error_response
 from adapters.tap import (
     ConnectFlags,
     OpaqueCode,
@@ -373,25 +378,16 @@ class TapStream:
         ``last``: nothing more to send in this vbucket for now; as 2.x did,
         ask for an ack, so a client that acks only when asked confirms it all.
         """
-        if self.wait_control_acks and not isinstance(message, TapOpaque | TapVbucketSet):
-            # 2.x sends nothing but OPAQUE and VBUCKET_SET while an OPAQUE is unacked
-            # (ep_engine.cc ``doWalkTapQueue``: ``waitForOpaqueMsgAck``), nor an item
-            # while a checkpoint message is (``getNextItem``: ``waitForCheckpointMsgAck``).
-            await self._until_acked(self._control_sent)
-            if isinstance(message, TapMutation | TapDelete):
-                await self._until_acked(self._checkpoint_sent)
+        sending = _SENDING[type(message)]
+        if self.wait_control_acks:
+            await sending.held(self)
         while not self.producer.can_send:
             self._wake = trio.Event()
             await self._pause(expires=self._window_expiry())
             self._check_window()
         stamped = self.producer.stamp(message, force_ack=last)
         self.last_stamped = stamped.opaque
-        if isinstance(message, TapOpaque):
-            self._control_sent = stamped.opaque
-        elif isinstance(message, TapCheckpointStart | TapCheckpointEnd):
-            self._checkpoint_sent = stamped.opaque
-        if isinstance(message, TapMutation | TapDelete):
-            self.items_sent += 1
+        sending.stamped(self, stamped.opaque)
         if position is not None and self.registration is not None:
             settlements = self.settlements
             settlements.settling.positions[message.vbucket] = position
@@ -399,6 +395,32 @@ class TapStream:
             self._settled(settlements.take_ready())
         await self.conn.send(encode(stamped))
         self.last_send = trio.current_time()
+
+    # 2.x sends nothing but OPAQUE and VBUCKET_SET while an OPAQUE is unacked
+    # (ep_engine.cc ``doWalkTapQueue``: ``waitForOpaqueMsgAck``), nor an item while
+    # a checkpoint message is (``getNextItem``: ``waitForCheckpointMsgAck``).
+
+    async def _held_by_nothing(self) -> None:
+        pass
+
+    async def _held_by_control(self) -> None:
+        await self._until_acked(self._control_sent)
+
+    async def _held_by_control_and_checkpoint(self) -> None:
+        await self._until_acked(self._control_sent)
+        await self._until_acked(self._checkpoint_sent)
+
+    def _control_stamped(self, seqno: int) -> None:
+        self._control_sent = seqno
+
+    def _checkpoint_stamped(self, seqno: int) -> None:
+        self._checkpoint_sent = seqno
+
+    def _item_stamped(self, _seqno: int) -> None:
+        self.items_sent += 1
+
+    def _state_stamped(self, _seqno: int) -> None:
+        pass
 
     def _acked(self, seqno: int | None) -> bool:
         """The message stamped ``seqno`` is acked (an ack covers all before it)."""
@@ -471,24 +493,28 @@ class TapStream:
                 event = decode_frame(frame)
             except ProtocolError as exc:
                 if frame.is_request:
-                    await send_refusal(conn, refusal(frame.opcode, frame.opaque, exc))
+                    await send_refusal(conn, error_response(frame, exc))
                 raise
-            if isinstance(event, TapResponse):
-                self._on_response(event)
-            elif isinstance(event, TapNoop):
-                await conn.send(encode(TapNoopResponse(event.opaque)))
-            elif not isinstance(event, TapNoopResponse):
-                refused = ProtocolError(
-                    f"{event.NAME} is not allowed on a TAP producer connection",
-                    opcode=frame.opcode,
-                    status=Status.NOT_SUPPORTED,
-                )
-                await send_refusal(conn, refusal(frame.opcode, frame.opaque, refused))
-                raise refused
+            await _RECEIVED.get(type(event), TapStream._not_allowed)(self, event, frame)
         log.info("%s: client closed the TAP connection", self.name)
         scope.cancel()
 
-    def _on_response(self, response: TapResponse) -> None:
+    async def _on_noop(self, noop: TapNoop, _frame: Frame) -> None:
+        await self.conn.send(encode(TapNoopResponse(noop.opaque)))
+
+    async def _on_noop_response(self, _response: TapNoopResponse, _frame: Frame) -> None:
+        pass  # the answer to our keep-alive: the socket is alive, nothing else to do
+
+    async def _not_allowed(self, event: Any, frame: Frame) -> None:
+        refused = ProtocolError(
+            f"{event.NAME} is not allowed on a TAP producer connection",
+            opcode=frame.opcode,
+            status=Status.NOT_SUPPORTED,
+        )
+        await send_refusal(self.conn, error_response(frame, refused))
+        raise refused
+
+    async def _on_response(self, response: TapResponse, _frame: Frame) -> None:
         self.last_ack = trio.current_time()  # 2.x's processAck moves the expiry on
         released = self.settlements.answered(
             response.opaque, response.status, trio.current_time(), response.text, response.opcode
@@ -527,3 +553,29 @@ class TapStream:
     def takeover_stats(self, vbucket: int) -> dict[str, str] | None:
         cursor = self.cursors.get(vbucket)
         return None if cursor is None else takeover_stats(self, cursor)
+
+
+class _Sending(NamedTuple):
+    held: Callable[[TapStream], Awaitable[None]]
+    """What the message waits to be acked first, with ``tap_wait_control_acks``."""
+    stamped: Callable[[TapStream, int], None]
+    """What its sequence number (or its sending) records."""
+
+
+_SENDING: dict[type, _Sending] = {
+    TapOpaque: _Sending(TapStream._held_by_nothing, TapStream._control_stamped),
+    TapVbucketSet: _Sending(TapStream._held_by_nothing, TapStream._state_stamped),
+    TapCheckpointStart: _Sending(TapStream._held_by_control, TapStream._checkpoint_stamped),
+    TapCheckpointEnd: _Sending(TapStream._held_by_control, TapStream._checkpoint_stamped),
+    TapMutation: _Sending(TapStream._held_by_control_and_checkpoint, TapStream._item_stamped),
+    TapDelete: _Sending(TapStream._held_by_control_and_checkpoint, TapStream._item_stamped),
+}
+"""Each message the producer sends: what it waits for and what sending it records."""
+
+_RECEIVED: dict[type, Callable[[TapStream, Any, Frame], Awaitable[None]]] = {
+    TapResponse: TapStream._on_response,
+    TapNoop: TapStream._on_noop,
+    TapNoopResponse: TapStream._on_noop_response,
+}
+"""What the reader does with each TAP packet from the client (any other is refused
+with NOT_SUPPORTED and closes the connection)."""
