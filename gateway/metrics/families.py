@@ -19,11 +19,15 @@ per-vbucket lags.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.fronts.upr.proof import KINDS as SET_ASIDE_REASONS
 from gateway.metrics.figures import DIRECTIONS, ITEM_KINDS, LATENCY_BUCKETS
 from gateway.metrics.view import StatsView, StreamFigures, StreamKey, figures_by_stream
 from gateway.runtime.version import python_version, version
+
+if TYPE_CHECKING:
+    from gateway.metrics.health import Health
 
 PREFIX = "tapupr_"
 STREAM_LABELS = ("direction", "connection", "upstream")
@@ -299,6 +303,30 @@ def build_info() -> Family:
     info = gauge("build_info", "Always 1; the gateway's version and Python in its labels.")
     info.add(Labels.of(version=version(), python=python_version()), 1)
     return info
+
+
+def health_families(health: Health) -> list[Family]:
+    """Readiness and each upstream's last check, as ``/readyz`` says them, so an
+    alert needs no HTTP probe beside the scrape. Call on the trio thread."""
+    ready = gauge("ready", "1 when /readyz says ready, else 0.")
+    ready.add(Labels.of(), 0 if health.problems() else 1)
+    up = gauge(
+        "upstream_up",
+        "1 when the upstream answered its latest check (a memcached VERSION), 0 when it did"
+        " not; absent until the first check ends.",
+    )
+    since = gauge(
+        "upstream_state_since_seconds",
+        "Unix time the upstream last became reachable or unreachable.",
+        "seconds",
+    )
+    for upstream in health.upstreams.values():
+        if upstream.reachable is None:
+            continue
+        labels = Labels.of(option=upstream.option, upstream=upstream.address)
+        up.add(labels, 1 if upstream.reachable else 0)
+        since.add(labels, upstream.since)
+    return [ready, up, since]
 
 
 def gateway_families(view: StatsView, *, per_vbucket: bool = False) -> list[Family]:

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from gateway.metrics.collector import Clock, GatewayCollector, register_gateway_metrics
-from gateway.metrics.families import gateway_families
+from gateway.metrics.families import Family, gateway_families, health_families
 from gateway.metrics.figures import GatewayStats
 from gateway.metrics.health import Health
 from gateway.metrics.http import (
@@ -214,10 +214,11 @@ class MetricsServer:
         if request.path != "/metrics":
             return await self._other_page(request.path, head_only=head_only, close=close)
         view = self.collector.capture()
+        extra = [] if self.health is None else health_families(self.health)
         use_gzip = accepts_gzip(request.header("accept-encoding"))
         try:
             body, content_type = await trio.to_thread.run_sync(
-                self._render, view, request.header("accept"), use_gzip,
+                self._render, view, extra, request.header("accept"), use_gzip,
                 limiter=self.render_limiter,
             )  # fmt: skip
         except Exception:
@@ -265,11 +266,13 @@ class MetricsServer:
         )  # fmt: skip
         return reply, False
 
-    def _render(self, view: StatsView, accept: str, use_gzip: bool) -> tuple[bytes, str]:
+    def _render(
+        self, view: StatsView, extra: list[Family], accept: str, use_gzip: bool
+    ) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
         openmetrics = content_type.startswith(OPENMETRICS_CONTENT_PREFIX)
         # The gateway's families directly; the registry's other collectors as usual.
-        ours = gateway_families(view, per_vbucket=self.collector.per_vbucket)
+        ours = gateway_families(view, per_vbucket=self.collector.per_vbucket) + extra
         with self.collector.pinned(view, skip=True):
             rest = encoder(self.registry)
         body = render(ours, openmetrics=openmetrics) + rest

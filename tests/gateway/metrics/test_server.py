@@ -347,3 +347,43 @@ async def test_readyz_is_503_naming_what_is_not_ready(nursery: trio.Nursery) -> 
     # A 503 here is an answer, not a refusal: the connection stays open.
     assert "connection" not in reply.headers
     assert (await client.request(get("/healthz"))).status == 200
+
+
+async def test_metrics_carry_readiness_and_each_checked_upstream(nursery: trio.Nursery) -> None:
+    """``/readyz`` as gauges: an alert on an unreachable upstream needs no HTTP probe."""
+    from gateway.metrics.health import Health
+
+    health = Health(listeners_bound=True)
+    health.upstream("--upr-upstream", "node3:11210").record(True, "answers", now=1000.0)
+    down = health.upstream("--tap-upstream", "node1:11210")
+    down.record(False, "connection refused", now=2000.0)
+    health.upstream("--other", "node9:11210")  # not checked yet: no series
+    port: int = await nursery.start(lambda task_status: serve_metrics(
+        busy_stats(), "127.0.0.1", 0, health=health, task_status=task_status
+    ))  # fmt: skip
+    client = await connect(port)
+    samples = parse((await client.request(get("/metrics"))).body.decode())
+    assert value(samples, "tapupr_ready") == 0
+    up = {k: v for k, v in samples.items() if k[0] == "tapupr_upstream_up"}
+    assert up == {
+        (
+            "tapupr_upstream_up",
+            frozenset({("option", "--upr-upstream"), ("upstream", "node3:11210")}),
+        ): 1,
+        (
+            "tapupr_upstream_up",
+            frozenset({("option", "--tap-upstream"), ("upstream", "node1:11210")}),
+        ): 0,
+    }
+    since = "tapupr_upstream_state_since_seconds"
+    assert value(samples, since, option="--tap-upstream", upstream="node1:11210") == 2000.0
+    # It answers again: the next scrape says so, and the process is ready.
+    down.record(True, "answers", now=3000.0)
+    samples = parse((await client.request(get("/metrics"))).body.decode())
+    assert (
+        value(samples, "tapupr_upstream_up", option="--tap-upstream", upstream="node1:11210") == 1
+    )
+    assert value(samples, since, option="--tap-upstream", upstream="node1:11210") == 3000.0
+    assert value(samples, "tapupr_ready") == 0  # --other is still unchecked
+    health.upstreams.pop("--other")
+    assert value(parse((await client.request(get("/metrics"))).body.decode()), "tapupr_ready") == 1
