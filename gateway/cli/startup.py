@@ -8,11 +8,9 @@ listens there)``; the commands print it as ``serve: <message>`` and exit 1.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
-import socket
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -21,6 +19,7 @@ import trio
 
 from gateway.metrics.health import UpstreamHealth
 from gateway.runtime.logs import Repeats, os_error_in
+from gateway.runtime.logs import describe as describe  # the commands name it from here
 
 log = logging.getLogger("gateway.cli.serve")
 
@@ -29,16 +28,6 @@ T = TypeVar("T")
 CHECK_TIMEOUT = 10.0
 WATCH_INTERVAL = 5.0
 """Seconds between checks of an upstream that answers (``/readyz`` follows it)."""
-
-_REASONS = {
-    errno.EADDRINUSE: "address already in use (another process listens there)",
-    errno.EADDRNOTAVAIL: "not an address of this machine",
-    errno.EACCES: "permission denied (ports below 1024 need privileges)",
-    errno.ECONNREFUSED: "connection refused (nothing listens there)",
-    errno.EHOSTUNREACH: "host unreachable",
-    errno.ENETUNREACH: "network unreachable",
-    errno.ETIMEDOUT: "timed out",
-}
 
 
 class StartupError(Exception):
@@ -55,21 +44,6 @@ def startup_error_in(exc: BaseException) -> StartupError | None:
             if found is not None:
                 return found
     return None
-
-
-def describe(error: OSError, host: str | None = None) -> str:
-    """Why ``error`` happened, in words an operator can act on."""
-    if error.errno is None and error.__cause__ is not None:
-        # trio's open_tcp_stream: "all attempts to connect ... failed", the
-        # reasons in the cause
-        inner = os_error_in(error.__cause__)
-        if inner is not None and inner is not error:
-            return describe(inner, host)
-    if isinstance(error, socket.gaierror):
-        return f"cannot resolve host {host!r}: {error.strerror}" if host else str(error.strerror)
-    if error.errno in _REASONS:
-        return _REASONS[error.errno]
-    return error.strerror or str(error)
 
 
 def show(address: tuple[str, int]) -> str:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import errno
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -162,3 +164,29 @@ class Repeats:
     def reset(self) -> None:
         """The failure is over: the next one is news."""
         self._last, self._quiet = "", 0
+
+
+_REASONS = {
+    errno.EADDRINUSE: "address already in use (another process listens there)",
+    errno.EADDRNOTAVAIL: "not an address of this machine",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+    errno.ECONNREFUSED: "connection refused (nothing listens there)",
+    errno.EHOSTUNREACH: "host unreachable",
+    errno.ENETUNREACH: "network unreachable",
+    errno.ETIMEDOUT: "timed out",
+}
+
+
+def describe(error: OSError, host: str | None = None) -> str:
+    """Why ``error`` happened, in words an operator can act on."""
+    if error.errno is None and error.__cause__ is not None:
+        # trio's open_tcp_stream: "all attempts to connect ... failed", the
+        # reasons in the cause
+        inner = os_error_in(error.__cause__)
+        if inner is not None and inner is not error:
+            return describe(inner, host)
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve host {host!r}: {error.strerror}" if host else str(error.strerror)
+    if error.errno in _REASONS:
+        return _REASONS[error.errno]
+    return error.strerror or str(error)

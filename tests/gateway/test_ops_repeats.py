@@ -76,3 +76,36 @@ async def test_an_unreachable_tap_upstream_warns_once_with_the_reason(
         f"upstream 127.0.0.1:{port}: connection refused (nothing listens there); reconnecting in"
     )
     assert ingest.last_error == "connection refused (nothing listens there)"
+
+
+async def test_a_tap_client_whose_upstream_is_gone_warns_once_per_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The TAP front's session retries a lost UPR upstream with backoff for as
+    long as its client stays; each retry after the first warning is at debug level."""
+    from tests.support.tap_client import TapClient, connect_event, start_node
+    from tests.support.tapfront import start_front
+
+    with caplog.at_level(logging.DEBUG, logger="gateway.fronts.tap.session"):
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as node_scope:
+                async with trio.open_nursery() as node_nursery:
+                    _, node_port = await start_node(node_nursery)
+                    front, port = await start_front(nursery, node_port)
+                    client = await TapClient.open(port, connect_event(b"repeats"))
+                    with trio.fail_after(30):
+                        while front.sessions.get("repeats") is None:
+                            await trio.sleep(0.01)
+                    node_scope.cancel()  # the upstream goes away for good
+            with trio.fail_after(30):
+                while sum("cannot connect" in m for m in caplog.messages) < 4:
+                    await trio.sleep(0.01)
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+    # The loss itself, then the failed connects: the first of those is news (a new
+    # reason, named as an operator can act on it), the ones that repeat it are not.
+    refused = [r for r in caplog.records if "cannot connect" in r.getMessage()]
+    assert [r.levelno for r in refused[:4]] == [logging.WARNING] + [logging.DEBUG] * 3
+    assert all(r.getMessage().startswith("repeats: ") for r in refused)
+    assert "connection refused (nothing listens there); reconnecting in" in refused[0].getMessage()
+    assert "all attempts" not in refused[0].getMessage()

@@ -71,6 +71,7 @@ from gateway.fronts.tap.upstream_streams import UpstreamStreams
 from gateway.io.connection import PacketConnection
 from gateway.io.door import Answer, refuse_command
 from gateway.metrics.figures import GatewayStats, StreamStats
+from gateway.runtime.logs import Repeats
 from gateway.tools.capture.mapping import TapRecording, UprRecording
 from gateway.tools.capture.recorder import open_recorder
 from gateway.tools.capture.records import Kind
@@ -126,6 +127,7 @@ class TapSession:
         self.registry = registry
         self.gateway_stats = stats
         self.name = plan.name
+        self._retry_log = Repeats()
         self.closing_messages = closing_messages
         """Sent once every stream ended and was acked (a push ends with CLOSE_TAP_STREAM)."""
         self.producer = TapProducer(
@@ -216,6 +218,7 @@ class TapSession:
                 upstream = await self._connect()
                 nursery.start_soon(upstream.keep_alive)
                 failures = 0
+                self._retry_log.reset()
                 await streams.request()
                 while not streams.all_ended:
                     await upstream.receive()
@@ -305,6 +308,8 @@ class TapSession:
         if attempts is not None and failures > attempts:
             raise SessionFailed(f"{self.name}: giving up on the UPR upstream: {exc}")
         delay = min(self.config.reconnect_max, self.config.reconnect_initial * 2 ** (failures - 1))
-        log.warning("%s: %s; reconnecting in %.1fs", self.name, exc, delay)
+        # One warning a minute per client while the upstream stays down, not one per retry.
+        level, note = self._retry_log.level(str(exc))
+        log.log(level, "%s: %s; reconnecting in %.1fs%s", self.name, exc, delay, note)
         self.streams.lost()
         await trio.sleep(delay)

@@ -64,6 +64,7 @@ from adapters.mcbp import HEADER_SIZE, Frame, Magic, Status
 from adapters.upr.consumer_handshake import ConsumerHandshake, HandshakeRefused
 from adapters.upr.flow_control import ConsumerWindow
 from gateway.io.connection import ConnectionLost, PacketConnection, RequestFailed
+from gateway.runtime.logs import describe
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,9 @@ class UprUpstream:
                 host, port, name=f"UPR upstream {address}", ssl_context=ssl_context
             )
         except OSError as exc:
-            raise UprUpstreamError(f"cannot connect to UPR upstream {address}: {exc}") from None
+            raise UprUpstreamError(
+                f"cannot connect to UPR upstream {address}: {describe(exc, host)}"
+            ) from None
         self = cls(conn, address, dialect)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):

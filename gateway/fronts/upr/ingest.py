@@ -77,7 +77,7 @@ from gateway.fronts.upr.logset import LogSet
 from gateway.fronts.upr.vblog import LogWriteError, VbLog
 from gateway.io.connection import PacketConnection
 from gateway.metrics.figures import GatewayStats
-from gateway.runtime.logs import Repeats
+from gateway.runtime.logs import Repeats, describe
 from gateway.tools.capture.mapping import TapRecording
 
 log = logging.getLogger(__name__)
@@ -229,8 +229,6 @@ class Ingest:
                 logged = False
                 log.error("%s; TAP stream reopened in %.2fs to write it again", exc, delay)
             except OSError as exc:  # "connection refused", not trio's "all attempts failed"
-                from gateway.cli.startup import describe  # (it imports the fronts)
-
                 self.last_error = describe(exc, self.config.tap_upstream[0])
             except (trio.BrokenResourceError, GatewayError, EOFError) as exc:
                 self.last_error = str(exc) or type(exc).__name__

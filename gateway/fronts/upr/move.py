@@ -41,6 +41,7 @@ from gateway.fronts.upr.config import UprFrontConfig, UprFrontError
 from gateway.fronts.upr.server import UprFront
 from gateway.io.connection import PacketConnection
 from gateway.metrics.figures import GatewayStats
+from gateway.runtime.logs import describe
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,6 @@ async def move_tap_to_upr(
     except DestinationRefused as exc:
         raise UprFrontError(str(exc)) from None
     except OSError as exc:
-        from gateway.cli.startup import describe  # (it imports the fronts)
-
         raise UprFrontError(
             f"cannot reach the destination {to_upr[0]}:{to_upr[1]}: {describe(exc, to_upr[0])}"
         ) from None
