@@ -140,11 +140,7 @@ class UpstreamStreams:
         for vb in self.vbuckets.values():
             if vb.ended:
                 continue
-            opaque = upstream.next_opaque()
-            self._route(opaque, vb)
-            requests.append(
-                upr.encode(vb.stream_request(opaque, self.plan.takeover), upstream.dialect)
-            )
+            requests.append(upr.encode(self._new_request(vb, upstream), upstream.dialect))
         await upstream.send(b"".join(requests))
 
     def lost(self) -> None:
@@ -161,6 +157,12 @@ class UpstreamStreams:
                 await self.peer.emit(message, vb)
 
     # -- routing -------------------------------------------------------------
+
+    def _new_request(self, vb: VbStream, upstream: UprUpstream) -> upr.StreamRequest:
+        """``vb``'s stream request under a new opaque, routed to it."""
+        opaque = upstream.next_opaque()
+        self._route(opaque, vb)
+        return vb.stream_request(opaque, self.plan.takeover)
 
     def _route(self, opaque: int, vb: VbStream) -> None:
         """``vb``'s stream now answers to ``opaque``."""
@@ -454,9 +456,7 @@ class UpstreamStreams:
         self._fast_streams.pop(response.opaque, None)
         upstream = self.upstream
         assert upstream is not None
-        opaque = upstream.next_opaque()
-        self._route(opaque, vb)
-        await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
+        await upstream.send_event(self._new_request(vb, upstream))
 
     async def _refused(self, vb: VbStream, response: upr.Response) -> None:
         if response.status == _TMPFAIL and self.spawn is not None:
@@ -495,9 +495,7 @@ class UpstreamStreams:
         vb.prepare_resume()
         upstream = self.upstream
         assert upstream is not None
-        again = upstream.next_opaque()
-        self._route(again, vb)
-        await upstream.send_event(vb.stream_request(again, self.plan.takeover))
+        await upstream.send_event(self._new_request(vb, upstream))
 
     def _ask_again(self, vb: VbStream, opaque: int) -> None:
         """TMPFAIL: a 3.0 upstream's vbucket is being filled by a backfill (open
@@ -523,11 +521,9 @@ class UpstreamStreams:
         await trio.sleep(delay)
         if self.upstream is not upstream or vb.ended:
             return  # a new upstream requested every stream again
-        opaque = upstream.next_opaque()
-        self._route(opaque, vb)
         # A failed send: the pump sees the loss too, and asks again on the next upstream.
         with contextlib.suppress(UprUpstreamError):
-            await upstream.send_event(vb.stream_request(opaque, self.plan.takeover))
+            await upstream.send_event(self._new_request(vb, upstream))
 
     async def _end_stream(self, vb: VbStream, reason: str) -> None:
         vb.ended = True
