@@ -10,11 +10,11 @@ from functools import partial
 from pathlib import Path
 
 from gateway.cli.args import (
+    add_vbucket_count,
     address,
     count,
     float_at_least,
     int_between,
-    vbucket_count,
     vbucket_list,
 )
 from gateway.cli.security_args import (
@@ -154,13 +154,7 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="add a vbucket label to per-stream series (many series with 1024 vbuckets)",
     )
     embedded = parser.add_argument_group("embedded upstream (when no upstream is given)")
-    embedded.add_argument(
-        "--vbuckets",
-        type=vbucket_count,
-        default=64,
-        metavar="N",
-        help="number of vbuckets (default 64)",
-    )
+    add_vbucket_count(embedded, "how many vbuckets the embedded node has (default 64)")
     embedded.add_argument(
         "--sample-items",
         type=count,
@@ -224,7 +218,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         upstream_noop_interval=args.upstream_noop_interval,
         fsync=args.fsync,
         capture_dir=args.capture_dir,
-        embedded_vbuckets=args.vbuckets,
+        embedded_vbuckets=args.vbucket_count,
         embedded_sample_items=args.sample_items,
         embedded_writes_per_second=args.writes_per_second,
     )

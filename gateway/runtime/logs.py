@@ -106,6 +106,10 @@ def configure_from(args: argparse.Namespace) -> None:
         level=getattr(args, "log_level", None),
         fmt=getattr(args, "log_format", "text"),
     )
+    # Old option names still accepted (gateway.cli.args.RenamedOption): said once,
+    # in the log's own format, so that configurations get updated.
+    for note in getattr(args, "deprecation_notes", ()):
+        logging.getLogger("gateway.cli").warning("%s", note)
 
 
 def configure(verbosity: int, *, level: str | None = None, fmt: str = "text") -> None:
