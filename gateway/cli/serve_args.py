@@ -36,6 +36,7 @@ from gateway.cli.serve import (
 from gateway.cli.startup import (
     StartupError,
     describe,
+    describe_file,
     lock_directory,
     prepare_directory,
     startup_error_in,
@@ -232,7 +233,10 @@ def run_serve_command(args: argparse.Namespace) -> int:
         os_failure = logs.os_error_in(exc)
         if os_failure is None:
             raise
-        print(f"serve: {describe(os_failure)}", file=sys.stderr)
+        if os_failure.filename is not None:  # a file of the state or capture directory
+            print(f"serve: {os_failure.filename}: {describe_file(os_failure)}", file=sys.stderr)
+        else:
+            print(f"serve: {describe(os_failure)}", file=sys.stderr)
         return 1
     return 0
 
