@@ -178,6 +178,12 @@ class UprRig:
         """A UPR consumer opened on the front (``open_consumer``)."""
         return await open_consumer(self.port, name, flags, dialect)
 
+    async def catch_up(self, seconds: float = 10) -> None:
+        """Until the front's log holds what the node holds (``caught_up``), failing
+        after ``seconds``."""
+        with trio.fail_after(seconds):
+            await until(lambda: caught_up(self.front, self.store))
+
 
 async def upr_front_over_node(
     nursery: trio.Nursery,
