@@ -18,6 +18,7 @@ NOOPs unless the test says otherwise.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from tests.support.upr_client import UprClient
 from tests.support.waiting import until
 
 CAUGHT_UP_VBUCKETS = 4
-"""The vbuckets ``caught_up`` compares: the tests' stores have four."""
+"""The vbuckets ``caught_up`` compares, and ``filled`` fills: the tests' stores have four."""
 
 # -- the TAP front ----------------------------------------------------------------
 
@@ -224,6 +225,27 @@ async def served_items(front_port: int, vb: int, count: int) -> list[upr.UprEven
 
 
 # -- either side ------------------------------------------------------------------
+
+
+def filled(items: int, *, removals: bool = False) -> Store:
+    """A 4-vbucket store of ``items`` keys spread over the vbuckets; with ``removals``,
+    an expired item and a deletion in vbucket 0."""
+    store = Store(CAUGHT_UP_VBUCKETS)
+    now = time.time()
+    for i in range(items):
+        store.set(i % CAUGHT_UP_VBUCKETS, b"key-%06d" % i, b"v%d" % i, now=now)
+    if removals:
+        store.set(0, b"expires", b"x", expiration=int(now), now=now)
+        store.delete(0, b"key-%06d" % 0, now=now)
+    return store
+
+
+def high_seqno(server: Any, vbucket: int) -> int:
+    """The vbucket's high seqno as ``server`` numbers it (the UPR front keeps its own)."""
+    logs = getattr(server, "logs", None)
+    if logs is not None:
+        return int(logs.logs[vbucket].high_seqno)
+    return int(server.store.high_seqno(vbucket))
 
 
 async def serve_tap_side(nursery: trio.Nursery, store: Store, side: str) -> tuple[Any, int]:
