@@ -6,8 +6,8 @@
 - ``upr_front_over_node``: a UPR front over a reference node (which it reads
   as a TAP client); ``UprRig.consumer`` opens a UPR consumer on it.
 - ``start_upr_front``: the UPR front alone in its own cancel scope, over any
-  TAP upstream (the node, a scripted 2.5.1 producer); ``served_items`` reads
-  what one of its vbuckets serves a UPR consumer.
+  TAP upstream; ``upr_front_over_251`` over a scripted 2.5.1 producer;
+  ``served_items`` reads what one of its vbuckets serves a UPR consumer.
 - ``serve_tap_side`` / ``serve_upr_side``: the node itself or a front over it,
   for the client tests that run on both sides (the node is the front's test
   peer, so a misreading both share would otherwise pass).
@@ -36,6 +36,7 @@ from gateway.node.server import Node
 from gateway.node.store import Store
 from tests.support import tap_client, upr_client
 from tests.support.scripted_upr import ScriptedUpr
+from tests.support.tap251 import STREAMED, Tap251Node
 from tests.support.tap_client import NO_FLAGS, TapClient, connect_event
 from tests.support.tapfront import start_front as start_tap_front
 from tests.support.upr_client import UprClient
@@ -199,6 +200,18 @@ async def upr_front_over_node(
     served, node_port = await tap_client.start_node(nursery, store, **(node or {}))
     upr_front, port, running = await start_upr_front(nursery, state_dir, node_port, **front)
     return UprRig(served, node_port, upr_front, port, running)
+
+
+async def upr_front_over_251(
+    nursery: trio.Nursery, state_dir: Path, node: Tap251Node, **front: Any
+) -> tuple[UprFront, int]:
+    """A scripted 2.5.1 TAP producer and a UPR front over it streaming its vbuckets
+    ``STREAMED`` (``front``: ``start_upr_front``'s options and config fields)."""
+    node_port = await node.start(nursery)
+    upr_front, port, _ = await start_upr_front(
+        nursery, state_dir, node_port, vbuckets=STREAMED, **front
+    )
+    return upr_front, port
 
 
 def items_of(events: list[upr.UprEvent]) -> list[upr.UprEvent]:
