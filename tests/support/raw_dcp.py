@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import trio
 
+from adapters.mcbp import Frame
+
 HEADER = struct.Struct(">BBHBBHIIQ")
 REQ, RES = 0x80, 0x81
 OPEN, ADD_STREAM, CLOSE_STREAM, STREAM_REQ, FAILOVER_LOG = 0x50, 0x51, 0x52, 0x53, 0x54
@@ -81,6 +83,16 @@ def stat(group: bytes, opaque: int = 0) -> bytes:
 def reply(to: Reply, status: int = 0) -> bytes:
     """A consumer's answer to a producer request (NOOP, SET_VBUCKET_STATE, acked marker)."""
     return frame(to.opcode, magic=RES, vbucket=status, opaque=to.opaque)
+
+
+def packet_of(frame: Frame) -> bytes:
+    """A frame the project's reader decoded, as the bytes it came in (a relay passes
+    each packet on exactly as it came)."""
+    header = HEADER.pack(
+        frame.magic, frame.opcode, frame.key_length, frame.extras_length, frame.datatype,
+        frame.vbucket_or_status, len(frame.body), frame.opaque, frame.cas,
+    )  # fmt: skip
+    return header + frame.body
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.gateway.fronts.upr.support import (
     until,
     write_load,
 )
+from tests.support.children import start_listening
 from tests.support.fronts import upr_front_over_node
 from tests.support.raw_dcp import RawDcp
 from tests.support.upr_client import StreamLog, check_snapshots
@@ -202,18 +202,8 @@ async def test_sigkilled_gateway_process_loses_nothing_acked(
 ) -> None:
     store = filled_store()
     node, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", GATEWAY, str(node_port), str(tmp_path)],
-        stdout=__import__("subprocess").PIPE,
-        env=env,
-    )
-    assert proc.stdout is not None
-    with trio.fail_after(20):
-        line = b""
-        while not line.endswith(b"\n"):
-            line += await proc.stdout.receive_some(100)
-    assert int(line) > 0  # listening: the ingest is running
+    proc, port = await start_listening(GATEWAY, node_port, tmp_path, what="the gateway")
+    assert port > 0  # listening: the ingest is running
 
     def acked() -> bool:
         registration = node.tap.registration("upr-front")
