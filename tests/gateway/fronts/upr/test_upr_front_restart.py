@@ -274,13 +274,16 @@ async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_t
     that end by 3.0's rule (src/failover-table.cc, ``FailoverTable::needsRollback``),
     and after it converges with the node, which sends again what was never acked."""
     store = filled_store(10)
-    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    front, port, scope = await start_front(
-        nursery, tmp_path, node_port, fsync="batch", close_logs=False
+    rig = await upr_front_over_node(
+        nursery,
+        tmp_path,
+        store,
+        node={"checkpoint_interval": 0.05},
+        fsync="batch",
+        close_logs=False,
     )
-    with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
-    vblog = front.logs.logs[0]
+    await rig.catch_up(20)
+    vblog = rig.front.logs.logs[0]
     with trio.fail_after(20):  # every commit so far has returned: all synced
         await until(lambda: vblog.syncing == 0 and not vblog.unsynced)
     synced = vblog.segments[-1].size
@@ -295,7 +298,7 @@ async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_t
     monkeypatch.setattr(VbLog, "sync", held_sync)
     for n in range(5):
         store.set(0, b"lost-%d" % n, b"v", now=time.time())
-    client = await open_producer(port, b"early")
+    client = await rig.consumer(b"early")
     with trio.fail_after(20):
         await until(lambda: vblog.high_seqno >= proven + 5)
     seen = vblog.high_seqno
@@ -310,7 +313,7 @@ async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_t
     stopping = trio.Event()
 
     async def stop() -> None:
-        await scope.stop()
+        await rig.running.stop()
         stopping.set()
 
     nursery.start_soon(stop)
@@ -320,7 +323,7 @@ async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_t
         await stopping.wait()
     monkeypatch.undo()
 
-    front2, port2, scope2 = await start_front(nursery, tmp_path, node_port)
+    front2, port2, scope2 = await start_front(nursery, tmp_path, rig.node_port)
     again = front2.logs.logs[0]
     assert not again.continued
     assert again.failover.entries[0][1] == proven and again.failover.entries[1][0] == old_uuid
