@@ -6,8 +6,8 @@
 - ``upr_front_over_node``: a UPR front over a reference node (which it reads
   as a TAP client); ``UprRig.consumer`` opens a UPR consumer on it.
 - ``start_upr_front``: the UPR front alone in its own cancel scope, over any
-  TAP upstream (the node, a scripted 2.5.1 producer); ``served_items`` reads
-  what one of its vbuckets serves a UPR consumer.
+  TAP upstream; ``upr_front_over_251`` over a scripted 2.5.1 producer;
+  ``served_items`` reads what one of its vbuckets serves a UPR consumer.
 - ``serve_tap_side`` / ``serve_upr_side``: the node itself or a front over it,
   for the client tests that run on both sides (the node is the front's test
   peer, so a misreading both share would otherwise pass).
@@ -18,6 +18,7 @@ NOOPs unless the test says otherwise.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,14 @@ from gateway.node.server import Node
 from gateway.node.store import Store
 from tests.support import tap_client, upr_client
 from tests.support.scripted_upr import ScriptedUpr
+from tests.support.tap251 import STREAMED, Tap251Node
 from tests.support.tap_client import NO_FLAGS, TapClient, connect_event
 from tests.support.tapfront import start_front as start_tap_front
 from tests.support.upr_client import UprClient
 from tests.support.waiting import until
 
 CAUGHT_UP_VBUCKETS = 4
-"""The vbuckets ``caught_up`` compares: the tests' stores have four."""
+"""The vbuckets ``caught_up`` compares, and ``filled`` fills: the tests' stores have four."""
 
 # -- the TAP front ----------------------------------------------------------------
 
@@ -178,6 +180,12 @@ class UprRig:
         """A UPR consumer opened on the front (``open_consumer``)."""
         return await open_consumer(self.port, name, flags, dialect)
 
+    async def catch_up(self, seconds: float = 10) -> None:
+        """Until the front's log holds what the node holds (``caught_up``), failing
+        after ``seconds``."""
+        with trio.fail_after(seconds):
+            await until(lambda: caught_up(self.front, self.store))
+
 
 async def upr_front_over_node(
     nursery: trio.Nursery,
@@ -192,6 +200,18 @@ async def upr_front_over_node(
     served, node_port = await tap_client.start_node(nursery, store, **(node or {}))
     upr_front, port, running = await start_upr_front(nursery, state_dir, node_port, **front)
     return UprRig(served, node_port, upr_front, port, running)
+
+
+async def upr_front_over_251(
+    nursery: trio.Nursery, state_dir: Path, node: Tap251Node, **front: Any
+) -> tuple[UprFront, int]:
+    """A scripted 2.5.1 TAP producer and a UPR front over it streaming its vbuckets
+    ``STREAMED`` (``front``: ``start_upr_front``'s options and config fields)."""
+    node_port = await node.start(nursery)
+    upr_front, port, _ = await start_upr_front(
+        nursery, state_dir, node_port, vbuckets=STREAMED, **front
+    )
+    return upr_front, port
 
 
 def items_of(events: list[upr.UprEvent]) -> list[upr.UprEvent]:
@@ -218,6 +238,27 @@ async def served_items(front_port: int, vb: int, count: int) -> list[upr.UprEven
 
 
 # -- either side ------------------------------------------------------------------
+
+
+def filled(items: int, *, removals: bool = False) -> Store:
+    """A 4-vbucket store of ``items`` keys spread over the vbuckets; with ``removals``,
+    an expired item and a deletion in vbucket 0."""
+    store = Store(CAUGHT_UP_VBUCKETS)
+    now = time.time()
+    for i in range(items):
+        store.set(i % CAUGHT_UP_VBUCKETS, b"key-%06d" % i, b"v%d" % i, now=now)
+    if removals:
+        store.set(0, b"expires", b"x", expiration=int(now), now=now)
+        store.delete(0, b"key-%06d" % 0, now=now)
+    return store
+
+
+def high_seqno(server: Any, vbucket: int) -> int:
+    """The vbucket's high seqno as ``server`` numbers it (the UPR front keeps its own)."""
+    logs = getattr(server, "logs", None)
+    if logs is not None:
+        return int(logs.logs[vbucket].high_seqno)
+    return int(server.store.high_seqno(vbucket))
 
 
 async def serve_tap_side(nursery: trio.Nursery, store: Store, side: str) -> tuple[Any, int]:

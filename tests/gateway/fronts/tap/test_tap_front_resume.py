@@ -19,7 +19,6 @@ from tests.support.tap_client import (
     TapClient,
     connect_event,
     is_opaque,
-    start_node,
     until,
     wants_ack,
 )
@@ -40,14 +39,11 @@ async def test_a_client_that_stops_acking_stalls_the_upstream_within_bounds(
 ) -> None:
     store = Store(VBUCKETS)
     write_keys(store, b"slow", 4000)
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(
-        nursery, node_port, buffer_size=32 * 1024, max_unacked=300, ack_interval=100
+    rig = await tap_front_over_node(
+        nursery, store, buffer_size=32 * 1024, max_unacked=300, ack_interval=100
     )
     with trio.fail_after(20):
-        client = await TapClient.open(
-            port, connect_event(b"slow", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
-        )
+        client = await rig.client(b"slow", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
         received: list[TapEvent] = []
         # Read without acking until the front stops sending.
         while True:
@@ -55,7 +51,7 @@ async def test_a_client_that_stops_acking_stalls_the_upstream_within_bounds(
                 received.append(await client.next_event())
             if idle.cancelled_caught:
                 break
-        session = front.sessions.get("slow")
+        session = rig.front.sessions.get("slow")
         assert session.producer.unacked <= 300
         # The producer stops once the buffer is reached: at most one message past it.
         assert session.stats.unacked_bytes <= 32 * 1024 + 200
