@@ -50,7 +50,9 @@ from tests.support.chaos_peers import (
     Port,
     RawConsumer,
     State,
+    bad_input,
     node_state,
+    send_bad_input,
 )
 
 FAULTS = (
@@ -65,6 +67,7 @@ FAULTS = (
     "consumer_stops_reading",
     "fsize_limit",
     "flip_byte",
+    "bad_peer",
 )
 FSYNC = ("batch", "batch", "always", "never")
 RSS_LIMIT_KIB = 400 * 1024
@@ -200,6 +203,10 @@ class ChaosRun:
         elif name == "stall":
             relay = rng.choice(list(self.relays.values()))
             nursery.start_soon(relay.stall, rng.uniform(0.1, 2.0))
+        elif name == "bad_peer":
+            upr_front = rng.random() < 0.5
+            front = self.relays["upr_front" if upr_front else "tap_front"]
+            nursery.start_soon(send_bad_input, front.port, bad_input(rng, upr_front))
         elif name == "consumer_stops_reading":
             nursery.start_soon(self.raw.pause, rng.uniform(0.2, 3.0))
         else:

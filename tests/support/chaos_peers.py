@@ -346,5 +346,41 @@ class ChaosTapClient:
         return {key: (cas, value) for key, (value, cas, _rev, _flags) in self.replica.items.items()}
 
 
-def encode_connect(connect: TapConnect) -> bytes:
-    return encode(connect)
+# -- a peer that sends what no peer should -----------------------------------------
+
+
+def bad_input(rng: random.Random, upr_front: bool) -> bytes:
+    """Bytes a broken or hostile peer sends: the front must close that connection only."""
+    choice = rng.randrange(5)
+    if choice == 0:  # not the memcached binary protocol at all
+        return bytes([rng.choice((0x00, 0x47, 0x16, 0xFF))]) + rng.randbytes(rng.randrange(40))
+    if choice == 1:  # a header that announces a huge body, then nothing
+        return raw_dcp.HEADER.pack(0x80, 0x53, 0, 48, 0, 0, 0x7FFFFFF0, 1, 0)
+    if choice == 2:  # a request with extras longer than its body
+        return (
+            raw_dcp.HEADER.pack(0x80, 0x50 if upr_front else 0x40, 2, 40, 0, 0, 4, 1, 0) + b"ab\0\0"
+        )
+    if choice == 3 and upr_front:  # a stream request before OPEN
+        return raw_dcp.stream_req(0, 1)
+    if choice == 3:  # a TAP CONNECT whose flags ask for a checkpoint map it does not send
+        return raw_dcp.frame(0x40, extras=struct.pack(">I", 0x4C), key=b"bad", value=b"\0\0\0\x05")
+    # the valid start of a session, then random bytes after a response header's magic
+    opening = raw_dcp.open_producer(b"bad") if upr_front else encode(TapConnect(b"bad"))
+    return opening + b"\x81" + rng.randbytes(rng.randrange(8, 60))
+
+
+async def send_bad_input(port: int, data: bytes) -> None:
+    """Send ``data`` and read until the peer closes (or a second passes)."""
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError:
+        return
+    try:
+        with trio.move_on_after(1.0):
+            await stream.send_all(data)
+            while await stream.receive_some(65536):
+                pass
+    except LINK_ERRORS:
+        pass
+    finally:
+        await stream.aclose()
