@@ -11,6 +11,9 @@ import argparse
 import contextlib
 import io
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -19,6 +22,7 @@ from gateway.cli import settings
 from gateway.cli.main import _commands, build_parser, main
 from gateway.cli.serve import ServeOptions, run_serve
 from gateway.cli.serve_args import _warn_embedded_only
+from gateway.node.store import Store
 
 ANY_PORT = ("127.0.0.1", 0)
 
@@ -102,3 +106,20 @@ async def test_the_quick_start_does_not_warn_about_its_temporary_log(
     assert said.levelno == logging.INFO
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     nursery.cancel_scope.cancel()
+
+
+def test_a_data_dir_of_another_vbucket_count_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    Store(4, data_dir=data).close()
+    data.chmod(0o700)
+    node = ["node", "--listen", "127.0.0.1:0", "--data-dir", str(data)]
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", *node], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line == (
+        f"node: --data-dir {data}: cannot recover the store: {data / 'store.journal'} holds "
+        "4 vbuckets, configured 64 (--vbucket-count 64)"
+    )
