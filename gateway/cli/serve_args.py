@@ -10,11 +10,11 @@ from functools import partial
 from pathlib import Path
 
 from gateway.cli.args import (
+    add_vbucket_count,
     address,
     count,
     float_at_least,
     int_between,
-    vbucket_count,
     vbucket_list,
 )
 from gateway.cli.security_args import (
@@ -36,6 +36,7 @@ from gateway.cli.serve import (
 from gateway.cli.startup import (
     StartupError,
     describe,
+    describe_file,
     lock_directory,
     prepare_directory,
     startup_error_in,
@@ -154,13 +155,7 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="add a vbucket label to per-stream series (many series with 1024 vbuckets)",
     )
     embedded = parser.add_argument_group("embedded upstream (when no upstream is given)")
-    embedded.add_argument(
-        "--vbuckets",
-        type=vbucket_count,
-        default=64,
-        metavar="N",
-        help="number of vbuckets (default 64)",
-    )
+    add_vbucket_count(embedded, "how many vbuckets the embedded node has (default 64)")
     embedded.add_argument(
         "--sample-items",
         type=count,
@@ -224,7 +219,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         upstream_noop_interval=args.upstream_noop_interval,
         fsync=args.fsync,
         capture_dir=args.capture_dir,
-        embedded_vbuckets=args.vbuckets,
+        embedded_vbuckets=args.vbucket_count,
         embedded_sample_items=args.sample_items,
         embedded_writes_per_second=args.writes_per_second,
     )
@@ -238,7 +233,10 @@ def run_serve_command(args: argparse.Namespace) -> int:
         os_failure = logs.os_error_in(exc)
         if os_failure is None:
             raise
-        print(f"serve: {describe(os_failure)}", file=sys.stderr)
+        if os_failure.filename is not None:  # a file of the state or capture directory
+            print(f"serve: {os_failure.filename}: {describe_file(os_failure)}", file=sys.stderr)
+        else:
+            print(f"serve: {describe(os_failure)}", file=sys.stderr)
         return 1
     return 0
 
