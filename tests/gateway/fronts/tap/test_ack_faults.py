@@ -40,7 +40,7 @@ from tests.gateway.fronts.tap.faults import (
     write_keys,
 )
 from tests.gateway.fronts.tap.test_tap_front_stream import catch_up, check_brackets
-from tests.gateway.test_tap_2x_clients import classic_reply
+from tests.support.classic_tap import classic_reply
 from tests.support.tap_client import (
     STREAM_TYPES,
     TapClient,
