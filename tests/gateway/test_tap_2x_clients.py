@@ -27,7 +27,6 @@ from adapters.tap import (
     TapResponse,
     decode_frame,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets, closes
 from tests.support.classic_tap import (
     HEADER,
     TAP_OPCODES,
@@ -38,7 +37,7 @@ from tests.support.classic_tap import (
 from tests.support.fronts import filled, serve_tap_side
 from tests.support.raw_dcp import RawDcp
 from tests.support.tap_client import TapClient, until
-from tests.support.tapfront import Replica, node_state
+from tests.support.tapfront import Replica, check_brackets, closes, node_state
 
 F = ConnectFlags
 VBUCKETS = 4
