@@ -20,6 +20,16 @@ def address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` with a host and a port from 0 to 65535."""
     from gateway.io.listen import parse_hostport
 
+    scheme, colon_slashes, rest = text.partition("://")
+    if colon_slashes:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write HOST:PORT without the {scheme}:// part, e.g. {rest.rstrip('/')}"
+        )
+    if text.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no host: write HOST:PORT, e.g. 127.0.0.1:{text} (this machine only) "
+            f"or 0.0.0.0:{text} (every interface)"
+        )
     host, sep, _ = text.rpartition(":")
     if not sep:
         raise argparse.ArgumentTypeError(

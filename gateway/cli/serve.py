@@ -182,7 +182,9 @@ async def _start_all(
         temporary = tempfile.TemporaryDirectory(prefix="tap-upr-gateway-")
         cleanup.enter_context(temporary)
         state_dir = Path(temporary.name)
-        log.warning(
+        # Only news when the upstream is real: the embedded node keeps nothing either.
+        log.log(
+            logging.INFO if running.embedded_port else logging.WARNING,
             "no --state-dir given: the UPR front's log lives in %s and is removed on exit",
             state_dir,
         )

@@ -51,6 +51,12 @@ MAX_NOOP_INTERVAL = 2**32 - 1
 """The producer reads the value as a 32-bit number (``parseUint32``)."""
 
 log = logging.getLogger("gateway.cli.serve")
+EMBEDDED_DEFAULTS: dict[str, float] = {
+    "vbucket_count": 64,
+    "sample_items": 10_000,
+    "writes_per_second": 20.0,
+}
+"""The embedded node's options (by dest) and defaults: with an upstream they do nothing."""
 
 
 def _show(address: tuple[str, int]) -> str:
@@ -147,7 +153,8 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "--capture-dir",
         type=Path,
         metavar="DIR",
-        help="record every item each front connection receives and sends (for `verify`)",
+        help="record every item each front connection receives and sends, for `verify` "
+        "(default: no recording)",
     )
     parser.add_argument(
         "--per-vbucket-metrics",
@@ -159,16 +166,16 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     embedded.add_argument(
         "--sample-items",
         type=count,
-        default=10_000,
+        default=EMBEDDED_DEFAULTS["sample_items"],
         metavar="N",
-        help="sample items (default 10000)",
+        help="items written to the embedded node at start (default 10000)",
     )
     embedded.add_argument(
         "--writes-per-second",
         type=float_at_least(0.0),
-        default=20.0,
+        default=EMBEDDED_DEFAULTS["writes_per_second"],
         metavar="N",
-        help="live writes to the embedded node (default 20; 0 for none)",
+        help="live writes per second to the embedded node (default 20; 0 for none)",
     )
     add_listener_options(parser, fronts=True)
     logs.add_logging_options(parser)
@@ -182,6 +189,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from gateway.runtime import logs
 
     logs.configure_from(args)
+    _warn_embedded_only(args)
     from gateway.io.auth import UsersFileError, read_users
 
     try:
@@ -239,6 +247,25 @@ def run_serve_command(args: argparse.Namespace) -> int:
             print(f"serve: {describe(os_failure)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _warn_embedded_only(args: argparse.Namespace) -> None:
+    """An embedded-node option beside an upstream changes nothing: say so, since the
+    operator meant something by it (a vbucket count for the upstream, say)."""
+    if args.upr_upstream is None and args.tap_upstream is None:
+        return
+    given = [
+        f"--{dest.replace('_', '-')} {value:g}" if isinstance(value, float) else
+        f"--{dest.replace('_', '-')} {value}"
+        for dest, default in EMBEDDED_DEFAULTS.items()
+        if (value := getattr(args, dest)) != default
+    ]  # fmt: skip
+    if given:
+        log.warning(
+            "%s: only for the embedded node, which does not run when --upr-upstream or "
+            "--tap-upstream is given; ignored",
+            ", ".join(given),
+        )
 
 
 def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import pwd
+import re
 import stat
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -138,7 +139,7 @@ def _make_private(option: str, path: Path, mode: int) -> None:
             f"gateway a directory of its own, e.g. {path / 'tap-upr-gateway'}"
         )
     entries = sorted(entry.name for entry in path.iterdir())
-    if entries and LOCK_NAME not in entries:
+    if entries and not any(_OURS.fullmatch(name) for name in entries):
         raise StartupError(
             f"{option} {path}: open to other users (mode {mode:o}) and holds files the "
             f"gateway did not make (e.g. {entries[0]!r}): give it a directory of its own, "
@@ -152,6 +153,14 @@ def _make_private(option: str, path: Path, mode: int) -> None:
             f"private: {describe_file(exc)}"
         ) from None
     log.warning("%s %s was open to other users (mode %o): made it 0700", option, path, mode)
+
+
+_OURS = re.compile(
+    r"lock|store\.journal|upr-front-logs\.msgpack|tap-front-state\.msgpack|vb-\d{4}"
+    r"|.*\.tucap|tap|upr"
+)
+"""Names the gateway writes in the directories it is given (state, node data, captures):
+a directory holding one is the gateway's own, and may be made private."""
 
 
 def _user_name(uid: int) -> str:

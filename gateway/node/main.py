@@ -77,6 +77,13 @@ async def run_node(
     except OSError as exc:
         where = f"--data-dir {options.data_dir}" if options.data_dir else "the store"
         raise StartupError(f"{where}: {describe_file(exc)}") from None
+    except ValueError as exc:  # a journal of another vbucket count or format, or damaged
+        if options.data_dir is None:
+            raise
+        raise StartupError(
+            f"--data-dir {options.data_dir}: cannot recover the store: {exc} "
+            f"(--vbucket-count {options.vbuckets})"
+        ) from None
     async with stopped_by_signals() as stop:
         try:
             with stop:

@@ -85,15 +85,21 @@ def test_an_open_directory_holding_other_files_is_refused_not_made_private(
     assert home.stat().st_mode & 0o777 == 0o755
 
 
-@pytest.mark.parametrize("used_before", [False, True])
+@pytest.mark.parametrize(
+    "left_before",
+    [[], [LOCK_NAME, "vb-0000/"], ["store.journal"], ["tap/", "upr/"], ["a.000000.tucap"]],
+)
 def test_its_own_directory_open_to_others_is_made_private_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, used_before: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, left_before: list[str]
 ) -> None:
+    """Empty, or holding what the gateway writes (state, node data, captures)."""
     state = tmp_path / "state"
     state.mkdir()
-    if used_before:
-        (state / LOCK_NAME).write_text("1\n")
-        (state / "vb-0000").mkdir()
+    for name in left_before:
+        if name.endswith("/"):
+            (state / name).mkdir()
+        else:
+            (state / name).write_text("")
     state.chmod(0o750)
     with caplog.at_level(logging.WARNING):
         assert prepare_directory("--state-dir", state) == state
