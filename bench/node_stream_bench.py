@@ -139,7 +139,7 @@ async def bench(args: argparse.Namespace) -> None:
         "node",
         "--listen",
         "127.0.0.1:0",
-        "--vbuckets",
+        "--vbucket-count",
         str(args.vbuckets),
         "--sample-items",
         str(args.items),

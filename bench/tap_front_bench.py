@@ -61,7 +61,7 @@ def process(command: list[str], pattern: str) -> Iterator[tuple[subprocess.Popen
 def node_command(items: int, value_size: int, vbuckets: int) -> list[str]:
     return [
         sys.executable, "-m", "gateway", "node", "--listen", "127.0.0.1:0",
-        "--vbuckets", str(vbuckets), "--sample-items", str(items),
+        "--vbucket-count", str(vbuckets), "--sample-items", str(items),
         "--value-size", str(value_size), "--max-items", str(2 * items + 1_000_000),
     ]  # fmt: skip
 

@@ -98,7 +98,7 @@ def process(command: list[str], pattern: str) -> Iterator[int]:
 def node_process(items: int, value_size: int) -> AbstractContextManager[int]:
     command = [
         sys.executable, "-m", "gateway", "node", "--listen", "127.0.0.1:0",
-        "--vbuckets", str(VBUCKETS), "--sample-items", str(items),
+        "--vbucket-count", str(VBUCKETS), "--sample-items", str(items),
         "--value-size", str(value_size), "--max-items", str(2 * items + 1_000_000),
     ]  # fmt: skip
     return process(command, r"listening on 127\.0\.0\.1:(\d+)")

@@ -1,14 +1,16 @@
 """Argument types shared by the subcommands: each rejects a bad value at parse time.
 
 argparse turns the ``ArgumentTypeError`` into one line naming the option
-(``argument --vbuckets: 0 is not between 1 and 65536``) and exit status 2,
+(``argument --vbucket-count: 0 is not between 1 and 65536``) and exit status 2,
 so no bad value reaches the code that would fail later with a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
 
 MAX_VBUCKETS = 65536
 """vbucket ids are 16-bit on the wire."""
@@ -18,6 +20,16 @@ def address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` with a host and a port from 0 to 65535."""
     from gateway.io.listen import parse_hostport
 
+    scheme, colon_slashes, rest = text.partition("://")
+    if colon_slashes:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write HOST:PORT without the {scheme}:// part, e.g. {rest.rstrip('/')}"
+        )
+    if text.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no host: write HOST:PORT, e.g. 127.0.0.1:{text} (this machine only) "
+            f"or 0.0.0.0:{text} (every interface)"
+        )
     host, sep, _ = text.rpartition(":")
     if not sep:
         raise argparse.ArgumentTypeError(
@@ -76,9 +88,75 @@ def fraction(text: str) -> float:
     return value
 
 
-vbucket_count = int_between(1, MAX_VBUCKETS)
 count = int_between(0)
 positive = int_between(1)
+_VBUCKET_LIST = re.compile(r"\s*\d+\s*(?:[-,]\s*\d*\s*)+")
+"""``0,1,5``, ``0-3``, ``64,``: what a list of vbucket ids looks like (``-5`` does not)."""
+
+
+def vbucket_count(text: str) -> int:
+    """How many vbuckets a node has. ``--vbuckets`` takes a list of ids in ``move`` and
+    ``capture``, so a list here is that mix-up, said as such rather than as a bad number."""
+    if _VBUCKET_LIST.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a list of vbucket ids, but --vbucket-count takes how many vbuckets "
+            "the node has (e.g. 64); lists go to --vbuckets of move and capture"
+        )
+    return int_between(1, MAX_VBUCKETS)(text)
+
+
+vbucket_count.__name__ = "integer"
+DEPRECATION_NOTES = "deprecation_notes"
+"""The namespace attribute where renamed options leave their warnings; the commands
+log them once logging is set up (``gateway.runtime.logs.configure_from``)."""
+
+
+class RenamedOption(argparse.Action):
+    """An old option name still accepted (hidden from --help) with a one-line warning
+    naming the new one: configurations written for the old name keep working."""
+
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, *, new_name: str, **kwargs: Any
+    ) -> None:
+        kwargs.setdefault("help", argparse.SUPPRESS)
+        kwargs.setdefault("default", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.new_name = new_name
+
+    def notice(self, command: str, value: object, where: str | None = None) -> str:
+        old = self.option_strings[0]
+        source = f" ({where})" if where else ""
+        return (
+            f"{command}: {old} {value}{source} is deprecated: write {self.new_name} {value} "
+            f"({old} is a list of vbucket ids in move and capture)"
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        command = parser.prog.rpartition(" ")[2]
+        notes = [*getattr(namespace, DEPRECATION_NOTES, []), self.notice(command, values)]
+        setattr(namespace, DEPRECATION_NOTES, notes)
+
+
+def add_vbucket_count(parser: argparse._ActionsContainer, help_text: str) -> None:
+    """``--vbucket-count N``, and ``--vbuckets N``, its old name in serve and node."""
+    parser.add_argument(
+        "--vbucket-count", type=vbucket_count, default=64, metavar="N", help=help_text
+    )
+    parser.add_argument(
+        "--vbuckets",
+        dest="vbucket_count",
+        type=vbucket_count,
+        metavar="N",
+        action=RenamedOption,
+        new_name="--vbucket-count",
+    )
 
 
 def vbucket_list(text: str) -> list[int]:

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import NoReturn
 
 from gateway.cli.args import (
+    add_vbucket_count,
     address,
     count,
     float_at_least,
     fraction,
     positive,
-    vbucket_count,
     vbucket_list,
 )
 from gateway.runtime import logs
@@ -96,13 +96,7 @@ def _add_node(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="HOST:PORT",
         help="address to serve (default 127.0.0.1:11210)",
     )
-    parser.add_argument(
-        "--vbuckets",
-        type=vbucket_count,
-        default=64,
-        metavar="N",
-        help="number of vbuckets (default 64)",
-    )
+    add_vbucket_count(parser, "how many vbuckets the node has, 0 to N-1 (default 64)")
     parser.add_argument(
         "--replica-vbuckets",
         type=vbucket_list,
@@ -190,18 +184,18 @@ def _run_node(args: argparse.Namespace) -> int:
         except StartupError as exc:
             print(f"node: {exc}", file=sys.stderr)
             return 1
-    outside = [vb for vb in args.replica_vbuckets if vb >= args.vbuckets]
+    outside = [vb for vb in args.replica_vbuckets if vb >= args.vbucket_count]
     if outside:
         print(
             f"node: --replica-vbuckets names vbucket {outside[0]}, but the node has "
-            f"{args.vbuckets} (--vbuckets)",
+            f"{args.vbucket_count} (--vbucket-count)",
             file=sys.stderr,
         )
         return 2
     options = NodeOptions(
         host=host,
         port=port,
-        vbuckets=args.vbuckets,
+        vbuckets=args.vbucket_count,
         data_dir=args.data_dir,
         fsync=args.fsync,
         max_items=args.max_items,

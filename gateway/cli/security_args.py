@@ -294,6 +294,7 @@ def add_hash_password_parser(commands: argparse._SubParsersAction[argparse.Argum
         "--iterations",
         type=positive,
         default=DEFAULT_ITERATIONS,
+        metavar="N",
         help=f"PBKDF2 iterations (default {DEFAULT_ITERATIONS})",
     )
     parser.set_defaults(handler=run_hash_password)

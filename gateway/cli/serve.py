@@ -182,7 +182,9 @@ async def _start_all(
         temporary = tempfile.TemporaryDirectory(prefix="tap-upr-gateway-")
         cleanup.enter_context(temporary)
         state_dir = Path(temporary.name)
-        log.warning(
+        # Only news when the upstream is real: the embedded node keeps nothing either.
+        log.log(
+            logging.INFO if running.embedded_port else logging.WARNING,
             "no --state-dir given: the UPR front's log lives in %s and is removed on exit",
             state_dir,
         )
@@ -203,7 +205,11 @@ async def _start_all(
         health.fronts.append(FrontInfo(TAP_FRONT, "TAP front", listen, upstream_state))
     if tap_upstream is not None:
         assert state_dir is not None
+        from gateway.runtime.write_failures import watch_write_failures
+
         health.logs_proven = False
+        health.upr_log = running.stats.upr_log
+        cleanup.enter_context(watch_write_failures(running.stats.upr_log))
         running.upr_port = await start_listener(
             "--upr-listen",
             options.upr_listen,

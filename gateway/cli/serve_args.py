@@ -10,11 +10,11 @@ from functools import partial
 from pathlib import Path
 
 from gateway.cli.args import (
+    add_vbucket_count,
     address,
     count,
     float_at_least,
     int_between,
-    vbucket_count,
     vbucket_list,
 )
 from gateway.cli.security_args import (
@@ -36,6 +36,7 @@ from gateway.cli.serve import (
 from gateway.cli.startup import (
     StartupError,
     describe,
+    describe_file,
     lock_directory,
     prepare_directory,
     startup_error_in,
@@ -50,6 +51,12 @@ MAX_NOOP_INTERVAL = 2**32 - 1
 """The producer reads the value as a 32-bit number (``parseUint32``)."""
 
 log = logging.getLogger("gateway.cli.serve")
+EMBEDDED_DEFAULTS: dict[str, float] = {
+    "vbucket_count": 64,
+    "sample_items": 10_000,
+    "writes_per_second": 20.0,
+}
+"""The embedded node's options (by dest) and defaults: with an upstream they do nothing."""
 
 
 def _show(address: tuple[str, int]) -> str:
@@ -146,7 +153,8 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "--capture-dir",
         type=Path,
         metavar="DIR",
-        help="record every item each front connection receives and sends (for `verify`)",
+        help="record every item each front connection receives and sends, for `verify` "
+        "(default: no recording)",
     )
     parser.add_argument(
         "--per-vbucket-metrics",
@@ -154,26 +162,20 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="add a vbucket label to per-stream series (many series with 1024 vbuckets)",
     )
     embedded = parser.add_argument_group("embedded upstream (when no upstream is given)")
-    embedded.add_argument(
-        "--vbuckets",
-        type=vbucket_count,
-        default=64,
-        metavar="N",
-        help="number of vbuckets (default 64)",
-    )
+    add_vbucket_count(embedded, "how many vbuckets the embedded node has (default 64)")
     embedded.add_argument(
         "--sample-items",
         type=count,
-        default=10_000,
+        default=EMBEDDED_DEFAULTS["sample_items"],
         metavar="N",
-        help="sample items (default 10000)",
+        help="items written to the embedded node at start (default 10000)",
     )
     embedded.add_argument(
         "--writes-per-second",
         type=float_at_least(0.0),
-        default=20.0,
+        default=EMBEDDED_DEFAULTS["writes_per_second"],
         metavar="N",
-        help="live writes to the embedded node (default 20; 0 for none)",
+        help="live writes per second to the embedded node (default 20; 0 for none)",
     )
     add_listener_options(parser, fronts=True)
     logs.add_logging_options(parser)
@@ -187,6 +189,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from gateway.runtime import logs
 
     logs.configure_from(args)
+    _warn_embedded_only(args)
     from gateway.io.auth import UsersFileError, read_users
 
     try:
@@ -224,7 +227,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         upstream_noop_interval=args.upstream_noop_interval,
         fsync=args.fsync,
         capture_dir=args.capture_dir,
-        embedded_vbuckets=args.vbuckets,
+        embedded_vbuckets=args.vbucket_count,
         embedded_sample_items=args.sample_items,
         embedded_writes_per_second=args.writes_per_second,
     )
@@ -238,9 +241,31 @@ def run_serve_command(args: argparse.Namespace) -> int:
         os_failure = logs.os_error_in(exc)
         if os_failure is None:
             raise
-        print(f"serve: {describe(os_failure)}", file=sys.stderr)
+        if os_failure.filename is not None:  # a file of the state or capture directory
+            print(f"serve: {os_failure.filename}: {describe_file(os_failure)}", file=sys.stderr)
+        else:
+            print(f"serve: {describe(os_failure)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _warn_embedded_only(args: argparse.Namespace) -> None:
+    """An embedded-node option beside an upstream changes nothing: say so, since the
+    operator meant something by it (a vbucket count for the upstream, say)."""
+    if args.upr_upstream is None and args.tap_upstream is None:
+        return
+    given = [
+        f"--{dest.replace('_', '-')} {value:g}" if isinstance(value, float) else
+        f"--{dest.replace('_', '-')} {value}"
+        for dest, default in EMBEDDED_DEFAULTS.items()
+        if (value := getattr(args, dest)) != default
+    ]  # fmt: skip
+    if given:
+        log.warning(
+            "%s: only for the embedded node, which does not run when --upr-upstream or "
+            "--tap-upstream is given; ignored",
+            ", ".join(given),
+        )
 
 
 def add_move_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

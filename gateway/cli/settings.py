@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.cli.args import DEPRECATION_NOTES, RenamedOption
+
 ENV_PREFIX = "TAP_UPR_GATEWAY_"
 _NOT_SETTABLE = {"help", "config", "version"}
 
@@ -147,10 +149,15 @@ def apply_settings(
         variable = ENV_PREFIX + name.upper().replace("-", "_")
         if variable in environ:
             values[name] = (action, environ[variable], f"${variable}")
-    defaults = {}
+    defaults: dict[str, Any] = {}
+    notes: list[str] = []
     for action, value, where in values.values():
         defaults[action.dest] = _convert(action, value, where)
         action.required = False  # the setting provides it
+        if isinstance(action, RenamedOption):
+            notes.append(action.notice(command, defaults[action.dest], where))
+    if notes:
+        defaults[DEPRECATION_NOTES] = notes
     parser.set_defaults(**defaults)
 
 

@@ -8,9 +8,13 @@ listens there)``; the commands print it as ``serve: <message>`` and exit 1.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
+import pwd
+import re
+import stat
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -20,6 +24,7 @@ import trio
 from gateway.metrics.health import UpstreamHealth
 from gateway.runtime.logs import Repeats, os_error_in
 from gateway.runtime.logs import describe as describe  # the commands name it from here
+from gateway.runtime.logs import describe_file as describe_file
 
 log = logging.getLogger("gateway.cli.serve")
 
@@ -66,26 +71,103 @@ async def start_listener(
 
 
 def prepare_directory(option: str, path: Path) -> Path:
-    """Create ``path`` (private, 0700) if missing; refuse a file or an unwritable place."""
+    """Create ``path`` (private, 0700) if missing, or check an existing one: this
+    user's, writable, and private (one open to others is made 0700 with a warning,
+    unless it is shared, such as /tmp, or holds files the gateway did not make).
+
+    Every refusal is one ``StartupError`` line naming the option, the path and why."""
     if path.exists() and not path.is_dir():
         raise StartupError(f"{option} {path}: exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise StartupError(f"{option} {path}: cannot create it: {describe(exc)}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StartupError(f"{option} {path}: not writable by this user")
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
+    in_the_way = _file_in_the_way(path)
+    if in_the_way is not None:
+        raise StartupError(f"{option} {path}: {in_the_way} is a file, not a directory")
+    if not path.exists():
         try:
-            path.chmod(0o700)
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise StartupError(
-                f"{option} {path}: open to other users (mode {mode:o}) and cannot be made "
-                f"private: {describe(exc)}"
+                f"{option} {path}: cannot create it: {_creation_failure(exc, path)}"
             ) from None
-        log.warning("%s %s was open to other users (mode %o): made it 0700", option, path, mode)
+    info = path.stat()
+    if info.st_uid != os.geteuid():
+        owner, me = _user_name(info.st_uid), _user_name(os.geteuid())
+        raise StartupError(
+            f"{option} {path}: owned by {owner} while this process runs as {me}: run as "
+            f"{owner.split()[0]}, or give a directory {me.split()[0]} owns (files written "
+            f"now would be {me.split()[0]}'s, unreadable to the owner)"
+        )
+    _check_writable(option, path)
+    mode = info.st_mode & 0o7777
+    if mode & 0o077:
+        _make_private(option, path, mode)
     return path
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` if it is not a directory."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def _creation_failure(error: OSError, path: Path) -> str:
+    parent = path.absolute().parent
+    if error.errno == errno.ENOENT and parent.is_dir():
+        # /proc, /sys and the like: the parent is there, its file system takes nothing
+        return f"{parent} does not take new directories (its file system refuses them)"
+    return describe_file(error)
+
+
+def _check_writable(option: str, path: Path) -> None:
+    """Create and remove a file: ``os.access`` says yes to root on a read-only mount."""
+    probe = path / f".write-check-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        reason = describe_file(exc)
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            reason += ": not writable by this user"
+        raise StartupError(f"{option} {path}: cannot write in it: {reason}") from None
+
+
+def _make_private(option: str, path: Path, mode: int) -> None:
+    if mode & stat.S_ISVTX:
+        raise StartupError(
+            f"{option} {path}: shared by every user (mode {mode:o}, as /tmp is): give the "
+            f"gateway a directory of its own, e.g. {path / 'tap-upr-gateway'}"
+        )
+    entries = sorted(entry.name for entry in path.iterdir())
+    if entries and not any(_OURS.fullmatch(name) for name in entries):
+        raise StartupError(
+            f"{option} {path}: open to other users (mode {mode:o}) and holds files the "
+            f"gateway did not make (e.g. {entries[0]!r}): give it a directory of its own, "
+            f"e.g. {path / 'tap-upr-gateway'}"
+        )
+    try:
+        path.chmod(0o700)
+    except OSError as exc:
+        raise StartupError(
+            f"{option} {path}: open to other users (mode {mode:o}) and cannot be made "
+            f"private: {describe_file(exc)}"
+        ) from None
+    log.warning("%s %s was open to other users (mode %o): made it 0700", option, path, mode)
+
+
+_OURS = re.compile(
+    r"lock|store\.journal|upr-front-logs\.msgpack|tap-front-state\.msgpack|vb-\d{4}"
+    r"|.*\.tucap|tap|upr"
+)
+"""Names the gateway writes in the directories it is given (state, node data, captures):
+a directory holding one is the gateway's own, and may be made private."""
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 LOCK_NAME = "lock"
@@ -102,7 +184,9 @@ def lock_directory(option: str, path: Path) -> Iterator[None]:
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
-        raise StartupError(f"{option} {path}: cannot create {LOCK_NAME}: {describe(exc)}") from None
+        raise StartupError(
+            f"{option} {path}: cannot create {LOCK_NAME}: {describe_file(exc)}"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

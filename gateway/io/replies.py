@@ -14,8 +14,7 @@ from typing import Protocol
 
 import trio
 
-from adapters.errors import ProtocolError
-from adapters.mcbp import Frame, Magic, Status, encode_frame, error_response
+from adapters.mcbp import Frame, Magic, Status, encode_frame
 
 REFUSAL_FLUSH_SECONDS = 2.0
 
@@ -51,13 +50,6 @@ def reply(
 def error_reply(frame: Frame, status: int, text: str) -> bytes:
     """An error response to ``frame`` whose value says what was wrong."""
     return reply(frame, status, value=text.encode())
-
-
-def refusal(opcode: int, opaque: int, exc: ProtocolError) -> bytes:
-    """The error response for a refused request known by its opcode and opaque
-    (a caller holding the decoded request, not its frame): ``mcbp.error_response``'s
-    rule. With the frame at hand, call ``error_response`` itself."""
-    return error_response(Frame(Magic.REQUEST, opcode, 0, 0, 0, 0, opaque, 0, b""), exc)
 
 
 def stat_reply(frame: Frame, pairs: Iterable[tuple[str, str]]) -> bytes:

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from gateway.metrics.health import Health
 
 PREFIX = "tapupr_"
+WRITE_FAILURE_ERRNOS = ("EDQUOT", "EFBIG", "EIO", "ENOSPC")
+"""Shown at 0 from the start, so that an alert's ``increase()`` sees the first one."""
 STREAM_LABELS = ("direction", "connection", "upstream")
 BUCKET_BOUNDS = (*(repr(float(b)) for b in LATENCY_BUCKETS), "+Inf")
 
@@ -279,6 +281,14 @@ def process_families(view: StatsView, *, per_vbucket: bool) -> list[Family]:
     )
     for vb, count in sorted(view.upr_log_damage_total.items()):
         damage.add(_vb_labels(vb), count, "_total")
+    write_failures = counter(
+        "upr_front_log_write_failures_total",
+        "Writes of the UPR front's log the file system refused (a full disk, a size limit), "
+        "by errno: nothing of them acknowledged, written again once there is room.",
+    )
+    failed = view.upr_log_write_failures_total
+    for name in sorted({*WRITE_FAILURE_ERRNOS, *failed}):
+        write_failures.add(Labels.of(errno=name), failed.get(name, 0), "_total")
     tap_state = counter(
         "tap_front_state_set_aside_total",
         "TAP front state files that could not be read at start-up: set aside, clients backfill.",
@@ -286,7 +296,8 @@ def process_families(view: StatsView, *, per_vbucket: bool) -> list[Family]:
     tap_state.add(NO_LABELS, view.tap_front_state_set_aside_total, "_total")
     out = [
         active, accepted, items, sent_bytes, reconnects, rollbacks, last_rollback, ends, errors,
-        started, done, log_bytes, compactions, longest, set_aside, damage, tap_state,
+        started, done, log_bytes, compactions, longest, set_aside, damage, write_failures,
+        tap_state,
     ]  # fmt: skip
     if per_vbucket:
         per_vb = gauge(

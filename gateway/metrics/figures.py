@@ -164,6 +164,22 @@ class UprLogStats:
     """Vbucket logs start-up could not prove and set aside, by reason (``proof.KINDS``)."""
     log_damage_total: Counter[int] = field(default_factory=Counter)
     """Damage found while serving a vbucket's log (then set aside and re-fetched), by vbucket."""
+    write_failures_total: Counter[str] = field(default_factory=Counter)
+    """Log writes the file system refused (nothing of them acked, retried), by errno name."""
+    last_write_failure: str | None = None
+    bytes_at_write_failure: int = 0
+
+    def note_write_failure(self, errno_name: str, message: str) -> None:
+        self.write_failures_total[errno_name] += 1
+        self.last_write_failure = message
+        self.bytes_at_write_failure = self.bytes_on_disk
+
+    def write_failing(self) -> str | None:
+        """The last failed write while the log has not grown since (no write went
+        through); a compaction in between keeps it said a little longer."""
+        if self.last_write_failure is None or self.bytes_on_disk > self.bytes_at_write_failure:
+            return None
+        return self.last_write_failure
 
 
 @dataclass

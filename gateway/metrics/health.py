@@ -7,7 +7,7 @@ The metrics server only reads it, on the trio thread.
 
 Alive (``/healthz``) means the event loop answers. Ready (``/readyz``) means
 every listener is bound, every upstream answered its latest check, and the
-UPR front (when it runs) proved its logs; otherwise the JSON body lists, one
+UPR front (when it runs) proved its logs and can write them; otherwise the JSON body lists, one
 sentence each, what is not ready.
 """
 
@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.metrics.figures import UprLogStats
 
 
 @dataclass
@@ -78,6 +81,8 @@ class Health:
     fronts: list[FrontInfo] = field(default_factory=list)
     upstreams: dict[str, UpstreamHealth] = field(default_factory=dict)
     """By option (``--upr-upstream``, ``--tap-upstream``, ``embedded node``)."""
+    upr_log: UprLogStats | None = None
+    """The UPR front's log (when it runs): a write the file system refuses is not ready."""
 
     def upstream(self, option: str, address: str) -> UpstreamHealth:
         found = self.upstreams.get(option)
@@ -96,6 +101,9 @@ class Health:
                 out.append(problem)
         if self.logs_proven is False:
             out.append("the UPR front is still proving its logs")
+        failing = self.upr_log.write_failing() if self.upr_log is not None else None
+        if failing is not None:
+            out.append(f"the UPR front cannot write its log: {failing}")
         return out
 
     def readiness(self) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class StatsView:
     failover_log_lengths: dict[int, int]
     upr_logs_set_aside_total: dict[str, int]
     upr_log_damage_total: dict[int, int]
+    upr_log_write_failures_total: dict[str, int]
     tap_front_state_set_aside_total: int
     listeners: ListenerCounters = field(default_factory=ListenerCounters)
 
@@ -77,6 +78,7 @@ def capture(stats: GatewayStats, now: float) -> StatsView:
         failover_log_lengths=dict(log.failover_log_lengths),
         upr_logs_set_aside_total=dict(log.logs_set_aside_total),
         upr_log_damage_total=dict(log.log_damage_total),
+        upr_log_write_failures_total=dict(log.write_failures_total),
         tap_front_state_set_aside_total=stats.tap_front_state_set_aside_total,
         listeners=stats.listeners.copy(),
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from gateway.cli.startup import StartupError, describe
+from gateway.cli.startup import StartupError, describe_file
 from gateway.io.auth import Users
 from gateway.io.limits import ConnectionLimits
 from gateway.io.listen import bound_port
@@ -76,7 +76,14 @@ async def run_node(
         node = build_node(options)
     except OSError as exc:
         where = f"--data-dir {options.data_dir}" if options.data_dir else "the store"
-        raise StartupError(f"{where}: {describe(exc)}") from None
+        raise StartupError(f"{where}: {describe_file(exc)}") from None
+    except ValueError as exc:  # a journal of another vbucket count or format, or damaged
+        if options.data_dir is None:
+            raise
+        raise StartupError(
+            f"--data-dir {options.data_dir}: cannot recover the store: {exc} "
+            f"(--vbucket-count {options.vbuckets})"
+        ) from None
     async with stopped_by_signals() as stop:
         try:
             with stop:

@@ -177,7 +177,7 @@ class Node:
                 await conn.send(error_reply(frame, Status.NO_ACCESS, denied))
                 return True
             logs.name_connection(connect.name.decode("utf-8", "replace"))
-            await serve_tap_stream(self, conn, connect)
+            await serve_tap_stream(self, conn, frame, connect)
             return True
         if opcode in _TAP_STREAM_OPCODES:
             await receive_tap_stream(self, conn, frame)

@@ -79,7 +79,6 @@ from adapters.tap import (
     TapNoop,
     TapNoopResponse,
     TapOpaque,
-    TapOpcode,
     TapResponse,
     TapStreamMessage,
     TapVbucketSet,
@@ -92,7 +91,7 @@ from adapters.tap.item_messages import ItemMessages
 from adapters.tap.producer import SEQNO_MODULUS, ProducerState, TapProducer
 from adapters.tap.settlement import Settlement, Settlements
 from gateway.io.connection import PacketConnection
-from gateway.io.replies import refusal, send_refusal
+from gateway.io.replies import send_refusal
 from gateway.node.items import Item, VBucketState
 from gateway.node.tap_figures import connection_figures, takeover_stats
 from gateway.node.tap_plan import Phase, StreamPlan, VbCursor, plan_stream
@@ -118,8 +117,11 @@ def item_message(messages: ItemMessages, item: Item) -> TapStreamMessage:
     return messages.mutation(item, item.vbucket, INITIAL_NRU)
 
 
-async def serve_tap_stream(node: Any, conn: PacketConnection, connect: TapConnect) -> None:
-    """Run the TAP producer for the rest of the connection."""
+async def serve_tap_stream(
+    node: Any, conn: PacketConnection, frame: Frame, connect: TapConnect
+) -> None:
+    """Run the TAP producer for the rest of the connection (``connect`` decoded
+    from ``frame``, which a refusal answers)."""
     # From here on the peer is a TAP client: 2.x framed its acks by body length alone.
     conn.reader.lenient_responses = True
     hub: TapHub = node.tap
@@ -131,13 +133,13 @@ async def serve_tap_stream(node: Any, conn: PacketConnection, connect: TapConnec
             refused = connect_refusal(
                 f"TAP client {name!r} is already connected", field="key", value=connect.name
             )
-            await send_refusal(conn, refusal(TapOpcode.CONNECT, connect.opaque, refused))
+            await send_refusal(conn, error_response(frame, refused))
             raise refused
         registration = hub.registration(name)
     try:
         plan = plan_stream(connect, name, node.store, registration, time.time())
     except ProtocolError as exc:
-        await send_refusal(conn, refusal(TapOpcode.CONNECT, connect.opaque, exc))
+        await send_refusal(conn, error_response(frame, exc))
         raise
     if plan.registered:
         registration = hub.register(name)

@@ -106,6 +106,10 @@ def configure_from(args: argparse.Namespace) -> None:
         level=getattr(args, "log_level", None),
         fmt=getattr(args, "log_format", "text"),
     )
+    # Old option names still accepted (gateway.cli.args.RenamedOption): said once,
+    # in the log's own format, so that configurations get updated.
+    for note in getattr(args, "deprecation_notes", ()):
+        logging.getLogger("gateway.cli").warning("%s", note)
 
 
 def configure(verbosity: int, *, level: str | None = None, fmt: str = "text") -> None:
@@ -190,3 +194,24 @@ def describe(error: OSError, host: str | None = None) -> str:
     if error.errno in _REASONS:
         return _REASONS[error.errno]
     return error.strerror or str(error)
+
+
+_FILE_REASONS = {
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large (over the process's file size limit, ulimit -f)",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.ENOENT: "no such file or directory",
+    errno.EIO: "input/output error (the disk or its file system failed)",
+}
+
+
+def describe_file(error: OSError) -> str:
+    """Why a file operation failed, with the errno name an operator can search for
+    (``describe`` is for addresses: its EACCES is about privileged ports)."""
+    name = errno.errorcode.get(error.errno or 0)
+    reason = _FILE_REASONS.get(error.errno or 0, error.strerror or str(error))
+    return f"{reason} ({name})" if name else reason

@@ -47,7 +47,7 @@ def node(*args: str) -> Iterator[int]:
 
 
 def test_stats_vbucket_and_replica_vbuckets_on_a_node() -> None:
-    with node("--vbuckets", "4", "--replica-vbuckets", "2-3") as port:
+    with node("--vbucket-count", "4", "--replica-vbuckets", "2-3") as port:
         shown = run("stats", f"127.0.0.1:{port}", "vbucket")
         assert shown.returncode == 0, shown.stderr
         lines = dict(line.split(":", 1) for line in shown.stdout.splitlines())
@@ -74,17 +74,17 @@ def test_stats_of_nothing_listening_is_one_line() -> None:
 
 
 def test_replica_vbuckets_beyond_the_node_are_refused() -> None:
-    done = run("node", "--vbuckets", "4", "--replica-vbuckets", "3-9")
+    done = run("node", "--vbucket-count", "4", "--replica-vbuckets", "3-9")
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "node: --replica-vbuckets names vbucket 4, but the node has 4 (--vbuckets)"
+        "node: --replica-vbuckets names vbucket 4, but the node has 4 (--vbucket-count)"
     )
 
 
 def test_the_readme_move_between_two_fresh_nodes() -> None:
     with (
-        node("--vbuckets", "4", "--sample-items", "200") as source,
-        node("--vbuckets", "4", "--replica-vbuckets", "0-3") as destination,
+        node("--vbucket-count", "4", "--sample-items", "200") as source,
+        node("--vbucket-count", "4", "--replica-vbuckets", "0-3") as destination,
     ):
         moved = run(
             "move", "--from-tap", f"127.0.0.1:{source}", "--to-upr", f"127.0.0.1:{destination}",

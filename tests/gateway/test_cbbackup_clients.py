@@ -20,7 +20,7 @@ import trio
 
 from adapters.mcbp import Frame
 from gateway.node.store import Store
-from tests.gateway.test_tap_2x_clients import serve
+from tests.support.fronts import serve_tap_side
 from tests.support.tap_client import TapClient
 
 pytestmark = pytest.mark.parametrize("side", ["node", "front"])
@@ -92,7 +92,7 @@ async def test_tap_dump_source_backs_up_every_item_and_ends_cleanly(
     and, for a DUMP, closes once all is acked (``TapProducer::isTimeForNoop`` /
     ``doDisconnect``); flags travel as stored with FIX_FLAG_BYTEORDER."""
     store = store_of(1200)
-    _, port = await serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     backed_up: dict[bytes, tuple[int, bytes]] = {}
     with trio.fail_after(60):
         client = await TapClient.open(port)

@@ -32,7 +32,7 @@ def test_stats_vbucket_load_and_capture_reach_a_tls_node(
 ) -> None:
     cert, key = certificate
     trust = ["--tls", "--ca", str(cert)]
-    with node("--vbuckets", "4", "--tls-cert", str(cert), "--tls-key", str(key)) as port:
+    with node("--vbucket-count", "4", "--tls-cert", str(cert), "--tls-key", str(key)) as port:
         target = f"127.0.0.1:{port}"
         loaded = run("load", "--target", target, "--items", "40", *trust)
         assert loaded.returncode == 0, loaded.stderr
@@ -53,7 +53,7 @@ def test_stats_vbucket_load_and_capture_reach_a_tls_node(
 def test_untrusted_or_plain_is_one_line(tmp_path: Path, certificate: tuple[Path, Path]) -> None:
     cert, key = certificate
     other_ca, _ = make_certificate(tmp_path)  # a CA that did not sign the node's certificate
-    with node("--vbuckets", "4", "--tls-cert", str(cert), "--tls-key", str(key)) as port:
+    with node("--vbucket-count", "4", "--tls-cert", str(cert), "--tls-key", str(key)) as port:
         target = f"127.0.0.1:{port}"
         untrusted = run("stats", target, "--tls", "--ca", str(other_ca))
         assert untrusted.returncode == 1
@@ -101,9 +101,9 @@ def test_move_reaches_tls_nodes(certificate: tuple[Path, Path]) -> None:
     served = ("--tls-cert", str(cert), "--tls-key", str(key))
     trust = ("--tls", "--ca", str(cert))
     with (
-        node("--vbuckets", "4", "--sample-items", "200", *served) as secured,
-        node("--vbuckets", "4", "--sample-items", "200") as plain,
-        node("--vbuckets", "4", "--replica-vbuckets", "0-3", *served) as destination,
+        node("--vbucket-count", "4", "--sample-items", "200", *served) as secured,
+        node("--vbucket-count", "4", "--sample-items", "200") as plain,
+        node("--vbucket-count", "4", "--replica-vbuckets", "0-3", *served) as destination,
     ):
         to = f"127.0.0.1:{destination}"
         both = run(
@@ -153,9 +153,9 @@ def test_move_from_upr_reaches_tls_nodes(certificate: tuple[Path, Path]) -> None
     served = ("--tls-cert", str(cert), "--tls-key", str(key))
     trust = ("--tls", "--ca", str(cert))
     with (
-        node("--vbuckets", "4", "--sample-items", "200", *served) as source,
-        node("--vbuckets", "4", "--replica-vbuckets", "0-3", *served) as secured,
-        node("--vbuckets", "4", "--replica-vbuckets", "0-3") as plain,
+        node("--vbucket-count", "4", "--sample-items", "200", *served) as source,
+        node("--vbucket-count", "4", "--replica-vbuckets", "0-3", *served) as secured,
+        node("--vbucket-count", "4", "--replica-vbuckets", "0-3") as plain,
     ):
         frm = f"127.0.0.1:{source}"
         both = run(

@@ -12,88 +12,20 @@ from __future__ import annotations
 import struct
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from gateway.node.store import Store
-from tests.gateway.fronts.upr.support import caught_up, start_front
 from tests.support import raw_dcp as dcp
-from tests.support.raw_dcp import RawDcp, Reply
-from tests.support.upr_client import start_node, until
+from tests.support.fronts import caught_up, filled, high_seqno, serve_upr_side
+from tests.support.raw_dcp import Reply, producer, read_stream, stats, take_over
+from tests.support.waiting import until
 
 VBUCKETS = 4
 EINVAL, NOT_MY_VBUCKET, KEY_ENOENT, NOT_SUPPORTED = 0x04, 0x07, 0x01, 0x83
 
 pytestmark = pytest.mark.parametrize("side", ["node", "front"])
-
-
-def filled(items: int, *, removals: bool = False) -> Store:
-    store = Store(VBUCKETS)
-    now = time.time()
-    for i in range(items):
-        store.set(i % VBUCKETS, b"key-%06d" % i, b"v%d" % i, now=now)
-    if removals:
-        store.set(0, b"expires", b"x", expiration=int(now), now=now)
-        store.delete(0, b"key-%06d" % 0, now=now)
-    return store
-
-
-async def serve(nursery: trio.Nursery, store: Store, side: str, tmp_path: Path) -> tuple[Any, int]:
-    """The node, or a UPR front caught up with it: (the server, its port)."""
-    node, node_port = await start_node(nursery, store)
-    if side == "node":
-        return node, node_port
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
-    return front, port
-
-
-def high_seqno(server: Any, vbucket: int) -> int:
-    """The vbucket's high seqno as ``server`` numbers it (the front keeps its own)."""
-    logs = getattr(server, "logs", None)
-    if logs is not None:
-        return int(logs.logs[vbucket].high_seqno)
-    return int(server.store.high_seqno(vbucket))
-
-
-async def producer(port: int, name: bytes, flags: int = dcp.PRODUCER) -> RawDcp:
-    client = await RawDcp.connect(port)
-    await client.send(dcp.open_producer(name, flags, opaque=1))
-    assert (await client.response(1)).status == 0
-    return client
-
-
-async def stats(port: int, group: bytes) -> tuple[int, dict[str, str]]:
-    """``STAT group`` on a connection of its own, as cbstats asks."""
-    admin = await RawDcp.connect(port)
-    try:
-        return await admin.stats(group)
-    finally:
-        await admin.aclose()
-
-
-async def read_stream(client: RawDcp, opaque: int, *, answer_acks: bool = True) -> list[Reply]:
-    """One stream's messages up to its STREAM_END, answering what a consumer answers."""
-    out: list[Reply] = []
-    while True:
-        got = await client.next()
-        assert got is not None, "the server closed the connection"
-        if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
-            await client.send(dcp.reply(got))
-            continue
-        if got.opaque != opaque:
-            continue
-        out.append(got)
-        if got.magic == dcp.REQ and got.opcode == dcp.SET_VBUCKET_STATE:
-            await client.send(dcp.reply(got))
-        if answer_acks and got.opcode == dcp.MARKER and got.marker_flags & dcp.ACK:
-            await client.send(dcp.reply(got))
-        if got.opcode == dcp.STREAM_END:
-            return out
 
 
 async def test_buffer_ack_beyond_what_is_outstanding_empties_the_window_silently(
@@ -102,7 +34,7 @@ async def test_buffer_ack_beyond_what_is_outstanding_empties_the_window_silently
     """ep-engine v3.0.0 src/upr-producer.cc ``BufferLog::free`` clamps at zero and
     ``UprProducer::bufferAcknowledgement`` returns success, which memcached
     v3.0.0 daemon/memcached.c answers with nothing at all."""
-    server, port = await serve(nursery, filled(40), side, tmp_path)
+    server, port = await serve_upr_side(nursery, filled(40), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"greedy")
         await client.send(dcp.control(b"connection_buffer_size", b"4096", opaque=2))
@@ -130,7 +62,7 @@ async def test_control_keys_known_but_unsupported_are_not_supported(
     """ep-engine v3.0.0 src/upr-producer.cc ``UprProducer::control``:
     stream_buffer_size is ENGINE_ENOTSUP (0x83), a key it does not know
     ENGINE_EINVAL (0x04); neither closes the connection."""
-    _, port = await serve(nursery, filled(8), side, tmp_path)
+    _, port = await serve_upr_side(nursery, filled(8), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"ctl")
         for opaque, key, value, status in [
@@ -154,7 +86,7 @@ async def test_control_values_are_read_as_3_0_reads_them(
     ``parseUint32`` (src/utility.cc, ``strtoul``; 3.0.0 used ``atoi``, which
     took more): leading blanks, a ``+`` and a blank-separated tail are fine, a
     ``-`` or junk is EINVAL."""
-    server, port = await serve(nursery, filled(8), side, tmp_path)
+    server, port = await serve_upr_side(nursery, filled(8), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"ctl")
         for opaque, key, value, status in [
@@ -187,7 +119,7 @@ async def test_expiry_opcode_only_with_delete_times(
     extras and DELETION 21 (by_seqno, rev_seqno, delete_time, one unused byte).
     Without the flag the v3.0.0 layouts stay (upr-producer.cc ``step``: 18)."""
     store = filled(8, removals=True)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     with trio.fail_after(20):
         # It expires once the front knows its expiry time: TAP tells a front
         # nothing else, and a tombstone from a backfill is a plain delete.
@@ -233,7 +165,7 @@ async def test_stat_failovers_lists_the_failover_log_as_the_wire_gives_it(
     store = filled(16)
     store.failover(1)  # a second history entry
     store.set(1, b"after", b"x", now=time.time())
-    _, port = await serve(nursery, store, side, tmp_path)
+    _, port = await serve_upr_side(nursery, store, side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"fo")
         await client.send(dcp.frame(dcp.FAILOVER_LOG, vbucket=1, opaque=9))
@@ -260,7 +192,7 @@ async def test_stat_vbucket_seqno_refuses_a_bad_or_foreign_vbucket(
     """ep-engine v3.0.0 src/ep_engine.cc ``doSeqnoStats``: an argument that is not
     a number is ENGINE_EINVAL (0x04), a vbucket the node does not have
     ENGINE_NOT_MY_VBUCKET (0x07)."""
-    server, port = await serve(nursery, filled(16), side, tmp_path)
+    server, port = await serve_upr_side(nursery, filled(16), side, tmp_path)
     with trio.fail_after(20):
         status, pairs = await stats(port, b"vbucket-seqno 1")
         assert status == 0 and pairs["vb_1:high_seqno"] == str(high_seqno(server, 1))
@@ -274,7 +206,7 @@ async def test_stat_dcp_has_its_totals_with_no_consumer_attached(
 ) -> None:
     """ep-engine v3.0.0 src/ep_engine.cc ``doDcpStats``: the ``ep_dcp_*`` totals
     are always there; ``eq_dcpq:<name>:*`` follow per connection."""
-    _, port = await serve(nursery, filled(16), side, tmp_path)
+    _, port = await serve_upr_side(nursery, filled(16), side, tmp_path)
     totals = ["count", "producer_count", "items_remaining", "items_sent", "total_bytes"]
     with trio.fail_after(20):
         for group in (b"dcp", b"upr"):
@@ -296,7 +228,7 @@ async def test_stat_dcp_vbtakeover_under_its_3_0_names(
     """ep-engine v3.0.0 src/ep_engine.cc ``getStats``: ``dcp-vbtakeover <vb>
     <name>`` (and ``upr-vbtakeover``) runs ``doDcpVbTakeoverStats``; our
     ``vbucket-takeover`` stays as an alias."""
-    server, port = await serve(nursery, filled(16), side, tmp_path)
+    server, port = await serve_upr_side(nursery, filled(16), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"mover")
         await client.send(dcp.stream_req(1, opaque=10))
@@ -321,7 +253,7 @@ async def test_stat_vbucket_names_each_vbucket_state(
 ) -> None:
     """ep-engine v3.0.0 src/ep_engine.cc ``doVBucketStats``: ``vb_N`` and its
     state, which orchestrators read on the UPR port as well."""
-    _, port = await serve(nursery, filled(16), side, tmp_path)
+    _, port = await serve_upr_side(nursery, filled(16), side, tmp_path)
     with trio.fail_after(20):
         status, pairs = await stats(port, b"vbucket")
         assert status == 0
@@ -336,7 +268,7 @@ async def test_close_stream_response_is_the_end_of_the_stream(
     STREAM_END it queues is never sent (``getNextItem`` walks only the map):
     the CLOSE_STREAM response is the consumer's last word of that stream, and
     the vbucket can be requested again at once."""
-    server, port = await serve(nursery, filled(40), side, tmp_path)
+    server, port = await serve_upr_side(nursery, filled(40), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"closer")
         await client.send(dcp.stream_req(1, opaque=10))
@@ -371,25 +303,14 @@ async def test_takeover_markers_ask_for_acks_only_in_the_takeover_send_phase(
     the consumer took SET_VBUCKET_STATE(pending); the catch-up before it is
     not acked. Written while pending: sent in that phase, under an ACK marker."""
     store = filled(40)
-    _, port = await serve(nursery, store, side, tmp_path)
+    _, port = await serve_upr_side(nursery, store, side, tmp_path)
     with trio.fail_after(30):
         client = await producer(port, b"taker")
-        await client.send(dcp.stream_req(1, opaque=10, flags=dcp.TAKEOVER))
-        assert (await client.response(10)).status == 0
-        seen: list[Reply] = []
-        while not seen or seen[-1].opcode != dcp.STREAM_END:
-            got = await client.next()
-            assert got is not None, "closed during the takeover"
-            if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
-                await client.send(dcp.reply(got))
-                continue
-            seen.append(got)
-            if got.opcode == dcp.SET_VBUCKET_STATE:
-                if got.extras == b"\x03" and side == "node":
-                    store.set(1, b"while-pending", b"x", now=time.time())
-                await client.send(dcp.reply(got))
-            elif got.opcode == dcp.MARKER and got.marker_flags & dcp.ACK:
-                await client.send(dcp.reply(got))
+
+        def write() -> None:
+            store.set(1, b"while-pending", b"x", now=time.time())
+
+        seen = await take_over(client, 1, while_pending=write if side == "node" else None)
         await client.aclose()
     states = [m.extras for m in seen if m.opcode == dcp.SET_VBUCKET_STATE]
     assert states == [b"\x03", b"\x01"]  # pending, then active
@@ -410,7 +331,7 @@ async def test_stream_counters_while_flow_control_holds_the_stream(
     ``items_sent`` and ``last_sent_seqno`` count what went on the wire, and
     ``items_remaining`` what has not; a stream paused by the connection's
     buffer (upr-producer.cc ``BufferLog``) reports what it did send."""
-    server, port = await serve(nursery, filled(800), side, tmp_path)
+    server, port = await serve_upr_side(nursery, filled(800), side, tmp_path)
     high = high_seqno(server, 1)
     with trio.fail_after(20):
         client = await producer(port, b"held")
@@ -446,7 +367,7 @@ async def test_latest_and_diskonly_streams_end_at_what_exists_at_the_request(
     end seqno, DISKONLY (0x02) the end of the disk snapshot (here everything
     is on disk); both then end with STREAM_END(OK), later writes not sent."""
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     high = high_seqno(server, 1)
     with trio.fail_after(20):
         client = await producer(port, b"latest")
@@ -472,7 +393,7 @@ async def test_commands_on_a_upr_stream_are_answered_between_its_messages(
     ``conn_ship_log``. So each reply comes whole between two stream messages,
     and the stream goes on."""
     store = filled(2000)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     expected = {0xA1: 0, 0xA2: 0, 0xA3: 0, 0xA4: 0x81}
     with trio.fail_after(30):
         client = await producer(port, b"asks")

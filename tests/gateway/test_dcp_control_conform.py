@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.gateway.test_dcp_3x_clients import filled, producer, serve, stats
 from tests.support import raw_dcp as dcp
+from tests.support.fronts import filled, serve_upr_side
+from tests.support.raw_dcp import producer, stats
 
 pytestmark = pytest.mark.parametrize("side", ["node", "front"])
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.parametrize("side", ["node", "front"])
 async def test_a_control_key_with_its_nul_names_the_key(
     nursery: trio.Nursery, side: str, tmp_path: Path
 ) -> None:
-    _, port = await serve(nursery, filled(8), side, tmp_path)
+    _, port = await serve_upr_side(nursery, filled(8), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"c-client")
         await client.send(dcp.control(b"connection_buffer_size\x00", b"4096", opaque=2))

@@ -25,9 +25,9 @@ import trio
 
 from adapters.mcbp.constants import VBucketState
 from tests.gateway.fronts.upr.support import caught_up
-from tests.gateway.test_dcp_3x_clients import filled, high_seqno, producer, serve, stats
 from tests.support import raw_dcp as dcp
-from tests.support.raw_dcp import RawDcp, Reply
+from tests.support.fronts import filled, high_seqno, serve_upr_side
+from tests.support.raw_dcp import RawDcp, Reply, newest_uuid, producer, stats
 from tests.support.upr_client import until
 
 NOTIFIER = 0x02
@@ -39,25 +39,6 @@ pytestmark = pytest.mark.parametrize("side", ["node", "front"])
 
 async def notifier(port: int, name: bytes) -> RawDcp:
     return await producer(port, name, NOTIFIER)
-
-
-async def newest_uuid(client: RawDcp, vbucket: int) -> int:
-    await client.send(dcp.frame(dcp.FAILOVER_LOG, vbucket=vbucket, opaque=0xF0))
-    got = await client.response(0xF0)
-    assert got.status == 0
-    return int(struct.unpack_from(">Q", got.value)[0])
-
-
-async def next_for(client: RawDcp, opaque: int) -> Reply:
-    """The next message with ``opaque`` (answering NOOPs on the way)."""
-    while True:
-        got = await client.next()
-        assert got is not None, "the server closed the connection"
-        if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
-            await client.send(dcp.reply(got))
-            continue
-        if got.opaque == opaque:
-            return got
 
 
 def end_flag(message: Reply) -> int:
@@ -75,7 +56,7 @@ async def test_a_start_already_passed_ends_at_once_with_no_items(
     nursery: trio.Nursery, side: str, tmp_path: Path
 ) -> None:
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     assert high_seqno(server, 1) > 3
     with trio.fail_after(20):
         client = await notifier(port, b"xdcr-notify")
@@ -83,7 +64,7 @@ async def test_a_start_already_passed_ends_at_once_with_no_items(
         await client.send(dcp.stream_req(1, opaque=10, start=3, uuid=uuid))
         answer = await client.response(10)
         assert answer.status == 0 and len(answer.value) % 16 == 0 and answer.value
-        end = await next_for(client, 10)
+        end = await client.message(10)
         assert end_flag(end) == END_OK and end.status == 1  # the vbucket field
         await client.aclose()
 
@@ -92,7 +73,7 @@ async def test_a_start_at_the_high_seqno_waits_for_the_next_write(
     nursery: trio.Nursery, side: str, tmp_path: Path
 ) -> None:
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     high = high_seqno(server, 2)
     with trio.fail_after(20):
         client = await notifier(port, b"waiter")
@@ -104,7 +85,7 @@ async def test_a_start_at_the_high_seqno_waits_for_the_next_write(
         barrier = await client.next()
         assert barrier is not None and (barrier.opcode, barrier.opaque) == (dcp.MC_NOOP, 12)
         await write(server, store, side, 2, b"wake")
-        end = await next_for(client, 11)
+        end = await client.message(11)
         assert end_flag(end) == END_OK
         await client.aclose()
 
@@ -117,7 +98,7 @@ async def test_no_range_checks_but_the_rollback_rule(
     vbucket uuid still rolls back to 0; a second request on a vbucket with a
     live notifier stream is KEY_EEXISTS, bad range or not."""
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     high = high_seqno(server, 1)
     with trio.fail_after(20):
         client = await notifier(port, b"ranges")
@@ -137,7 +118,7 @@ async def test_close_stream_ends_it_without_a_stream_end(
     nursery: trio.Nursery, side: str, tmp_path: Path
 ) -> None:
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     high = high_seqno(server, 3)
     with trio.fail_after(20):
         client = await notifier(port, b"closer")
@@ -159,7 +140,7 @@ async def test_stat_dcp_names_a_notifier_and_its_stream(
 ) -> None:
     """NOOPs and flow control apply to a notifier as to any ``UprProducer``."""
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     high = high_seqno(server, 1)
     with trio.fail_after(20):
         client = await notifier(port, b"shown")
@@ -180,7 +161,7 @@ async def test_stat_dcp_names_a_notifier_and_its_stream(
         assert pairs[head + "stream_1_start_seqno"] == str(high)
         assert pairs[head + "stream_1_opaque"] == "10"
         await write(server, store, side, 1, b"wake")
-        assert end_flag(await next_for(client, 10)) == END_OK
+        assert end_flag(await client.message(10)) == END_OK
         status, pairs = await stats(port, b"dcp")
         assert pairs[head + "stream_1_state"] == "dead"
         assert int(pairs[head + "unacked_bytes"]) == 24 + 4  # the STREAM_END counts
@@ -195,7 +176,7 @@ async def test_a_state_change_ends_it_state_changed(
     if side == "front":
         pytest.skip("the UPR front's vbuckets change state only by a takeover")
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     high = high_seqno(server, 0)
     with trio.fail_after(20):
         client = await notifier(port, b"stated")
@@ -203,5 +184,5 @@ async def test_a_state_change_ends_it_state_changed(
         await client.send(dcp.stream_req(0, opaque=10, start=high, uuid=uuid))
         assert (await client.response(10)).status == 0
         store.set_state(0, VBucketState.REPLICA, now=time.time())
-        assert end_flag(await next_for(client, 10)) == END_STATE_CHANGED
+        assert end_flag(await client.message(10)) == END_STATE_CHANGED
         await client.aclose()

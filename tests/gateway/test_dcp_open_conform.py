@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.gateway.test_dcp_3x_clients import filled, serve
 from tests.support import raw_dcp as dcp
+from tests.support.fronts import filled, serve_upr_side
 from tests.support.raw_dcp import RawDcp
 
 pytestmark = pytest.mark.parametrize("side", ["node", "front"])
@@ -38,7 +38,7 @@ async def test_a_upr_request_before_open_closes_the_connection_unanswered(
     request_bytes: bytes,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _, port = await serve(nursery, filled(8), side, tmp_path)
+    _, port = await serve_upr_side(nursery, filled(8), side, tmp_path)
     caplog.set_level(logging.WARNING)
     with trio.fail_after(20):
         other = await RawDcp.connect(port)

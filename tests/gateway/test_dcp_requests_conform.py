@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.gateway.test_dcp_3x_clients import filled, high_seqno, producer, read_stream, serve
 from tests.support import raw_dcp as dcp
+from tests.support.fronts import filled, high_seqno, serve_upr_side
+from tests.support.raw_dcp import producer, read_stream
 
 pytestmark = pytest.mark.parametrize("side", ["node", "front"])
 
@@ -46,7 +47,7 @@ async def test_a_consumer_request_closes_a_producer_connection_unanswered(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     caplog.set_level(logging.WARNING)
     with trio.fail_after(20):
         other = await producer(port, b"bystander")

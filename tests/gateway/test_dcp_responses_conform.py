@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.gateway.test_dcp_3x_clients import filled, high_seqno, producer, read_stream, serve
 from tests.support import raw_dcp as dcp
+from tests.support.fronts import filled, high_seqno, serve_upr_side
+from tests.support.raw_dcp import producer, read_stream
 
 pytestmark = pytest.mark.parametrize("side", ["node", "front"])
 
@@ -30,7 +31,7 @@ async def test_a_stray_response_closes_that_connection_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     caplog.set_level(logging.WARNING)
     with trio.fail_after(20):
         other = await producer(port, b"bystander")

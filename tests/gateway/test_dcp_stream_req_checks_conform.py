@@ -15,15 +15,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.gateway.test_dcp_3x_clients import (
-    filled,
-    high_seqno,
-    producer,
-    read_stream,
-    serve,
-    stats,
-)
 from tests.support import raw_dcp as dcp
+from tests.support.fronts import filled, high_seqno, serve_upr_side
+from tests.support.raw_dcp import producer, read_stream, stats
 
 ERANGE, KEY_EEXISTS, KEY_ENOENT = 0x22, 0x02, 0x01
 
@@ -34,7 +28,7 @@ pytestmark = pytest.mark.parametrize("side", ["node", "front"])
 async def test_a_start_past_the_high_seqno_with_latest_is_a_range_error_while_streaming(
     nursery: trio.Nursery, side: str, tmp_path: Path, flag: int
 ) -> None:
-    server, port = await serve(nursery, filled(40), side, tmp_path)
+    server, port = await serve_upr_side(nursery, filled(40), side, tmp_path)
     high = high_seqno(server, 1)
     with trio.fail_after(20):
         client = await producer(port, b"latest-live")
@@ -53,7 +47,7 @@ async def test_a_stream_with_nothing_to_send_ends_at_once_without_a_marker(
 ) -> None:
     """ep-engine 3.0 src/upr-stream.cc ``ActiveStream::ActiveStream``: a start at
     or past the end seqno ends the stream OK as it is made, before any marker."""
-    _, port = await serve(nursery, filled(40), side, tmp_path)
+    _, port = await serve_upr_side(nursery, filled(40), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"empty")
         await client.send(dcp.stream_req(1, opaque=10, start=0, end=0))
@@ -71,7 +65,7 @@ async def test_close_stream_erases_the_stream_from_stat_dcp(
     stream from the connection's map whether it was live (OK) or had ended
     (KEY_ENOENT), so ``addStats`` lists it no more; a stream that ended by
     itself stays listed, dead, until then."""
-    server, port = await serve(nursery, filled(40), side, tmp_path)
+    server, port = await serve_upr_side(nursery, filled(40), side, tmp_path)
     with trio.fail_after(20):
         client = await producer(port, b"erased")
         await client.send(dcp.stream_req(1, opaque=10))

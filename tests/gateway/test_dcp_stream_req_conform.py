@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.gateway.test_dcp_3x_clients import filled, high_seqno, producer, read_stream, serve
 from tests.support import raw_dcp as dcp
+from tests.support.fronts import filled, high_seqno, serve_upr_side
+from tests.support.raw_dcp import producer, read_stream
 
 ERANGE = 0x22
 
@@ -30,7 +31,7 @@ async def test_latest_and_diskonly_replace_the_end_the_consumer_sent(
     nursery: trio.Nursery, side: str, tmp_path: Path, flag: int, end: int
 ) -> None:
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     high = high_seqno(server, 1)
     assert high > 3
     with trio.fail_after(20):
@@ -52,7 +53,7 @@ async def test_a_start_past_the_high_seqno_with_latest_is_a_range_error(
     """The replaced end is checked as any end: start > end is ERANGE, before the
     rollback rule is asked (an unknown uuid would otherwise roll back to 0)."""
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     start = high_seqno(server, 1) + 5
     with trio.fail_after(20):
         client = await producer(port, b"latest-range")
@@ -73,7 +74,7 @@ async def test_a_takeover_stream_runs_past_the_end_the_consumer_sent(
     request's own range is checked first): it sends everything, hands the
     vbucket over (SET_VBUCKET_STATE pending, then active) and ends OK."""
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     high = high_seqno(server, 1)
     with trio.fail_after(30):
         client = await producer(port, b"taker-end")

@@ -25,10 +25,9 @@ import pytest
 import trio
 
 from gateway.node.items import VBucketState
-from tests.gateway.test_dcp_3x_clients import filled, high_seqno, producer, serve
-from tests.gateway.test_dcp_notifier_conform import newest_uuid
 from tests.support import raw_dcp as dcp
-from tests.support.raw_dcp import RawDcp, Reply
+from tests.support.fronts import filled, high_seqno, serve_upr_side
+from tests.support.raw_dcp import RawDcp, Reply, newest_uuid, producer, take_over
 
 NOTIFIER = 0x02
 KEY_ENOENT = 0x01
@@ -36,38 +35,11 @@ END_STATE_CHANGED = 2
 VB = 1
 
 
-async def take_over(client: RawDcp, *, while_pending: object = None) -> list[Reply]:
-    """A takeover stream of ``VB`` to its end, answering what a consumer answers."""
-    await client.send(dcp.stream_req(VB, opaque=10, flags=dcp.TAKEOVER))
-    assert (await client.response(10)).status == 0
-    seen: list[Reply] = []
-    while not seen or seen[-1].opcode != dcp.STREAM_END:
-        got = await client.next()
-        assert got is not None, "closed during the takeover"
-        if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
-            await client.send(dcp.reply(got))
-            continue
-        seen.append(got)
-        if got.opcode == dcp.SET_VBUCKET_STATE:
-            if got.extras == b"\x03" and callable(while_pending):
-                while_pending()
-            await client.send(dcp.reply(got))
-        elif got.opcode == dcp.MARKER and got.marker_flags & dcp.ACK:
-            await client.send(dcp.reply(got))
-    return seen
-
-
 async def until_key(client: RawDcp, opaque: int, key: bytes) -> list[Reply]:
     """The stream's messages up to the mutation of ``key`` (none may be its end)."""
     out: list[Reply] = []
     while True:
-        got = await client.next()
-        assert got is not None, "the server closed the connection"
-        if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
-            await client.send(dcp.reply(got))
-            continue
-        if got.opaque != opaque:
-            continue
+        got = await client.message(opaque)
         out.append(got)
         assert got.opcode != dcp.STREAM_END, out
         if got.opcode == dcp.MUTATION and got.key == key:
@@ -79,12 +51,7 @@ async def close_after(client: RawDcp, opaque: int) -> list[Reply]:
     await client.send(dcp.close_stream(VB, opaque=opaque), dcp.frame(dcp.MC_NOOP, opaque=99))
     seen: list[Reply] = []
     while not seen or (seen[-1].opcode, seen[-1].opaque) != (dcp.MC_NOOP, 99):
-        got = await client.next()
-        assert got is not None, "the server closed the connection"
-        if got.magic == dcp.REQ and got.opcode == dcp.NOOP:
-            await client.send(dcp.reply(got))
-            continue
-        seen.append(got)
+        seen.append(await client.message())
     return seen
 
 
@@ -93,7 +60,7 @@ async def test_takeover_leaves_other_streams_of_the_vbucket_open(
     nursery: trio.Nursery, side: str, tmp_path: Path
 ) -> None:
     store = filled(40)
-    server, port = await serve(nursery, store, side, tmp_path)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
     with trio.fail_after(30):
         high = high_seqno(server, VB)
         watcher = await producer(port, b"watcher")
@@ -112,7 +79,7 @@ async def test_takeover_leaves_other_streams_of_the_vbucket_open(
             store.set(VB, b"while-pending", b"x", now=time.time())
 
         taker = await producer(port, b"taker")
-        seen = await take_over(taker, while_pending=write if side == "node" else None)
+        seen = await take_over(taker, VB, while_pending=write if side == "node" else None)
         assert [m.extras for m in seen if m.opcode == dcp.SET_VBUCKET_STATE] == [b"\x03", b"\x01"]
         assert struct.unpack(">I", seen[-1].extras)[0] == 0  # the taker's own end: OK
         if side == "node":
@@ -140,13 +107,13 @@ async def test_a_state_change_after_the_hand_off_ends_them(
     left open end STATE_CHANGED. (The front's handed-over vbucket takes no
     state from anyone: there they stay until closed.)"""
     store = filled(40)
-    _, port = await serve(nursery, store, "node", tmp_path)
+    _, port = await serve_upr_side(nursery, store, "node", tmp_path)
     with trio.fail_after(30):
         watcher = await producer(port, b"watcher")
         await watcher.send(dcp.stream_req(VB, opaque=5))
         assert (await watcher.response(5)).status == 0
         taker = await producer(port, b"taker")
-        await take_over(taker)
+        await take_over(taker, VB)
         assert store.state(VB) is VBucketState.DEAD
         store.set_state(VB, VBucketState.REPLICA, now=time.time())
         while True:

@@ -21,10 +21,8 @@ import trio
 
 from adapters.mcbp import Frame
 from gateway.node.store import Store
-from tests.gateway.test_dcp_3x_clients import filled
-from tests.gateway.test_dcp_3x_clients import serve as upr_serve
-from tests.gateway.test_tap_2x_clients import serve as tap_serve
 from tests.support import raw_dcp as dcp
+from tests.support.fronts import filled, serve_tap_side, serve_upr_side
 from tests.support.raw_dcp import RawDcp, Reply
 from tests.support.tap_client import TapClient
 
@@ -192,7 +190,7 @@ async def test_tap_dump_reads_every_item_and_ends_with_the_close(
     engine-specific code ``makeTapEvent`` reads at extras[8:12]; the feed ends
     when the server closes."""
     store = tap_store(400)
-    _, port = await tap_serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     with trio.fail_after(30):
         packets = await run_tap_feed(port, TapArguments(dump=True, name=b"gm-dump"))
     seen = events(packets)
@@ -220,7 +218,7 @@ async def test_tap_backfill_of_listed_vbuckets_with_acks_then_live_items(
     backfilled; every ack-flagged message is acked by ``sendAck`` with an empty
     response and the stream goes on to live items."""
     store = tap_store(200)
-    _, port = await tap_serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     args = TapArguments(
         backfill=1, vbuckets=(1, 3), support_ack=True, registered=True, name=b"gm-reg"
     )
@@ -255,7 +253,7 @@ async def test_tap_keys_only_dump(nursery: trio.Nursery, side: str) -> None:
     """``TapArguments.KeysOnly`` (flag 0x20, ep-engine 2.5.1 tapconnection.cc
     ``TAP_CONNECT_REQUEST_KEYS_ONLY``): the mutations come without values."""
     store = tap_store(40)
-    _, port = await tap_serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     with trio.fail_after(30):
         packets = await run_tap_feed(
             port, TapArguments(backfill=1, dump=True, keys_only=True, name=b"gm-keys")
@@ -404,7 +402,7 @@ async def test_upr_streams_read_to_the_end_then_resume_from_a_seqno(
     the end seqno, then STREAM_END; a second feed resumes from the middle with
     the uuid of the newest failover entry and gets exactly the rest."""
     store = filled(400, removals=True)
-    server, port = await upr_serve(nursery, store, side, tmp_path)  # type: ignore[arg-type]
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)  # type: ignore[arg-type]
     vbs = [0, 1, 2, 3]
     with trio.fail_after(60):
         logs = await gm_failover_logs(port, vbs)
@@ -452,7 +450,7 @@ async def test_upr_unknown_uuid_rolls_back_with_the_seqno_in_the_body(
     extras (ep-engine 3.0.0 src/upr-producer.cc ``streamRequest`` puts
     ``rollbackSeqno`` in the response body), or the client panics."""
     store = filled(40)
-    _, port = await upr_serve(nursery, store, side, tmp_path)  # type: ignore[arg-type]
+    _, port = await serve_upr_side(nursery, store, side, tmp_path)  # type: ignore[arg-type]
     with trio.fail_after(30):
         client = await gm_feed(port, b"gm-rollback")
         streams: dict[int, list[Reply]] = {0: [], 1: []}
@@ -476,7 +474,7 @@ async def test_upr_close_stream_leaves_nothing_of_that_vbucket_behind(
     feed. ep-engine 3.0.0 src/upr-producer.cc ``closeStream`` drops the stream
     before answering and sends no STREAM_END of it; the other streams go on."""
     store = filled(2000)
-    _, port = await upr_serve(nursery, store, side, tmp_path)  # type: ignore[arg-type]
+    _, port = await serve_upr_side(nursery, store, side, tmp_path)  # type: ignore[arg-type]
     with trio.fail_after(30):
         client = await gm_feed(port, b"gm-close", 2000)
         streams: dict[int, list[Reply]] = {0: [], 1: []}
@@ -509,7 +507,7 @@ async def test_upr_noop_controls_of_the_later_copy_are_granted(
     connection_buffer_size alone. ep-engine 3.0.0 src/upr-producer.cc
     ``control`` grants enable_noop but knows no set_noop_interval (EINVAL,
     which the client logs); we grant it as later ``DcpProducer::control`` does."""
-    _, port = await upr_serve(nursery, filled(8), side, tmp_path)  # type: ignore[arg-type]
+    _, port = await serve_upr_side(nursery, filled(8), side, tmp_path)  # type: ignore[arg-type]
     with trio.fail_after(30):
         client = await gm_feed(port, b"gm-noop", 10_000)
         await client.send(
@@ -532,7 +530,7 @@ async def test_tap_checkpoint_messages_only_for_a_client_that_asks(
     gomemcached's ``TapArguments`` sets it only with ``Checkpoint``; without it
     the live items come alone (they came each wrapped in its own checkpoint pair)."""
     store = tap_store(8)
-    _, port = await tap_serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     args = TapArguments(backfill=1, vbuckets=(2,), checkpoint=checkpoint, name=b"gm-live")
     with trio.fail_after(30):
         client = await TapClient.open(port)

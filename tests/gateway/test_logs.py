@@ -49,7 +49,7 @@ def test_json_lines_are_one_object_each() -> None:
 
 async def test_a_nodes_json_log_names_the_tap_clients_peer_and_name() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "node", "--listen", "127.0.0.1:0", "--vbuckets", "4",
+        [sys.executable, "-m", "gateway", "node", "--listen", "127.0.0.1:0", "--vbucket-count", "4",
          "--log-format", "json"],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

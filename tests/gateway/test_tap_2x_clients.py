@@ -1,16 +1,16 @@
 """Real 2.x TAP clients against the reference node and the TAP front alike.
 
 Every CONNECT and ack here is built byte by byte as the classic 2.x Python
-client sends it (ep-engine management/tap.py ``TapConnection._createTapCall``
-and ``_encodeOpts``; mc_bin_server.py ``MemcachedBinaryChannel.handle_read``
-for the replies), not through the project's encoder, and each test runs on
+client sends it (``tests.support.classic_tap``: ep-engine management/tap.py
+``TapConnection._createTapCall`` and ``_encodeOpts``; mc_bin_server.py
+``MemcachedBinaryChannel.handle_read`` for the replies), not through the
+project's encoder, and each test runs on
 both sides: the node is the test peer of the front, so a misreading shared
 by both would otherwise pass.
 """
 
 from __future__ import annotations
 
-import struct
 import time
 
 import pytest
@@ -27,72 +27,21 @@ from adapters.tap import (
     TapResponse,
     decode_frame,
 )
-from gateway.node.store import Store
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets, closes
+from tests.support.classic_tap import (
+    HEADER,
+    TAP_OPCODES,
+    asks_for_ack,
+    classic_connect,
+    classic_reply,
+)
+from tests.support.fronts import filled, serve_tap_side
 from tests.support.raw_dcp import RawDcp
-from tests.support.tap_client import TapClient, start_node, until
-from tests.support.tapfront import Replica, node_state, start_front
+from tests.support.tap_client import TapClient, until
+from tests.support.tapfront import Replica, check_brackets, closes, node_state
 
 F = ConnectFlags
 VBUCKETS = 4
-HEADER = struct.Struct(">BBHBBHIIQ")
-EXTRA_HDR_SIZES = {0x41: 16, 0x42: 8, 0x43: 8, 0x44: 8, 0x45: 8}
-"""memcacheConstants.EXTRA_HDR_SIZES for the TAP opcodes (checkpoints: absent, 0)."""
-TAP_OPCODES = frozenset(op.value for op in TapOpcode if op != TapOpcode.CONNECT)
-
 pytestmark = pytest.mark.parametrize("side", ["node", "front"])
-
-
-def classic_connect(name: bytes, opts: dict[int, object]) -> bytes:
-    """tap.py's CONNECT: flags OR'ed in sorted order, each option's data in that
-    order (backfill ">Q", a vbucket list "!H" count then "!H" each, any other
-    option its raw string, most often '')."""
-    flags = 0
-    parts = []
-    for op in sorted(opts):
-        flags |= op
-        data = opts[op]
-        if op == F.BACKFILL:
-            parts.append(struct.pack(">Q", data))
-        elif op == F.LIST_VBUCKETS:
-            vbs = list(data)  # type: ignore[call-overload]
-            parts.append(struct.pack("!H", len(vbs)) + b"".join(struct.pack("!H", v) for v in vbs))
-        else:
-            parts.append(data)  # type: ignore[arg-type]
-    extra = struct.pack(">I", flags)
-    value = b"".join(parts)
-    header = HEADER.pack(0x80, 0x40, len(name), len(extra), 0, 0, len(name) + 4 + len(value), 0, 0)
-    return header + extra + name + value
-
-
-def classic_reply(frame: Frame, status: int = 0, text: bytes = b"") -> bytes:
-    """mc_bin_server's reply to a message: the request's opcode, key length and
-    opaque, the opcode's extras length, a body of just the text (none for an ack)."""
-    extlen = EXTRA_HDR_SIZES.get(frame.opcode, 0)
-    header = HEADER.pack(
-        0x81, frame.opcode, frame.key_length, extlen, 0, status, len(text), frame.opaque, 0
-    )
-    return header + text
-
-
-def asks_for_ack(frame: Frame) -> bool:
-    return frame.opcode in TAP_OPCODES and bool(struct.unpack_from(">H", frame.body, 2)[0] & 1)
-
-
-def filled(items: int) -> Store:
-    store = Store(VBUCKETS)
-    now = time.time()
-    for i in range(items):
-        store.set(i % VBUCKETS, b"key-%06d" % i, b"v%d" % i, now=now)
-    return store
-
-
-async def serve(nursery: trio.Nursery, store: Store, side: str) -> tuple[object, int]:
-    """The node, or a TAP front over it: (the server, its TAP port)."""
-    node, node_port = await start_node(nursery, store)
-    if side == "node":
-        return node, node_port
-    return await start_front(nursery, node_port)
 
 
 async def read_events(client: TapClient, until: object = None) -> list[TapEvent]:
@@ -118,7 +67,7 @@ async def test_classic_acks_and_nacks_carry_a_support_ack_dump_to_its_end(
     resend from the first unacked message (tapconnection.cc, ``processAck``)."""
     items = 5750
     store = filled(items)
-    _, port = await serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     with trio.fail_after(60):
         client = await TapClient.open(port)
         await client.send(classic_connect(b"backup", {F.DUMP: b"", F.SUPPORT_ACK: b""}))
@@ -159,7 +108,7 @@ async def test_checkpoint_flag_without_a_map_is_served(nursery: trio.Nursery, si
     """ep-engine 2.x ep_engine.cc ``createTapQueue`` reads the checkpoint count
     only if two bytes are left: tap.py sends CHECKPOINT as '' (no map at all)."""
     store = filled(400)
-    _, port = await serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     replica = Replica()
     with trio.fail_after(20):
         client = await TapClient.open(port)
@@ -185,7 +134,7 @@ async def test_a_registered_name_in_use_is_refused_and_the_first_keeps_streaming
     ``process_bin_tap_connect``). Without the flag the newcomer takes the name
     over (tapconnmap.cc ``TapConnMap::newProducer``, "grabbing the channel")."""
     store = filled(40)
-    _, port = await serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     registered = {F.BACKFILL: 0, F.SUPPORT_ACK: b"", F.REGISTERED_CLIENT: b""}
     with trio.fail_after(20):
         first = await TapClient.open(port)
@@ -224,7 +173,7 @@ async def test_a_vbucket_list_of_none_streams_every_vbucket(
     empty list and ``VBucketFilter`` (vbucket.hh) accepts every vbucket when its
     list is empty."""
     store = filled(200)
-    _, port = await serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     replica = Replica()
     with trio.fail_after(20):
         client = await TapClient.open(port)
@@ -243,7 +192,7 @@ async def test_unknown_connect_flags_and_their_data_are_ignored(
     """ep-engine 2.x ep_engine.cc ``createTapQueue`` never rejects a flag bit it
     does not know, nor bytes left after the options it reads."""
     store = filled(120)
-    _, port = await serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     replica = Replica()
     with trio.fail_after(20):
         client = await TapClient.open(port)
@@ -263,7 +212,7 @@ async def test_a_busy_nack_without_support_ack_pauses_the_stream_only(
     message answers unasked) suspends the stream for the backoff, with nothing
     to resend; then it goes on."""
     store = filled(800)
-    server, port = await serve(nursery, store, side)
+    server, port = await serve_tap_side(nursery, store, side)
     replica = Replica()
     with trio.fail_after(20):
         client = await TapClient.open(port)
@@ -298,7 +247,7 @@ async def test_tap_vbtakeover_and_stat_upr_on_the_tap_side(
     the TAP front answers about its upstream UPR connections, the ``ep_dcp_*``
     totals as v3.0.0 ``doDcpStats`` names them."""
     store = filled(80)
-    _, port = await serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     with trio.fail_after(20):
         client = await TapClient.open(port)
         await client.send(classic_connect(b"mover", {F.BACKFILL: 0}))
@@ -337,7 +286,7 @@ async def test_commands_on_a_tap_stream_are_answered_between_its_messages(
     and the stream goes on; an unknown opcode does not close it."""
     items = 2000
     store = filled(items)
-    _, port = await serve(nursery, store, side)
+    _, port = await serve_tap_side(nursery, store, side)
     get_status = 0 if side == "node" else Status.UNKNOWN_COMMAND  # the front serves no GET
     expected = {0xA1: 0, 0xA2: 0, 0xA3: 0, 0xA4: Status.UNKNOWN_COMMAND, 0xA5: get_status}
     with trio.fail_after(30):

@@ -23,10 +23,10 @@ import trio
 from adapters.tap import OpaqueCode, TapFlags, TapMutation, TapOpaque, TapOpcode, TapResponse
 from gateway.node.items import VBucketState
 from gateway.node.store import Store
-from tests.gateway.fronts.upr.test_tap251_conform import backfill, items_of, start, stream_items
 from tests.gateway.node.test_node_tap_receiver import exchange
 from tests.support import tap251 as t
-from tests.support.tap251 import Session, Tap251Node
+from tests.support.fronts import items_of, served_items, upr_front_over_251
+from tests.support.tap251 import Session, Tap251Node, backfill
 from tests.support.tap_client import TapClient, start_node
 
 ACK = TapFlags.ACK
@@ -86,19 +86,16 @@ async def test_the_ingest_acks_it_logs_nothing_and_does_not_reconnect(
 
     async def play(s: Session) -> None:
         await backfill(s, items)
-        await s.send(sized_opaque(1, INITIAL, 0, seqno=s.next(), code_bytes=False))
-        await s.wait_ack(s.seqno)
-        await s.send(sized_opaque(1, INITIAL, 8, seqno=s.next(), code_bytes=True))
-        await s.wait_ack(s.seqno)
-        await s.send(t.mutation(1, b"after", b"a", seqno=s.next(), cas=8, ack=True))
-        await s.wait_ack(s.seqno)
+        await s.send_acked(sized_opaque(1, INITIAL, 0, seqno=s.next(), code_bytes=False))
+        await s.send_acked(sized_opaque(1, INITIAL, 8, seqno=s.next(), code_bytes=True))
+        await s.send_acked(t.mutation(1, b"after", b"a", seqno=s.next(), cas=8, ack=True))
         done.set()
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        front, port = await start(nursery, tmp_path, node)
+        front, port = await upr_front_over_251(nursery, tmp_path, node)
         await done.wait()
-        got = items_of(await stream_items(port, 1, 2))
+        got = items_of(await served_items(port, 1, 2))
     assert [(e.key, e.by_seqno) for e in got] == [(b"k1", 1), (b"after", 2)]  # not reset
     assert len(node.sessions) == 1  # no reconnect
     assert all(r.status == 0 for r in node.sessions[0].responses)

@@ -20,9 +20,9 @@ from gateway.cli.startup import StartupError
 from gateway.io.connection import PacketConnection
 from gateway.io.tls import client_context, server_context
 from tests.gateway.listeners import KINDS, read_until_closed, start_listener
-from tests.gateway.node.test_node_tap_producer import filled_store
-from tests.support.tap_client import TapClient, connect_event, start_node
-from tests.support.tapfront import start_front
+from tests.support.fronts import tap_front_over_node
+from tests.support.tap_client import connect_event, start_node
+from tests.support.tapfront import filled_store, start_front
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -74,11 +74,15 @@ async def test_tap_front_reads_its_upstream_over_tls(
 ) -> None:
     cert, key = certificate
     store = filled_store()
-    _, node_port = await start_node(nursery, store, ssl_context=server_context(cert, key))
-    _, port = await start_front(nursery, node_port, upstream_ssl=client_context(cert))
+    rig = await tap_front_over_node(
+        nursery,
+        store,
+        node={"ssl_context": server_context(cert, key)},
+        upstream_ssl=client_context(cert),
+    )
     with trio.fail_after(20):
-        client = await TapClient.open(
-            port, connect_event(b"tls", ConnectFlags.DUMP | ConnectFlags.BACKFILL, backfill_date=0)
+        client = await rig.client(
+            b"tls", ConnectFlags.DUMP | ConnectFlags.BACKFILL, backfill_date=0
         )
         events = await client.collect()
     got = sum(isinstance(e, TapMutation) for e in events)

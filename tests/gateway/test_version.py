@@ -25,9 +25,9 @@ from gateway.metrics.render import render
 from gateway.metrics.view import capture
 from gateway.runtime import version as version_module
 from gateway.runtime.version import describe, version
-from tests.gateway.node.test_node_tap_producer import filled_store
+from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import start_node
-from tests.support.tapfront import start_front
+from tests.support.tapfront import filled_store
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -83,9 +83,8 @@ async def test_start_up_log_line_names_the_version(
 
 
 async def test_tap_front_version_reply(nursery: trio.Nursery) -> None:
-    _, node_port = await start_node(nursery, filled_store())
-    _, port = await start_front(nursery, node_port)
-    async with await PacketConnection.connect("127.0.0.1", port) as client:
+    rig = await tap_front_over_node(nursery, filled_store())
+    async with await PacketConnection.connect("127.0.0.1", rig.port) as client:
         answer = await client.request(Opcode.VERSION)
     assert answer.value.decode() == f"tap-upr-gateway {PROJECT_VERSION} (TAP front)"
 

@@ -187,7 +187,7 @@ async def node_crash_run(
     summary = NodeCrashSummary(seed, fsync)
     data_dir = tmp_path / "data"
     command = [sys.executable, "-m", "gateway", "node", "--listen", "127.0.0.1:0",
-               "--vbuckets", str(vbuckets), "--data-dir", str(data_dir),
+               "--vbucket-count", str(vbuckets), "--data-dir", str(data_dir),
                "--fsync", fsync]  # fmt: skip
     writer = NodeWriter(vbuckets, random.Random(rng.random()))
     consumer = Consumer(vbuckets, unique_seqnos=False)

@@ -11,9 +11,12 @@ header parser for the same reason.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
+
+from adapters.mcbp import Frame
 
 HEADER = struct.Struct(">BBHBBHIIQ")
 REQ, RES = 0x80, 0x81
@@ -82,6 +85,16 @@ def reply(to: Reply, status: int = 0) -> bytes:
     return frame(to.opcode, magic=RES, vbucket=status, opaque=to.opaque)
 
 
+def packet_of(frame: Frame) -> bytes:
+    """A frame the project's reader decoded, as the bytes it came in (a relay passes
+    each packet on exactly as it came)."""
+    header = HEADER.pack(
+        frame.magic, frame.opcode, frame.key_length, frame.extras_length, frame.datatype,
+        frame.vbucket_or_status, len(frame.body), frame.opaque, frame.cas,
+    )  # fmt: skip
+    return header + frame.body
+
+
 @dataclass
 class Reply:
     magic: int
@@ -141,6 +154,18 @@ class RawDcp:
                 return None
             self.buffer += data
 
+    async def message(self, opaque: int | None = None) -> Reply:
+        """The next message (with ``opaque`` when one is named), answering UPR NOOPs on
+        the way, as a consumer does; the server must not close the connection."""
+        while True:
+            got = await self.next()
+            assert got is not None, "the server closed the connection"
+            if got.magic == REQ and got.opcode == NOOP:
+                await self.send(reply(got))
+                continue
+            if opaque is None or got.opaque == opaque:
+                return got
+
     async def response(self, opaque: int) -> Reply:
         """The response with ``opaque``, skipping anything else (answering NOOPs)."""
         while True:
@@ -163,3 +188,66 @@ class RawDcp:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+async def producer(port: int, name: bytes, flags: int = PRODUCER) -> RawDcp:
+    """A connection opened as a consumer of the producer on ``port`` (OPEN answered 0)."""
+    client = await RawDcp.connect(port)
+    await client.send(open_producer(name, flags, opaque=1))
+    assert (await client.response(1)).status == 0
+    return client
+
+
+async def stats(port: int, group: bytes) -> tuple[int, dict[str, str]]:
+    """``STAT group`` on a connection of its own, as cbstats asks."""
+    admin = await RawDcp.connect(port)
+    try:
+        return await admin.stats(group)
+    finally:
+        await admin.aclose()
+
+
+async def read_stream(client: RawDcp, opaque: int, *, answer_acks: bool = True) -> list[Reply]:
+    """One stream's messages up to its STREAM_END, answering what a consumer answers."""
+    out: list[Reply] = []
+    while True:
+        got = await client.message(opaque)
+        out.append(got)
+        if got.magic == REQ and got.opcode == SET_VBUCKET_STATE:
+            await client.send(reply(got))
+        if answer_acks and got.opcode == MARKER and got.marker_flags & ACK:
+            await client.send(reply(got))
+        if got.opcode == STREAM_END:
+            return out
+
+
+async def take_over(
+    client: RawDcp,
+    vbucket: int,
+    opaque: int = 10,
+    *,
+    while_pending: Callable[[], object] | None = None,
+) -> list[Reply]:
+    """A takeover stream of ``vbucket`` to its end, answering what a consumer answers
+    (``while_pending`` runs when SET_VBUCKET_STATE(pending) arrives, before its reply)."""
+    await client.send(stream_req(vbucket, opaque=opaque, flags=TAKEOVER))
+    assert (await client.response(opaque)).status == 0
+    seen: list[Reply] = []
+    while not seen or seen[-1].opcode != STREAM_END:
+        got = await client.message()
+        seen.append(got)
+        if got.opcode == SET_VBUCKET_STATE:
+            if got.extras == b"\x03" and while_pending is not None:
+                while_pending()
+            await client.send(reply(got))
+        elif got.opcode == MARKER and got.marker_flags & ACK:
+            await client.send(reply(got))
+    return seen
+
+
+async def newest_uuid(client: RawDcp, vbucket: int) -> int:
+    """The vbucket uuid of the newest entry of ``vbucket``'s failover log."""
+    await client.send(frame(FAILOVER_LOG, vbucket=vbucket, opaque=0xF0))
+    got = await client.response(0xF0)
+    assert got.status == 0
+    return int(struct.unpack_from(">Q", got.value)[0])

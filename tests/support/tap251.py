@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -50,6 +51,10 @@ CONNECT, MUTATION, DELETE, FLUSH, OPAQUE, VBUCKET_SET = 0x40, 0x41, 0x42, 0x43, 
 CHECKPOINT_START, CHECKPOINT_END = 0x46, 0x47
 DEREGISTER_TAP_CLIENT = 0x9E
 FLAG_ACK, FLAG_NO_VALUE, FLAG_NETWORK_BYTE_ORDER = 0x01, 0x02, 0x04
+STREAMED = (1, 2)
+"""Vbuckets the front streams: not 0, where 2.5.1 sends its connection-wide OPAQUEs."""
+ENABLE_AUTO_NACK, INITIAL_VBUCKET_STREAM, ENABLE_CHECKPOINT_SYNC = 0, 1, 2
+OPEN_CHECKPOINT, COMPLETE_VB_FILTER_CHANGE, CLOSE_TAP_STREAM, CLOSE_BACKFILL = 3, 4, 7, 8
 TTL = 255
 """``doWalkTapQueue`` sets every message's TTL to (uint8_t)-1."""
 INITIAL_NRU = 2
@@ -144,6 +149,12 @@ class Session:
     async def send(self, *frames: bytes) -> None:
         await self.stream.send_all(b"".join(frames))
 
+    async def send_acked(self, *frames: bytes) -> Response:
+        """Send ``frames`` and wait for the ack of the last one, as 2.5.1 sends nothing
+        after an OPAQUE or checkpoint message (or an item asking for an ack) until then."""
+        await self.send(*frames)
+        return await self.wait_ack(self.seqno)
+
     def acked(self, seqno: int) -> bool:
         return any(r.opaque == seqno and r.opcode != NOOP for r in self.responses)
 
@@ -224,3 +235,23 @@ class Tap251Node:
         """Listen on a loopback port; the port."""
         listeners = await nursery.start(partial(trio.serve_tcp, self.serve, 0, host="127.0.0.1"))
         return int(listeners[0].socket.getsockname()[1])
+
+
+async def backfill(s: Session, items: dict[int, list[tuple[bytes, bytes]]]) -> None:
+    """2.5.1's start of a backfilling registered client with checkpoints."""
+    for code in (ENABLE_AUTO_NACK, ENABLE_CHECKPOINT_SYNC):
+        await s.send(opaque(0, code, seqno=s.next()))
+    for vb in STREAMED:
+        await s.send(opaque(vb, INITIAL_VBUCKET_STREAM, seqno=s.next()))
+    await s.wait_ack(s.seqno)  # paused: an OPAQUE is unacked
+    rows = [(vb, k, v) for n in range(max(map(len, items.values())))
+            for vb in STREAMED for k, v in items[vb][n : n + 1]]  # fmt: skip
+    for n, (vb, key, value) in enumerate(rows):
+        last = n == len(rows) - 1  # the queue ran empty: an ack is asked for
+        cas = zlib.crc32(b"%d:%s:%s" % (vb, key, value))  # a new value, a new cas
+        await s.send(mutation(vb, key, value, seqno=s.next(), cas=cas, flags=0x01020304,
+                                network_order=n % 2 == 0, ack=last))  # fmt: skip
+    await s.wait_ack(s.seqno)
+    for vb in STREAMED:
+        await s.send(opaque(vb, CLOSE_BACKFILL, seqno=s.next()))
+    await s.wait_ack(s.seqno)

@@ -34,7 +34,7 @@ import trio
 
 from adapters import tap, upr
 from adapters.errors import GatewayError, ProtocolError
-from adapters.mcbp import Frame, Opcode, Status
+from adapters.mcbp import Frame, Opcode, Status, error_response
 from adapters.mcbp.constants import status_name
 from adapters.tap.connect import connect_refusal
 from gateway.cli.startup import describe, show
@@ -49,7 +49,7 @@ from gateway.io.door import Door, unknown_command
 from gateway.io.limits import ConnectionLimits
 from gateway.io.listen import bound_port
 from gateway.io.named import NamedConnections
-from gateway.io.replies import error_reply, refusal, reply, send_refusal
+from gateway.io.replies import error_reply, reply, send_refusal
 from gateway.io.stat_replies import (
     TAP_TAKEOVER_GROUPS,
     StatError,
@@ -317,7 +317,7 @@ class TapFront:
             denied = ProtocolError(
                 auth.refuse_admin("TAP takeover"), opcode=frame.opcode, status=Status.AUTH_ERROR
             )
-            await send_refusal(conn, refusal(frame.opcode, frame.opaque, denied))
+            await send_refusal(conn, error_response(frame, denied))
             raise denied
         config = self.config
         name = connect.name.decode("utf-8", "replace") or f"anon_{next(self._anonymous)}"
@@ -334,7 +334,7 @@ class TapFront:
                 opcode=frame.opcode,
                 status=Status.TEMPORARY_FAILURE,
             )
-            await send_refusal(conn, refusal(frame.opcode, frame.opaque, failure))
+            await send_refusal(conn, error_response(frame, failure))
             raise failure from None
         registry = self.registry
         registered = connect.connect_flags & tap.ConnectFlags.REGISTERED_CLIENT
@@ -345,7 +345,7 @@ class TapFront:
             taken = connect_refusal(
                 f"TAP client {name!r} is already connected", field="key", value=connect.name
             )
-            await send_refusal(conn, refusal(frame.opcode, frame.opaque, taken))
+            await send_refusal(conn, error_response(frame, taken))
             raise taken
         try:
             plan = plan_connection(
@@ -358,7 +358,7 @@ class TapFront:
             )
         except ProtocolError as exc:
             self.stats.protocol_errors_total["tap_front", "refused_connect"] += 1
-            await send_refusal(conn, refusal(frame.opcode, frame.opaque, exc))
+            await send_refusal(conn, error_response(frame, exc))
             raise
         if plan.registered:
             registry.register(name)

@@ -49,8 +49,8 @@ from gateway.io.listen import bound_port
 from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up
 from tests.gateway.serve.test_serve import http_get
+from tests.support.fronts import tap_front_over_node
 from tests.support.prometheus import (
     DashboardQuery,
     Prometheus,
@@ -67,7 +67,7 @@ from tests.support.tap_client import (
     until,
     wants_ack,
 )
-from tests.support.tapfront import Replica, start_front
+from tests.support.tapfront import Replica, catch_up
 from tests.support.upr_client import MAX_SEQNO, UprClient
 
 F = ConnectFlags
@@ -401,21 +401,18 @@ async def test_tap_front_counts_time_blocked_on_a_full_window() -> None:
     async with trio.open_nursery() as nursery:
         store = Store(VBUCKETS)
         write_keys(store, b"slow", 4000)
-        _, node_port = await start_node(nursery, store)
-        front, port = await start_front(
-            nursery, node_port, buffer_size=32 * 1024, max_unacked=300, ack_interval=100
+        rig = await tap_front_over_node(
+            nursery, store, buffer_size=32 * 1024, max_unacked=300, ack_interval=100
         )
         with trio.fail_after(10):
-            client = await TapClient.open(
-                port, connect_event(b"slow", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
-            )
+            client = await rig.client(b"slow", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
             # Read without acking until the front has stopped sending for a while (0.3 s).
             while True:
                 with trio.move_on_after(0.3) as idle:
                     await client.next_event()
                 if idle.cancelled_caught:
                     break
-            stream = front.sessions.get("slow").stats
+            stream = rig.front.sessions.get("slow").stats
             # The upstream's flow-control window is full: nothing moves until the client acks.
             assert stream.acks_pending > 0 and stream.unacked_bytes >= stream.buffer_size
             await client.aclose()

@@ -7,8 +7,7 @@ import time
 import pytest
 import trio
 
-from adapters.mcbp import Frame, Magic
-from adapters.mcbp.frames import HEADER
+from adapters.mcbp import Magic
 from adapters.tap import (
     ConnectFlags,
     OpaqueCode,
@@ -23,6 +22,7 @@ from adapters.tap import (
 )
 from gateway.node.items import Item, StoreError, VBucketState
 from gateway.node.store import Store
+from tests.support.raw_dcp import packet_of
 from tests.support.tap_client import TapClient, connect_event, start_node
 
 F = ConnectFlags
@@ -91,23 +91,6 @@ async def test_takeover_of_two_vbuckets(nursery: trio.Nursery) -> None:
     assert not concerning(events, 0)
 
 
-def raw(frame: Frame) -> bytes:
-    return (
-        HEADER.pack(
-            frame.magic,
-            frame.opcode,
-            frame.key_length,
-            frame.extras_length,
-            frame.datatype,
-            frame.vbucket_or_status,
-            len(frame.body),
-            frame.opaque,
-            frame.cas,
-        )
-        + frame.body
-    )
-
-
 class Pump:
     """What 2.x's ebucketmigrator did: relay a source's TAP stream and the acks."""
 
@@ -122,7 +105,7 @@ class Pump:
             nursery.start_soon(self._acks_back)
             while (frame := await self.source.next_frame()) is not None:
                 self.relayed.append(decode_frame(frame))
-                await self.destination.send(raw(frame))
+                await self.destination.send(packet_of(frame))
             # The source closed once every ack was in; confirm the destination
             # applied everything before letting go of it.
             close = TapOpaque(OpaqueCode.CLOSE_TAP_STREAM, opaque=0xC105E, tap_flags=TapFlags.ACK)
@@ -139,7 +122,7 @@ class Pump:
                 continue
             self.acks += 1
             if not self.source.closed:
-                await self.source.send(raw(frame))
+                await self.source.send(packet_of(frame))
 
 
 @pytest.mark.parametrize("history", [1000, 2], ids=["checkpoint-resume", "backfill"])

@@ -22,9 +22,8 @@ from adapters import upr
 from adapters.mcbp import Status
 from gateway.node.items import VBucketState
 from gateway.node.store import Store
-from tests.gateway.test_dcp_3x_clients import producer
 from tests.support import raw_dcp as dcp
-from tests.support.raw_dcp import RawDcp
+from tests.support.raw_dcp import RawDcp, producer
 from tests.support.upr_client import UprClient, start_node, until
 
 VB = 1

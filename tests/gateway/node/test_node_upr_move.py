@@ -15,33 +15,15 @@ import pytest
 import trio
 
 from adapters import upr
-from adapters.mcbp import Frame, Status
-from adapters.mcbp.frames import HEADER
+from adapters.mcbp import Status
 from gateway.node import upr_consumer
 from gateway.node.items import Item, VBucketState
 from gateway.node.store import Store
+from tests.support.raw_dcp import packet_of
 from tests.support.upr_client import UprClient, start_node, until
 
 VB = 1
 NAME = b"replication:a->b"
-
-
-def raw(frame: Frame) -> bytes:
-    """The packet exactly as it came."""
-    return (
-        HEADER.pack(
-            frame.magic,
-            frame.opcode,
-            frame.key_length,
-            frame.extras_length,
-            frame.datatype,
-            frame.vbucket_or_status,
-            len(frame.body),
-            frame.opaque,
-            frame.cas,
-        )
-        + frame.body
-    )
 
 
 class Relay:
@@ -80,7 +62,7 @@ class Relay:
                 await waiter.send(received.event)
                 continue
             seen.append(received.event)
-            await dst.send_raw(raw(received.frame))
+            await dst.send_raw(packet_of(received.frame))
 
     async def request(self, client: UprClient, event: upr.UprRequest) -> upr.UprEvent:
         send, receive = trio.open_memory_channel[upr.UprEvent](1)

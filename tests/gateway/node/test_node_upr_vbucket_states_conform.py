@@ -19,8 +19,9 @@ import pytest
 import trio
 
 from gateway.node.items import VBucketState
-from tests.gateway.test_dcp_3x_clients import filled, producer, read_stream
 from tests.support import raw_dcp as dcp
+from tests.support.fronts import filled
+from tests.support.raw_dcp import producer, read_stream
 from tests.support.upr_client import start_node
 
 NOT_MY_VBUCKET = 0x07

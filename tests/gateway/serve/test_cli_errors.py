@@ -38,9 +38,23 @@ def one_line(stderr: str) -> str:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["node", "--vbuckets", "0"], "argument --vbuckets: 0 is not between 1 and 65536"),
-        (["node", "--vbuckets", "70000"], "argument --vbuckets: 70000 is not between 1 and 65536"),
-        (["serve", "--vbuckets", "0"], "argument --vbuckets: 0 is not between 1 and 65536"),
+        (
+            ["node", "--vbucket-count", "0"],
+            "argument --vbucket-count: 0 is not between 1 and 65536",
+        ),
+        (
+            ["node", "--vbucket-count", "70000"],
+            "argument --vbucket-count: 70000 is not between 1 and 65536",
+        ),
+        (
+            ["serve", "--vbucket-count", "0"],
+            "argument --vbucket-count: 0 is not between 1 and 65536",
+        ),
+        (
+            ["serve", "--vbuckets", "0-3"],
+            "argument --vbuckets: '0-3' is a list of vbucket ids, but --vbucket-count takes how "
+            "many vbuckets the node has (e.g. 64); lists go to --vbuckets of move and capture",
+        ),
         (["node", "--sample-items", "-5"], "argument --sample-items: -5 is not at least 0"),
         (["serve", "--sample-items", "-5"], "argument --sample-items: -5 is not at least 0"),
         (

@@ -61,7 +61,7 @@ async def test_80_unauthenticated_connections_cannot_grow_the_gateway(tmp_path: 
     code = os.environ.get("SOAK_GATEWAY_PATH", os.getcwd())
     env = {**os.environ, "PYTHONPATH": code}
     command = [
-        sys.executable, "-m", "gateway", "serve", "--users", str(users), "--vbuckets", "4",
+        sys.executable, "-m", "gateway", "serve", "--users", str(users), "--vbucket-count", "4",
         "--sample-items", "0", "--writes-per-second", "0", "--no-metrics",
         "--tap-listen", "127.0.0.1:0", "--upr-listen", "127.0.0.1:0",
         "--state-dir", str(tmp_path / "state"),

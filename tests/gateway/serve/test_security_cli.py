@@ -127,7 +127,7 @@ async def test_a_locked_down_deployment_end_to_end(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
     with process(
-        ["node", "--listen", "127.0.0.1:0", "--users", str(node_users), "--vbuckets", "4",
+        ["node", "--listen", "127.0.0.1:0", "--users", str(node_users), "--vbucket-count", "4",
          "--sample-items", "200", *tls],
         env,
     ) as node:  # fmt: skip

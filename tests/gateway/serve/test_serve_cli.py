@@ -22,7 +22,7 @@ async def test_serve_with_no_upstream_serves_tap_clients_and_stops_on_sigterm(
     command = [
         sys.executable, "-m", "gateway", "serve", "--tap-listen", "127.0.0.1:0",
         "--upr-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-        "--state-dir", str(tmp_path), "--vbuckets", "8", "--sample-items", "300",
+        "--state-dir", str(tmp_path), "--vbucket-count", "8", "--sample-items", "300",
     ]  # fmt: skip
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(60, process.kill)  # a gateway that never starts ends the read

@@ -20,9 +20,10 @@ import trio
 
 from adapters.tap import ConnectFlags, TapMutation, TapNoop, TapResponse
 from gateway.metrics.figures import TAP_FRONT
-from tests.gateway.node.test_node_tap_producer import filled_store, items_of
+from tests.gateway.node.test_node_tap_producer import items_of
+from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import TapClient, connect_event, start_node, wants_ack
-from tests.support.tapfront import start_front
+from tests.support.tapfront import filled_store
 
 F = ConnectFlags
 MISSING = 99
@@ -68,14 +69,13 @@ async def test_node_live_stream_skips_the_missing_vbucket(nursery: trio.Nursery)
 
 async def test_front_streams_the_others_and_counts_the_skipped_one(nursery: trio.Nursery) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(nursery, node_port)
+    rig = await tap_front_over_node(nursery, store)
     connect = connect_event(
         b"f", F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK, backfill_date=0, vbuckets=(0, MISSING)
     )
     backfilled = [it.key for it in store.items_since(0, 0)]
     with trio.fail_after(20):
-        client = await TapClient.open(port, connect)
+        client = await TapClient.open(rig.port, connect)
         seen: list[bytes] = []
         while seen != backfilled:
             batch = await client.collect(wants_ack)
@@ -85,21 +85,20 @@ async def test_front_streams_the_others_and_counts_the_skipped_one(nursery: trio
         store.set(0, b"later", b"v", now=time.time())
         later = await client.collect(lambda e: isinstance(e, TapMutation) and e.key == b"later")
         assert later and later[-1].vbucket == 0
-        assert front.stats.stream_ends_total[TAP_FRONT, "skipped"] == 1
+        assert rig.front.stats.stream_ends_total[TAP_FRONT, "skipped"] == 1
         await client.aclose()
 
 
 async def test_front_with_every_vbucket_missing_stays_open_and_idle(
     nursery: trio.Nursery,
 ) -> None:
-    _, node_port = await start_node(nursery, filled_store())
-    front, port = await start_front(nursery, node_port, noop_interval=0.1)
+    rig = await tap_front_over_node(nursery, filled_store(), noop_interval=0.1)
     connect = connect_event(b"none", F.LIST_VBUCKETS | F.SUPPORT_ACK, vbuckets=(MISSING,))
     with trio.fail_after(20):
-        client = await TapClient.open(port, connect)
+        client = await TapClient.open(rig.port, connect)
         events = await client.collect(lambda e: isinstance(e, TapNoop))
         assert events and isinstance(events[-1], TapNoop), events  # not refused, not closed
         assert not items_of(events)
         assert isinstance(await client.next_event(), TapNoop)
-        assert front.stats.stream_ends_total[TAP_FRONT, "skipped"] == 1
+        assert rig.front.stats.stream_ends_total[TAP_FRONT, "skipped"] == 1
         await client.aclose()

@@ -18,10 +18,7 @@ directory, its upstream a reference node that stays up.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import msgpack
@@ -38,9 +35,9 @@ from tests.gateway.fronts.tap.faults import (
     versions_in_order,
     write_keys,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up
+from tests.support.children import start_listening
 from tests.support.tap_client import TapClient, connect_event, start_node, until
-from tests.support.tapfront import Replica, node_state
+from tests.support.tapfront import Replica, catch_up, node_state
 
 F = ConnectFlags
 GATEWAY = """
@@ -68,18 +65,9 @@ trio.run(main)
 async def start_gateway(
     node_port: int, state_dir: Path, save_interval: float
 ) -> tuple[trio.Process, int]:
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", GATEWAY, str(node_port), str(state_dir), str(save_interval)],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    return await start_listening(
+        GATEWAY, node_port, state_dir, save_interval, what="the gateway process"
     )
-    assert proc.stdout is not None
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = await proc.stdout.receive_some(100)
-        assert chunk, "the gateway process exited before listening"
-        line += chunk
-    return proc, int(line)
 
 
 async def kill(proc: trio.Process) -> None:

@@ -24,6 +24,7 @@ import trio
 from adapters.tap import ConnectFlags, TapEvent, TapMutation, TapNoop
 from gateway.fronts.tap.server import TapFront
 from gateway.metrics.figures import TAP_FRONT
+from tests.support.fronts import tap_front_over_scripted
 from tests.support.raw_dcp import RES, STREAM_REQ, frame
 from tests.support.scripted_upr import (
     MEMORY,
@@ -35,8 +36,7 @@ from tests.support.scripted_upr import (
     stream_end,
     stream_ok,
 )
-from tests.support.tap_client import TapClient, connect_event, until
-from tests.support.tapfront import start_front
+from tests.support.tap_client import TapClient, until
 
 F = ConnectFlags
 LIVE = F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK
@@ -76,11 +76,9 @@ def two_vbuckets(play_of: dict[int, str]) -> ScriptedUpr:
 async def open_client(
     nursery: trio.Nursery, upr: ScriptedUpr, flags: ConnectFlags = LIVE
 ) -> tuple[TapFront, TapClient]:
-    port = await nursery.start(upr.serve)
-    front, front_port = await start_front(nursery, port, noop_interval=0.1)
+    rig = await tap_front_over_scripted(nursery, upr, noop_interval=0.1)
     backfill = 0 if flags & F.BACKFILL else None
-    connect = connect_event(b"lost", flags, backfill_date=backfill, vbuckets=(0, 1))
-    return front, await TapClient.open(front_port, connect)
+    return rig.front, await rig.client(b"lost", flags, backfill_date=backfill, vbuckets=(0, 1))
 
 
 def ends(front: TapFront) -> int:

@@ -25,9 +25,9 @@ from tests.gateway.fronts.tap.faults import (
     versions_in_order,
     write_keys,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets
-from tests.support.tap_client import TapClient, connect_event, start_node, until
-from tests.support.tapfront import start_front
+from tests.support.fronts import tap_front_over_node
+from tests.support.tap_client import TapClient, connect_event, until
+from tests.support.tapfront import check_brackets
 
 F = ConnectFlags
 BUFFER = 1024 * 1024
@@ -41,17 +41,16 @@ async def test_a_client_that_stops_reading_paces_its_upstream_only(
 ) -> None:
     store = Store(VBUCKETS)
     keys = write_keys(store, b"big", ITEMS, size=VALUE)
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(nursery, node_port, buffer_size=BUFFER)
+    rig = await tap_front_over_node(nursery, store, buffer_size=BUFFER)
     with trio.fail_after(60):
-        stalled = await TapClient.open(port)
+        stalled = await TapClient.open(rig.port)
         # A fixed receive buffer: the kernel would otherwise grow it and take in
         # what is meant to stall.
         assert isinstance(stalled.stream, trio.SocketStream)
         stalled.stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         await stalled.send(encode(connect_event(b"stalled", F.BACKFILL, backfill_date=0)))
-        await until(lambda: "stalled" in front.sessions)
-        session = front.sessions.get("stalled")
+        await until(lambda: "stalled" in rig.front.sessions)
+        session = rig.front.sessions.get("stalled")
         # The kernel's buffers full, then the outbox: the pump waits on the socket.
         conn = session.conn
         await until(lambda: conn.outbox_bytes >= conn.max_outbox_bytes)
@@ -62,9 +61,7 @@ async def test_a_client_that_stops_reading_paces_its_upstream_only(
         assert stalled_sent < ITEMS // 2
 
         # Another client meanwhile: its backfill, then a live write, all of it.
-        reader_tap = await TapClient.open(
-            port, connect_event(b"reader", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
-        )
+        reader_tap = await rig.client(b"reader", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
         reader = HoldingClient(reader_tap)
         nursery.start_soon(reader.run)
         await reader.wait_for(lambda: reader.mutations >= ITEMS)

@@ -7,9 +7,9 @@ import trio
 from adapters.mcbp import Opcode, Status
 from adapters.tap import ConnectFlags, TapMutation, encode
 from gateway.io.connection import PacketConnection, RequestFailed
-from tests.gateway.node.test_node_tap_producer import filled_store
+from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import TapClient, connect_event, start_node
-from tests.support.tapfront import start_front
+from tests.support.tapfront import filled_store, start_front
 
 F = ConnectFlags
 
@@ -52,10 +52,15 @@ async def test_clients_must_authenticate_and_the_upstream_login_is_used(
 async def test_wrong_upstream_credentials_refuse_the_connect_clearly(
     nursery: trio.Nursery,
 ) -> None:
-    _, node_port = await start_node(nursery, filled_store(), users={"gateway": "s3cret"})
-    _, port = await start_front(nursery, node_port, upstream_user="gateway", upstream_password="x")
+    rig = await tap_front_over_node(
+        nursery,
+        filled_store(),
+        node={"users": {"gateway": "s3cret"}},
+        upstream_user="gateway",
+        upstream_password="x",
+    )
     with trio.fail_after(20):
-        client = await TapClient.open(port, connect_event(b"c", F.BACKFILL, backfill_date=0))
+        client = await rig.client(b"c", F.BACKFILL, backfill_date=0)
         answer = await client.next_event()
         assert answer is not None and getattr(answer, "status", None) == Status.TEMPORARY_FAILURE
         assert b"upstream" in answer.text  # type: ignore[union-attr]

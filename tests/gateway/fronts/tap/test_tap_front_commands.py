@@ -12,9 +12,8 @@ import trio
 
 from adapters.mcbp import Opcode, Status
 from gateway.io.connection import PacketConnection, RequestFailed
-from tests.gateway.node.test_node_tap_producer import filled_store
-from tests.support.tap_client import start_node
-from tests.support.tapfront import start_front
+from tests.support.fronts import tap_front_over_node
+from tests.support.tapfront import filled_store, start_front
 
 
 def closed_port() -> int:
@@ -69,9 +68,8 @@ async def test_tap_connect_with_the_upstream_unreachable_names_it(nursery: trio.
 
 
 async def test_unknown_group_says_which_groups_are_served(nursery: trio.Nursery) -> None:
-    _, node_port = await start_node(nursery, filled_store())
-    _, port = await start_front(nursery, node_port)
-    failed = await stat_failure(port, "hash")
+    rig = await tap_front_over_node(nursery, filled_store())
+    failed = await stat_failure(rig.port, "hash")
     assert failed.status == Status.KEY_NOT_FOUND
     assert failed.text == (
         b"unknown stat group 'hash' (known: dcp, tap, tap-vbtakeover, upr, vbucket, "
@@ -80,17 +78,16 @@ async def test_unknown_group_says_which_groups_are_served(nursery: trio.Nursery)
 
 
 async def test_upstream_refusal_is_passed_on(nursery: trio.Nursery) -> None:
-    _, node_port = await start_node(nursery, filled_store())
-    _, port = await start_front(nursery, node_port)
-    async with await PacketConnection.connect("127.0.0.1", node_port) as direct:
+    rig = await tap_front_over_node(nursery, filled_store())
+    async with await PacketConnection.connect("127.0.0.1", rig.upstream_port) as direct:
         try:
             await direct.stats("vbucket-seqno 60000")
             raise AssertionError("the node answered a vbucket it does not have")
         except RequestFailed as node_says:
             expected = node_says
-    failed = await stat_failure(port, "vbucket-seqno 60000")
+    failed = await stat_failure(rig.port, "vbucket-seqno 60000")
     assert failed.status == expected.status
-    assert failed.text.decode().startswith(f"UPR upstream 127.0.0.1:{node_port}: ")
-    async with await PacketConnection.connect("127.0.0.1", port) as client:
+    assert failed.text.decode().startswith(f"UPR upstream 127.0.0.1:{rig.upstream_port}: ")
+    async with await PacketConnection.connect("127.0.0.1", rig.port) as client:
         seqnos = await client.stats("vbucket-seqno")
     assert "vb_0:high_seqno" in seqnos

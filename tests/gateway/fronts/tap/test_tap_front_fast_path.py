@@ -15,9 +15,9 @@ from pathlib import Path
 import trio
 
 from adapters.tap import ConnectFlags, TapEvent, TapFlags
-from tests.gateway.node.test_node_tap_producer import filled_store
-from tests.support.tap_client import STREAM_TYPES, TapClient, connect_event, start_node
-from tests.support.tapfront import start_front
+from tests.support.fronts import tap_front_over_node
+from tests.support.tap_client import STREAM_TYPES, TapClient, connect_event
+from tests.support.tapfront import filled_store, start_front
 
 F = ConnectFlags
 
@@ -43,16 +43,15 @@ async def test_fast_path_serves_what_the_event_path_serves(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     """adapters/translate/upr_to_tap_fast.py against UprToTap and the TAP codec."""
-    _, node_port = await start_node(nursery, filled_store())
-    _, fast_port = await start_front(nursery, node_port)
-    _, event_port = await start_front(nursery, node_port, capture_dir=tmp_path / "captures")
+    rig = await tap_front_over_node(nursery, filled_store())
+    _, event_port = await start_front(nursery, rig.upstream_port, capture_dir=tmp_path / "captures")
     for flags in (
         F.BACKFILL | F.DUMP | F.SUPPORT_ACK,
         F.BACKFILL | F.DUMP | F.KEYS_ONLY,
         F.BACKFILL | F.DUMP | F.SUPPORT_ACK | F.FIX_FLAG_BYTEORDER | F.CHECKPOINT,
     ):
         with trio.fail_after(20):
-            fast = await dump(fast_port, b"fast", flags)
+            fast = await dump(rig.port, b"fast", flags)
             slow = await dump(event_port, b"slow", flags)
         assert sum(1 for e in fast if type(e).__name__ == "TapMutation") > 50
         assert per_vbucket(fast) == per_vbucket(slow)

@@ -17,10 +17,9 @@ from adapters.tap import (
     TapResponse,
     TapVbucketSet,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up, check_brackets
-from tests.gateway.node.test_node_tap_producer import filled_store
-from tests.support.tap_client import TapClient, connect_event, start_node
-from tests.support.tapfront import Replica, node_state, start_front
+from tests.support.fronts import tap_front_over_node
+from tests.support.tap_client import TapClient, connect_event
+from tests.support.tapfront import Replica, catch_up, check_brackets, filled_store, node_state
 
 F = ConnectFlags
 VBUCKETS = 4
@@ -28,12 +27,9 @@ VBUCKETS = 4
 
 async def test_dump_sends_everything_once_then_closes(nursery: trio.Nursery) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    _, port = await start_front(nursery, node_port)
+    rig = await tap_front_over_node(nursery, store)
     with trio.fail_after(20):
-        client = await TapClient.open(
-            port, connect_event(b"dump", F.DUMP | F.SUPPORT_ACK | F.BACKFILL, backfill_date=0)
-        )
+        client = await rig.client(b"dump", F.DUMP | F.SUPPORT_ACK | F.BACKFILL, backfill_date=0)
         events = await client.collect()  # up to the close, acking as asked
     replica = Replica()
     replica.apply(events)
@@ -52,13 +48,12 @@ async def test_dump_wraps_each_active_vbucket_holding_items(nursery: trio.Nurser
     store = filled_store()
     store.set_state(2, VBucketState.REPLICA, now=time.time())
     store.reset_vbucket(3)  # active and empty
-    _, node_port = await start_node(nursery, store)
-    _, port = await start_front(nursery, node_port)
+    rig = await tap_front_over_node(nursery, store)
     # The value of a 2.x CONNECT with DUMP | LIST_VBUCKETS: count, then the vbuckets.
     connect = bytes.fromhex("804000040400000000000012000000000000000000000000")
     connect += b"\x00\x00\x00\x06" + b"dp0d" + bytes.fromhex("00040000000100020003")
     with trio.fail_after(20):
-        client = await TapClient.open(port)
+        client = await TapClient.open(rig.port)
         await client.send(connect)
         events = await client.collect()  # up to the close
     opaques = [e for e in events if isinstance(e, TapOpaque)]
@@ -76,13 +71,10 @@ async def test_dump_wraps_each_active_vbucket_holding_items(nursery: trio.Nurser
 
 async def test_listed_vbuckets_keys_only_in_network_order(nursery: trio.Nursery) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    _, port = await start_front(nursery, node_port)
+    rig = await tap_front_over_node(nursery, store)
     flags = F.BACKFILL | F.LIST_VBUCKETS | F.KEYS_ONLY | F.FIX_FLAG_BYTEORDER | F.DUMP
     with trio.fail_after(20):
-        client = await TapClient.open(
-            port, connect_event(b"keys", flags, backfill_date=0, vbuckets=(2, 3))
-        )
+        client = await rig.client(b"keys", flags, backfill_date=0, vbuckets=(2, 3))
         events = await client.collect()
     mutations = [e for e in events if isinstance(e, TapMutation)]
     assert {m.vbucket for m in mutations} == {2, 3}
@@ -97,14 +89,11 @@ async def test_takeover_leaves_the_client_active_and_the_source_dead(
     nursery: trio.Nursery,
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    _, port = await start_front(nursery, node_port)
+    rig = await tap_front_over_node(nursery, store)
     flags = F.BACKFILL | F.LIST_VBUCKETS | F.TAKEOVER_VBUCKETS | F.SUPPORT_ACK
     replica = Replica()
     with trio.fail_after(20):
-        client = await TapClient.open(
-            port, connect_event(b"mover", flags, backfill_date=0, vbuckets=(1, 2))
-        )
+        client = await rig.client(b"mover", flags, backfill_date=0, vbuckets=(1, 2))
         events = await client.collect()  # the front closes once every ack is in
     replica.apply(events)
     states = [(e.vbucket, e.state) for e in events if isinstance(e, TapVbucketSet)]
@@ -120,14 +109,11 @@ async def test_malformed_connect_is_refused_and_other_clients_carry_on(
     nursery: trio.Nursery,
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    _, port = await start_front(nursery, node_port)
+    rig = await tap_front_over_node(nursery, store)
     replica = Replica()
     with trio.fail_after(20):
-        good = await TapClient.open(
-            port, connect_event(b"good", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
-        )
-        bad = await TapClient.open(port)
+        good = await rig.client(b"good", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
+        bad = await TapClient.open(rig.port)
         # LIST_VBUCKETS announcing 5 vbuckets but carrying one.
         await bad.send(
             bytes.fromhex("80400003040000000000000b000000070000000000000000")
@@ -144,13 +130,14 @@ async def test_malformed_connect_is_refused_and_other_clients_carry_on(
 
 async def test_an_upstream_speaking_the_transport_draft(nursery: trio.Nursery) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store, dialect="upr-draft")
-    _, port = await start_front(nursery, node_port, dialect="upr-draft")
+    rig = await tap_front_over_node(
+        nursery, store, node={"dialect": "upr-draft"}, dialect="upr-draft"
+    )
     replica = Replica()
     with trio.fail_after(20):
         client = await TapClient.open(
             # checkpoints (2.5.1 tapconnection.cc ``supportCheckpointSync_``) bracket its items
-            port,
+            rig.port,
             connect_event(b"draft", F.BACKFILL | F.SUPPORT_ACK | F.CHECKPOINT, backfill_date=0),
         )
         events = await catch_up(client, replica, store)

@@ -20,9 +20,9 @@ import trio
 from adapters.mcbp.constants import VBucketState
 from adapters.tap import ConnectFlags, TapDelete, TapMutation, TapNoop
 from gateway.metrics.figures import TAP_FRONT
-from tests.gateway.node.test_node_tap_producer import filled_store
-from tests.support.tap_client import TapClient, connect_event, start_node
-from tests.support.tapfront import start_front
+from tests.support.fronts import tap_front_over_node
+from tests.support.tap_client import TapClient, connect_event
+from tests.support.tapfront import filled_store
 
 F = ConnectFlags
 
@@ -30,14 +30,13 @@ F = ConnectFlags
 async def test_a_refused_vbucket_ends_and_the_others_stream(nursery: trio.Nursery) -> None:
     store = filled_store()
     store.set_state(2, VBucketState.DEAD, now=time.time())  # replicas stream
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(nursery, node_port, noop_interval=0.1)
+    rig = await tap_front_over_node(nursery, store, noop_interval=0.1)
     connect = connect_event(
         b"refused", F.LIST_VBUCKETS | F.BACKFILL | F.SUPPORT_ACK, backfill_date=0, vbuckets=(2,)
     )
     with trio.fail_after(20):
-        client = await TapClient.open(port, connect)
-        ends = front.stats.stream_ends_total
+        client = await TapClient.open(rig.port, connect)
+        ends = rig.front.stats.stream_ends_total
         # acking as asked, up to a NOOP once the stream was refused: open, idle
         events = await client.collect(
             lambda e: isinstance(e, TapNoop) and ends[TAP_FRONT, "refused_0x07"] == 1

@@ -12,17 +12,23 @@ from adapters.tap import ConnectFlags, OpaqueCode, TapEvent, TapMutation, TapNoo
 from gateway.io.listen import bound_port
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up, check_brackets, closes
-from tests.gateway.node.test_node_tap_producer import filled_store
+from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import (
     TapClient,
     connect_event,
     is_opaque,
-    start_node,
     until,
     wants_ack,
 )
-from tests.support.tapfront import Replica, node_state, start_front
+from tests.support.tapfront import (
+    Replica,
+    catch_up,
+    check_brackets,
+    closes,
+    filled_store,
+    node_state,
+    start_front,
+)
 
 F = ConnectFlags
 VBUCKETS = 4
@@ -39,14 +45,11 @@ async def test_a_client_that_stops_acking_stalls_the_upstream_within_bounds(
 ) -> None:
     store = Store(VBUCKETS)
     write_keys(store, b"slow", 4000)
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(
-        nursery, node_port, buffer_size=32 * 1024, max_unacked=300, ack_interval=100
+    rig = await tap_front_over_node(
+        nursery, store, buffer_size=32 * 1024, max_unacked=300, ack_interval=100
     )
     with trio.fail_after(20):
-        client = await TapClient.open(
-            port, connect_event(b"slow", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
-        )
+        client = await rig.client(b"slow", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
         received: list[TapEvent] = []
         # Read without acking until the front stops sending.
         while True:
@@ -54,7 +57,7 @@ async def test_a_client_that_stops_acking_stalls_the_upstream_within_bounds(
                 received.append(await client.next_event())
             if idle.cancelled_caught:
                 break
-        session = front.sessions.get("slow")
+        session = rig.front.sessions.get("slow")
         assert session.producer.unacked <= 300
         # The producer stops once the buffer is reached: at most one message past it.
         assert session.stats.unacked_bytes <= 32 * 1024 + 200
@@ -73,21 +76,20 @@ async def test_registered_client_resumes_where_it_acked(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(nursery, node_port, state_dir=tmp_path)
+    rig = await tap_front_over_node(nursery, store, state_dir=tmp_path)
     flags = F.BACKFILL | F.SUPPORT_ACK | F.REGISTERED_CLIENT | F.CHECKPOINT
     replica = Replica()
     with trio.fail_after(20):
-        first = await TapClient.open(port, connect_event(b"reg", flags, backfill_date=0))
+        first = await rig.client(b"reg", flags, backfill_date=0)
         events: list[TapEvent] = []
         while closes(events) < VBUCKETS:
             batch = await first.collect(wants_ack)
             replica.apply(batch)
             events.extend(batch)
         await first.aclose()
-        await until(lambda: "reg" not in front.sessions)
+        await until(lambda: "reg" not in rig.front.sessions)
         write_keys(store, b"while-away", 40)
-        second = await TapClient.open(port, connect_event(b"reg", flags, backfill_date=0))
+        second = await rig.client(b"reg", flags, backfill_date=0)
         resumed = await catch_up(second, replica, store)
         assert not any(is_opaque(e, OpaqueCode.INITIAL_VBUCKET_STREAM) for e in resumed)
         keys = [e.key for e in resumed if isinstance(e, TapMutation)]
@@ -151,25 +153,24 @@ async def test_failover_below_the_client_rolls_the_vbucket_back_to_a_backfill(
 ) -> None:
     store = Store(VBUCKETS)
     write_keys(store, b"old", 400)
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(nursery, node_port, state_dir=tmp_path)
+    rig = await tap_front_over_node(nursery, store, state_dir=tmp_path)
     flags = F.BACKFILL | F.SUPPORT_ACK | F.REGISTERED_CLIENT
     replica = Replica()
     with trio.fail_after(20):
-        first = await TapClient.open(port, connect_event(b"rb", flags, backfill_date=0))
+        first = await rig.client(b"rb", flags, backfill_date=0)
         await catch_up(first, replica, store)
         await first.aclose()
-        await until(lambda: "rb" not in front.sessions)
+        await until(lambda: "rb" not in rig.front.sessions)
         high = store.high_seqno(1)
         store.rollback(1, high - 20)  # a replica that had less took over
         store.failover(1)
         write_keys(store, b"new", 8)
-        second = await TapClient.open(port, connect_event(b"rb", flags, backfill_date=0))
+        second = await rig.client(b"rb", flags, backfill_date=0)
         resumed = await catch_up(second, replica, store)
         assert [e.vbucket for e in resumed if is_opaque(e, OpaqueCode.INITIAL_VBUCKET_STREAM)] == [
             1
         ]
-        assert front.stats.rollbacks_total["tap_front"] == 1
+        assert rig.front.stats.rollbacks_total["tap_front"] == 1
         assert replica.items == node_state(store, range(VBUCKETS))
         await second.aclose()
 
@@ -179,12 +180,9 @@ async def test_a_busy_nack_makes_the_front_resend_from_the_first_unacked(
 ) -> None:
     store = Store(VBUCKETS)
     write_keys(store, b"nack", 200)
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(nursery, node_port, ack_interval=50, backoff=0.05)
+    rig = await tap_front_over_node(nursery, store, ack_interval=50, backoff=0.05)
     with trio.fail_after(20):
-        client = await TapClient.open(
-            port, connect_event(b"busy", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
-        )
+        client = await rig.client(b"busy", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
         first = await client.collect(wants_ack, auto_ack=False)  # up to the first ack request
         await client.ack(first[-1], status=Status.BUSY, text=b"replica queue full")
         again = await client.collect(wants_ack, auto_ack=False)
@@ -197,14 +195,13 @@ async def test_a_busy_nack_makes_the_front_resend_from_the_first_unacked(
         await client.ack(again[-1])
         await catch_up(client, replica, store)
         assert replica.mutations == 200
-        assert front.stats.active("tap_front")[0].nacks_total == 1
-        assert front.stats.active("tap_front")[0].retransmits_total >= 1
+        assert rig.front.stats.active("tap_front")[0].nacks_total == 1
+        assert rig.front.stats.active("tap_front")[0].retransmits_total >= 1
 
 
 async def test_an_idle_stream_gets_noops(nursery: trio.Nursery) -> None:
-    _, node_port = await start_node(nursery, vbuckets=VBUCKETS)
-    _, port = await start_front(nursery, node_port, noop_interval=0.1)
+    rig = await tap_front_over_node(nursery, node={"vbuckets": VBUCKETS}, noop_interval=0.1)
     with trio.fail_after(10):
-        client = await TapClient.open(port, connect_event(b"idle", F(0)))
+        client = await rig.client(b"idle", F(0))
         event = await client.next_event()
         assert isinstance(event, TapNoop)

@@ -9,9 +9,9 @@ import trio
 from adapters.tap import ConnectFlags, TapEvent
 from gateway.node.store import Store
 from gateway.tools.load import run_load
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets
-from tests.support.tap_client import TapClient, connect_event, start_node, wants_ack
-from tests.support.tapfront import Entry, Replica, node_state, start_front
+from tests.support.fronts import tap_front_over_node
+from tests.support.tap_client import wants_ack
+from tests.support.tapfront import Entry, Replica, check_brackets, node_state
 
 F = ConnectFlags
 VBUCKETS = 1024
@@ -34,18 +34,17 @@ def comparable(items: dict[tuple[int, bytes], Entry], flags: ConnectFlags) -> ob
 @pytest.mark.slow
 async def test_many_clients_over_1024_vbuckets_under_load(nursery: trio.Nursery) -> None:
     store = Store(VBUCKETS)
-    _, node_port = await start_node(nursery, store, vbuckets=VBUCKETS)
-    front, port = await start_front(nursery, node_port, buffer_size=256 * 1024)
-    await run_load("127.0.0.1", node_port, items=20_000, value_size=64)
+    rig = await tap_front_over_node(
+        nursery, store, node={"vbuckets": VBUCKETS}, buffer_size=256 * 1024
+    )
+    await run_load("127.0.0.1", rig.upstream_port, items=20_000, value_size=64)
     replicas = [Replica() for _ in range(CLIENTS)]
     writes_done = trio.Event()
 
     async def follow(index: int) -> None:
         flags = FLAG_SETS[index % len(FLAG_SETS)]
         replica = replicas[index]
-        client = await TapClient.open(
-            port, connect_event(b"soak-%d" % index, flags, backfill_date=0)
-        )
+        client = await rig.client(b"soak-%d" % index, flags, backfill_date=0)
         events: list[TapEvent] = []
         while True:
             event = None
@@ -71,8 +70,8 @@ async def test_many_clients_over_1024_vbuckets_under_load(nursery: trio.Nursery)
             for index in range(CLIENTS):
                 clients.start_soon(follow, index)
             await run_load(
-                "127.0.0.1", node_port, items=30_000, value_size=64, delete_fraction=0.2,
+                "127.0.0.1", rig.upstream_port, items=30_000, value_size=64, delete_fraction=0.2,
                 seed=3, key_prefix="more", rate=10_000,
             )  # fmt: skip
             writes_done.set()
-    assert all(stats.acks_pending == 0 for stats in front.stats.active("tap_front"))
+    assert all(stats.acks_pending == 0 for stats in rig.front.stats.active("tap_front"))

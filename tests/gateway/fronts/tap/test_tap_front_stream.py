@@ -16,33 +16,29 @@ import trio
 from adapters.tap import (
     ConnectFlags,
     OpaqueCode,
-    TapCheckpointEnd,
     TapCheckpointStart,
-    TapDelete,
     TapEvent,
     TapMutation,
-    TapOpaque,
 )
 from gateway.tools.load import run_load
-from tests.gateway.node.test_node_tap_producer import filled_store
+from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import (
     STREAM_TYPES,
     TapClient,
-    connect_event,
     is_opaque,
-    start_node,
     wants_ack,
 )
-from tests.support.tapfront import Replica, node_state, start_front
+from tests.support.tapfront import (
+    Replica,
+    catch_up,
+    check_brackets,
+    closes,
+    filled_store,
+    node_state,
+)
 
 F = ConnectFlags
 VBUCKETS = 4
-
-
-def closes(events: list[TapEvent]) -> int:
-    return sum(
-        isinstance(e, TapOpaque) and e.opaque_code == OpaqueCode.CLOSE_BACKFILL for e in events
-    )
 
 
 async def read_until(client: TapClient, done: callable, replica: Replica) -> list[TapEvent]:  # type: ignore[valid-type]
@@ -64,12 +60,11 @@ async def test_backfill_then_live_changes_match_the_node(
     after OPAQUE(ENABLE_AUTO_NACK) and live items come in checkpoints; without
     it, neither (2.5.1 tapconnection.cc ``evaluateFlags``, ``nextFgFetched_UNLOCKED``)."""
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    _, port = await start_front(nursery, node_port)
+    rig = await tap_front_over_node(nursery, store)
     replica = Replica()
     flags = F.BACKFILL | F.SUPPORT_ACK | (F.CHECKPOINT if checkpoint else F(0))
     with trio.fail_after(20):
-        client = await TapClient.open(port, connect_event(b"bf", flags, backfill_date=0))
+        client = await rig.client(b"bf", flags, backfill_date=0)
         events = await read_until(client, lambda ev: closes(ev) == VBUCKETS, replica)
         opening = [OpaqueCode.ENABLE_AUTO_NACK]
         if checkpoint:
@@ -89,60 +84,23 @@ async def test_backfill_then_live_changes_match_the_node(
         await client.aclose()
 
 
-async def catch_up(client: TapClient, replica: Replica, store: object) -> list[TapEvent]:
-    """Read batches (each ends with an ack request) until the replica equals the node."""
-    events: list[TapEvent] = []
-    while replica.items != node_state(store, range(VBUCKETS)):
-        batch = await client.collect(wants_ack)
-        assert batch, "the front closed the connection"
-        replica.apply(batch)
-        events.extend(batch)
-    return events
-
-
-def check_brackets(events: list[TapEvent], *, checkpoints: bool = True) -> None:
-    """Checkpoints open and close per vbucket, items only inside one or a backfill;
-    without ``checkpoints`` (no CHECKPOINT flag), no checkpoint message and items
-    outside a backfill alone."""
-    open_bracket: dict[int, int | str] = {}
-    for event in events:
-        if isinstance(event, TapCheckpointStart | TapCheckpointEnd):
-            assert checkpoints, event
-        if isinstance(event, TapCheckpointStart):
-            assert event.vbucket not in open_bracket
-            open_bracket[event.vbucket] = event.checkpoint_id
-        elif isinstance(event, TapCheckpointEnd):
-            assert open_bracket.pop(event.vbucket) == event.checkpoint_id
-        elif (
-            isinstance(event, TapOpaque) and event.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM
-        ):
-            assert event.vbucket not in open_bracket
-            open_bracket[event.vbucket] = "backfill"
-        elif is_opaque(event, OpaqueCode.CLOSE_BACKFILL):
-            assert open_bracket.pop(event.vbucket) == "backfill"
-        elif isinstance(event, TapMutation | TapDelete):
-            assert event.vbucket in open_bracket or not checkpoints, event
-
-
 async def test_live_checkpoints_wrap_items_under_concurrent_load(nursery: trio.Nursery) -> None:
-    node, node_port = await start_node(nursery, vbuckets=VBUCKETS)
-    _, port = await start_front(nursery, node_port)
+    rig = await tap_front_over_node(nursery, node={"vbuckets": VBUCKETS})
     replica = Replica()
     with trio.fail_after(30):
-        client = await TapClient.open(
-            port,
-            connect_event(b"load", F.BACKFILL | F.SUPPORT_ACK | F.CHECKPOINT, backfill_date=0),
+        client = await rig.client(
+            b"load", F.BACKFILL | F.SUPPORT_ACK | F.CHECKPOINT, backfill_date=0
         )
         events: list[TapEvent] = []
         async with trio.open_nursery() as writers:
             writers.start_soon(
-                partial(run_load, "127.0.0.1", node_port, items=3000, delete_fraction=0.2)
+                partial(run_load, "127.0.0.1", rig.upstream_port, items=3000, delete_fraction=0.2)
             )
             while closes(events) < VBUCKETS:
                 batch = await client.collect(wants_ack)
                 replica.apply(batch)
                 events.extend(batch)
-        events += await catch_up(client, replica, node.store)
+        events += await catch_up(client, replica, rig.node.store)
         check_brackets(events)
         assert replica.mutations >= 3000
         await client.aclose()

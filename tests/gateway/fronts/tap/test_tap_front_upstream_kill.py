@@ -10,10 +10,7 @@ support-ack, checkpoint and registered client.
 from __future__ import annotations
 
 import itertools
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,10 +20,10 @@ import trio
 from adapters.mcbp import Frame
 from adapters.tap import ConnectFlags, OpaqueCode, TapEvent, TapMutation, decode_frame
 from gateway.node.store import Store
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets
-from tests.gateway.test_tap_2x_clients import asks_for_ack, classic_connect, classic_reply
+from tests.support.children import start_listening
+from tests.support.classic_tap import asks_for_ack, classic_connect, classic_reply
 from tests.support.tap_client import TapClient, is_opaque, until
-from tests.support.tapfront import start_front
+from tests.support.tapfront import check_brackets, start_front
 
 F = ConnectFlags
 VBUCKETS = 4
@@ -45,18 +42,7 @@ trio.run(main)
 
 
 async def start_node_process(port: int, data_dir: Path) -> tuple[trio.Process, int]:
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", NODE, str(port), str(data_dir)],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
-    assert proc.stdout is not None
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = await proc.stdout.receive_some(100)
-        assert chunk, "the node process exited before listening"
-        line += chunk
-    return proc, int(line)
+    return await start_listening(NODE, port, data_dir, what="the node process")
 
 
 def write_items(data_dir: Path, count: int, value_size: int) -> set[bytes]:

@@ -18,6 +18,7 @@ from adapters.tap import ConnectFlags, TapEvent, TapMutation, encode
 from gateway.fronts.tap.session import TapSession
 from gateway.node.store import Store
 from tests.gateway.fronts.tap.faults import VBUCKETS, HoldingClient, mutation_keys, write_keys
+from tests.support.fronts import tap_front_over_node
 from tests.support.raw_dcp import NOOP
 from tests.support.scripted_upr import (
     DISK,
@@ -30,7 +31,7 @@ from tests.support.scripted_upr import (
     stream_end,
     stream_ok,
 )
-from tests.support.tap_client import TapClient, connect_event, start_node, until, wants_ack
+from tests.support.tap_client import TapClient, connect_event, until, wants_ack
 from tests.support.tapfront import start_front
 
 F = ConnectFlags
@@ -121,18 +122,15 @@ async def test_a_3_0_node_keeps_the_connection_of_a_stalled_client(
     then gets every item."""
     store = Store(VBUCKETS)
     keys = write_keys(store, b"held", 2000)
-    _, node_port = await start_node(nursery, store)
-    front, port = await start_front(
-        nursery, node_port, upstream_noop_interval=1, ack_interval=20, max_unacked=100
+    rig = await tap_front_over_node(
+        nursery, store, upstream_noop_interval=1, ack_interval=20, max_unacked=100
     )
     with trio.fail_after(60):
-        tap = await TapClient.open(
-            port, connect_event(b"held", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
-        )
+        tap = await rig.client(b"held", F.BACKFILL | F.SUPPORT_ACK, backfill_date=0)
         client = HoldingClient(tap, hold_at=50)
         nursery.start_soon(client.run)
-        await until(lambda: "held" in front.sessions)
-        session = front.sessions.get("held")
+        await until(lambda: "held" in rig.front.sessions)
+        session = rig.front.sessions.get("held")
         assert isinstance(session, TapSession)
         await client.wait_for(lambda: client.holding)
         await until(lambda: not session.producer.can_send)
@@ -142,9 +140,9 @@ async def test_a_3_0_node_keeps_the_connection_of_a_stalled_client(
         # cost the connection at the next.
         await until(lambda: upstream.noops_kept >= 3)
         assert session.upstream is upstream
-        assert not front.stats.upstream_reconnects_total
+        assert not rig.front.stats.upstream_reconnects_total
         assert not session.producer.can_send  # still held
         await client.release()
         await client.wait_for(lambda: set(keys) <= set(mutation_keys(client.events)))
     assert sorted(mutation_keys(client.events)) == sorted(keys)  # no gap, no duplicate
-    assert not front.stats.upstream_reconnects_total
+    assert not rig.front.stats.upstream_reconnects_total

@@ -33,6 +33,7 @@ from adapters.tap import (
 )
 from gateway.fronts.tap.server import TapFront
 from gateway.metrics.figures import TAP_FRONT
+from tests.support.fronts import tap_front_over_scripted
 from tests.support.scripted_upr import (
     CHECKPOINT,
     DISK,
@@ -47,8 +48,6 @@ from tests.support.scripted_upr import (
     stream_end,
     stream_ok,
 )
-from tests.support.tap_client import TapClient, connect_event
-from tests.support.tapfront import start_front
 from tests.support.waiting import until
 
 F = ConnectFlags
@@ -87,14 +86,13 @@ async def run_client(
     """What the client gets up to the close; with ``lost`` (the vbucket's stream
     ends other than OK, so the connection stays open, test_lost_vbucket_conform.py)
     up to a NOOP once it ended, the stream messages only."""
-    port = await nursery.start(upr.serve)
     if lost:
         kw.setdefault("noop_interval", 0.1)
-    front, front_port = await start_front(nursery, port, reconnect_attempts=2, **kw)
+    rig = await tap_front_over_scripted(nursery, upr, reconnect_attempts=2, **kw)
+    front = rig.front
     backfill = 0 if connect_flags & F.BACKFILL else None
-    connect = connect_event(b"conform", connect_flags, backfill_date=backfill, vbuckets=(0,))
     with trio.fail_after(20):
-        client = await TapClient.open(front_port, connect)
+        client = await rig.client(b"conform", connect_flags, backfill_date=backfill, vbuckets=(0,))
         if lost:
             ended = front.stats.stream_ends_total.values
             events = await client.collect(lambda e: isinstance(e, TapNoop) and sum(ended()) > 0)
@@ -563,16 +561,14 @@ async def test_a_message_for_no_live_stream_is_dropped_with_enoent(
         )
 
     upr = ScriptedUpr(play, vbuckets={0: (0xABC, 100), 1: (0xABD, 100)})
-    port = await nursery.start(upr.serve)
-    front, front_port = await start_front(nursery, port, reconnect_attempts=2)
-    connect = connect_event(b"conform", BACKFILL, backfill_date=0, vbuckets=(0, 1))
+    rig = await tap_front_over_scripted(nursery, upr, reconnect_attempts=2)
     with trio.fail_after(20):
-        client = await TapClient.open(front_port, connect)
+        client = await rig.client(b"conform", BACKFILL, backfill_date=0, vbuckets=(0, 1))
         events = await client.collect()
     assert "mx3" not in shape(events)
     assert sorted(shape(events)).count("m3") == (1 if stray == "after_stream_end" else 2)
-    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_stray"] == 1
-    assert front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 0
+    assert rig.front.stats.protocol_errors_total[TAP_FRONT, "upstream_stray"] == 1
+    assert rig.front.stats.protocol_errors_total[TAP_FRONT, "upstream_malformed"] == 0
     (answer,) = [r for r in upr.received if r.magic == RES and r.opcode == MUTATION]
     (vb0,) = [r for r in upr.requests if r.vbucket == 0]
     expected = vb0.opaque if stray == "after_stream_end" else vb0.opaque + 1000

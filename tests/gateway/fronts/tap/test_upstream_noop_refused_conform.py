@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from adapters.tap import ConnectFlags, TapMutation
+from tests.support.fronts import tap_front_over_scripted
 from tests.support.scripted_upr import (
     MEMORY,
     Channel,
@@ -28,8 +29,6 @@ from tests.support.scripted_upr import (
     stream_end,
     stream_ok,
 )
-from tests.support.tap_client import TapClient, connect_event
-from tests.support.tapfront import start_front
 
 F = ConnectFlags
 EINVAL = 0x04
@@ -51,12 +50,10 @@ async def test_a_refused_noop_control_is_streamed_from(
     nursery: trio.Nursery, refused: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     upr = ScriptedUpr(play, vbuckets={0: (0xABC, 0)}, refused_controls={refused: EINVAL})
-    port = await nursery.start(upr.serve)
-    _, front_port = await start_front(nursery, port, reconnect_attempts=0)
-    connect = connect_event(b"nonoop", F.LIST_VBUCKETS | F.SUPPORT_ACK, vbuckets=(0,))
+    rig = await tap_front_over_scripted(nursery, upr, reconnect_attempts=0)
     caplog.set_level(logging.WARNING)
     with trio.fail_after(20):
-        client = await TapClient.open(front_port, connect)
+        client = await rig.client(b"nonoop", F.LIST_VBUCKETS | F.SUPPORT_ACK, vbuckets=(0,))
         # (no BACKFILL: only new changes, the scripted ones)
         events = await client.collect()  # up to the close, acking as asked
     assert [e.key for e in events if isinstance(e, TapMutation)] == [b"a", b"b"]

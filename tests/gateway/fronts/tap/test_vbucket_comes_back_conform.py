@@ -27,6 +27,7 @@ import trio
 
 from adapters.tap import ConnectFlags, OpaqueCode, TapMutation, TapOpaque
 from gateway.metrics.figures import TAP_FRONT
+from tests.support.fronts import tap_front_over_scripted
 from tests.support.raw_dcp import RES, STREAM_REQ, frame
 from tests.support.scripted_upr import (
     MEMORY,
@@ -38,8 +39,7 @@ from tests.support.scripted_upr import (
     stream_end,
     stream_ok,
 )
-from tests.support.tap_client import TapClient, connect_event, until
-from tests.support.tapfront import start_front
+from tests.support.tap_client import until
 
 F = ConnectFlags
 STATE_CHANGED = 2
@@ -57,11 +57,11 @@ async def test_a_vbucket_whose_state_changed_streams_on(nursery: trio.Nursery) -
             await channel.send(stream_ok(req), marker(o, 2, 2, MEMORY), mutation(o, 2, b"b"))
 
     upr = ScriptedUpr(play, vbuckets={0: (0xABC, 1)})
-    port = await nursery.start(upr.serve)
-    front, front_port = await start_front(nursery, port)
-    connect = connect_event(b"back", F.LIST_VBUCKETS | F.BACKFILL, backfill_date=0, vbuckets=(0,))
+    rig = await tap_front_over_scripted(nursery, upr)
     with trio.fail_after(20):
-        client = await TapClient.open(front_port, connect)
+        client = await rig.client(
+            b"back", F.LIST_VBUCKETS | F.BACKFILL, backfill_date=0, vbuckets=(0,)
+        )
         events = await client.collect(lambda e: isinstance(e, TapMutation) and e.key == b"b")
         keys = [e.key for e in events if isinstance(e, TapMutation)]
         assert keys == [b"a", b"b"]
@@ -72,11 +72,11 @@ async def test_a_vbucket_whose_state_changed_streams_on(nursery: trio.Nursery) -
         assert [(r.vbucket, r.start, r.uuid) for r in upr.requests] == [(0, 0, 0), (0, 1, 0xABC)]
         assert (upr.requests[1].snap_start, upr.requests[1].snap_end) == (1, 1)
         assert upr.connections == 1 and upr.closed == 0
-        ends = front.stats.stream_ends_total
+        ends = rig.front.stats.stream_ends_total
         assert ends[TAP_FRONT, "state_changed"] == 1
         assert not [k for k in ends if k[1].startswith("refused")]
         await client.aclose()
-        await until(lambda: not front.sessions.holds("back"))
+        await until(lambda: not rig.front.sessions.holds("back"))
 
 
 async def test_a_vbucket_being_filled_is_asked_again(nursery: trio.Nursery) -> None:
@@ -95,14 +95,14 @@ async def test_a_vbucket_being_filled_is_asked_again(nursery: trio.Nursery) -> N
         await channel.send(stream_ok(req), marker(o, 1, 1, MEMORY), mutation(o, 1, b"a"))
 
     upr = ScriptedUpr(play, vbuckets={0: (0xABC, 1)})
-    port = await nursery.start(upr.serve)
-    front, front_port = await start_front(nursery, port)
-    connect = connect_event(b"fill", F.LIST_VBUCKETS | F.BACKFILL, backfill_date=0, vbuckets=(0,))
+    rig = await tap_front_over_scripted(nursery, upr)
     with trio.fail_after(20):
-        client = await TapClient.open(front_port, connect)
+        client = await rig.client(
+            b"fill", F.LIST_VBUCKETS | F.BACKFILL, backfill_date=0, vbuckets=(0,)
+        )
         events = await client.collect(lambda e: isinstance(e, TapMutation))
         assert [e.key for e in events if isinstance(e, TapMutation)] == [b"a"]
         assert [r.start for r in upr.requests] == [0, 0, 0]
         assert upr.connections == 1
-        assert not [k for k in front.stats.stream_ends_total if k[1].startswith("refused")]
+        assert not [k for k in rig.front.stats.stream_ends_total if k[1].startswith("refused")]
         await client.aclose()

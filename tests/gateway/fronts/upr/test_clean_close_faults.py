@@ -27,23 +27,21 @@ from gateway.fronts.upr.proof import META_NAME, read_meta
 from gateway.fronts.upr.segment_file import SegmentFile
 from gateway.fronts.upr.vblog import VbLog
 from tests.gateway.fronts.upr.support import (
-    caught_up,
     filled_store,
-    start_front,
-    start_node,
     until,
 )
+from tests.support.fronts import upr_front_over_node
 
 
 async def test_a_clean_close_after_an_unhandled_failed_fsync_writes_the_served_bytes_again(
     nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = filled_store(10)
-    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    front, _port, scope = await start_front(nursery, tmp_path, node_port, fsync="batch")
-    with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
-    vblog = front.logs.logs[0]
+    rig = await upr_front_over_node(
+        nursery, tmp_path, store, node={"checkpoint_interval": 0.05}, fsync="batch"
+    )
+    await rig.catch_up(20)
+    vblog = rig.front.logs.logs[0]
     with trio.fail_after(20):
         await until(lambda: vblog.syncing == 0 and not vblog.unsynced)
     synced = vblog.segments[-1].size
@@ -73,11 +71,11 @@ async def test_a_clean_close_after_an_unhandled_failed_fsync_writes_the_served_b
     with trio.fail_after(20):
         await until(lambda: vblog.high_seqno > 0 and waiting.is_set())
     assert vblog.written_size > synced  # published before the fsync that will fail
-    scope.cancel()  # a stop while that fsync is in flight: the logs close cleanly
+    rig.running.cancel()  # a stop while that fsync is in flight: the logs close cleanly
     await trio.testing.wait_all_tasks_blocked()
     release.set()
     with trio.fail_after(20):
-        await scope.stopped.wait()
+        await rig.running.stopped.wait()
     assert lost and lost[0] > synced
     meta, wrong = read_meta(vblog.dir / META_NAME)
     assert wrong is None and meta is not None

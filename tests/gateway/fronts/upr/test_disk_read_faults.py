@@ -21,15 +21,12 @@ import trio
 from adapters import upr
 from tests.gateway.fronts.upr.support import (
     StreamLog,
-    caught_up,
     filled_store,
     final_state,
-    open_producer,
-    start_front,
-    start_node,
     store_state,
     until,
 )
+from tests.support.fronts import upr_front_over_node
 
 
 @pytest.mark.parametrize(("name", "dialect"), [("dcp", upr.DCP), ("upr-draft", upr.UPR_DRAFT)])
@@ -38,12 +35,12 @@ async def test_a_damaged_published_record_is_not_served_as_a_gap(
 ) -> None:
     """The fast path (DCP) frames blocks from the disk bytes; the draft reads items."""
     store = filled_store(200)
-    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
     # A tail of one byte: every read from the start goes to the disk.
-    front, port, scope = await start_front(nursery, tmp_path, node_port, tail_bytes=1, dialect=name)
-    with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
-    vblog = front.logs.logs[0]
+    rig = await upr_front_over_node(
+        nursery, tmp_path, store, node={"checkpoint_interval": 0.05}, tail_bytes=1, dialect=name
+    )
+    await rig.catch_up(20)
+    vblog = rig.front.logs.logs[0]
     with trio.fail_after(20):
         await until(lambda: vblog.syncing == 0 and not vblog.unsynced)
     path = vblog.segments[-1].path
@@ -53,7 +50,7 @@ async def test_a_damaged_published_record_is_not_served_as_a_gap(
         byte = f.read(1)
         f.seek(size // 2)
         f.write(bytes([byte[0] ^ 0xFF]))
-    client = await open_producer(port, b"reader", dialect=dialect)
+    client = await rig.consumer(b"reader", dialect=dialect)
     reply = await client.stream_request(0, 0, vblog.high_seqno, opaque=1)
     assert isinstance(reply, upr.StreamRequestOk), reply
     log = StreamLog()
@@ -68,4 +65,4 @@ async def test_a_damaged_published_record_is_not_served_as_a_gap(
     # (every seqno of this log holds an item: nothing was compacted).
     assert [e.by_seqno for e in log.items] == list(range(1, len(log.items) + 1))
     assert final_state(log) != store_state(store, 0)
-    scope.cancel()
+    rig.running.cancel()

@@ -18,15 +18,11 @@ from gateway.fronts.upr import streams
 from gateway.fronts.upr.vblog import VbLog
 from tests.gateway.fronts.upr.support import (
     VBUCKETS,
-    caught_up,
     filled_store,
     final_state,
-    open_producer,
-    start_front,
-    start_node,
     store_state,
-    until,
 )
+from tests.support.fronts import upr_front_over_node
 
 CONSUMERS = 4
 TURNS = 2
@@ -53,16 +49,14 @@ async def test_disk_reads_of_all_connections_take_turns(
 
     monkeypatch.setattr(VbLog, "read_disk", counted)
     store = filled_store(1500)
-    _, node_port = await start_node(nursery, store)
     # A tail of one byte: every read from the start goes to the disk.
-    front, port, _ = await start_front(nursery, tmp_path, node_port, tail_bytes=1)
-    with trio.fail_after(30):
-        await until(lambda: caught_up(front, store))
-    highs = [front.logs.logs[vb].high_seqno for vb in range(VBUCKETS)]
+    rig = await upr_front_over_node(nursery, tmp_path, store, tail_bytes=1)
+    await rig.catch_up(30)
+    highs = [rig.front.logs.logs[vb].high_seqno for vb in range(VBUCKETS)]
     got: dict[tuple[int, int], object] = {}
 
     async def consume(n: int) -> None:
-        client = await open_producer(port, b"reader%d" % n)
+        client = await rig.consumer(b"reader%d" % n)
         for vb in range(VBUCKETS):
             await client.stream_request(vb, 0, highs[vb], opaque=vb + 1)
         for vb in range(VBUCKETS):

@@ -42,11 +42,9 @@ from tests.gateway.fronts.upr.support import (
     VBUCKETS,
     caught_up,
     filled_store,
-    open_producer,
-    start_front,
-    start_node,
     until,
 )
+from tests.support.fronts import upr_front_over_node
 
 Step = tuple[str, frozenset[int], int]
 """("submit", vbuckets touched, acks owed) or ("finish", _, _): the commit in progress returns."""
@@ -197,16 +195,17 @@ async def test_consumers_get_items_while_their_fsync_is_held_and_none_is_acked_b
     (src/upr-stream.cc, ``ActiveStream::inMemoryPhase``): a consumer receives them. None
     of it is acked to the node until the fsyncs return (nothing acked is ever lost)."""
     store = filled_store(10)
-    node, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    front, port, _ = await start_front(nursery, tmp_path, node_port, fsync="batch")
+    rig = await upr_front_over_node(
+        nursery, tmp_path, store, node={"checkpoint_interval": 0.05}, fsync="batch"
+    )
 
     def acked() -> dict[int, int]:
-        registration = node.tap.registration("upr-front")
+        registration = rig.node.tap.registration("upr-front")
         assert registration is not None
         return {vb: p.seqno for vb, p in registration.positions.items()}
 
     def all_acked() -> bool:
-        registration = node.tap.registration("upr-front")
+        registration = rig.node.tap.registration("upr-front")
         return registration is not None and all(
             vb in registration.positions
             and registration.positions[vb].seqno >= store.high_seqno(vb)
@@ -214,7 +213,7 @@ async def test_consumers_get_items_while_their_fsync_is_held_and_none_is_acked_b
         )
 
     with trio.fail_after(20):
-        await until(lambda: caught_up(front, store) and all_acked())
+        await until(lambda: caught_up(rig.front, store) and all_acked())
     release, waiting = threading.Event(), threading.Event()
     real_sync = VbLog.sync
 
@@ -233,10 +232,10 @@ async def test_consumers_get_items_while_their_fsync_is_held_and_none_is_acked_b
         for vb, key in keys:
             store.set(vb, key, b"v", now=time.time())
         with trio.fail_after(20):  # logged and published while the commit waits
-            await until(lambda: caught_up(front, store))
-        client = await open_producer(port, b"early")
+            await until(lambda: caught_up(rig.front, store))
+        client = await rig.consumer(b"early")
         for vb in range(VBUCKETS):
-            high = front.logs.logs[vb].high_seqno
+            high = rig.front.logs.logs[vb].high_seqno
             reply = await client.stream_request(vb, 0, high, opaque=vb + 1)
             assert isinstance(reply, upr.StreamRequestOk), reply
             with trio.fail_after(20):
@@ -249,7 +248,7 @@ async def test_consumers_get_items_while_their_fsync_is_held_and_none_is_acked_b
     finally:
         release.set()
     with trio.fail_after(20):
-        await until(lambda: caught_up(front, store) and all_acked())
+        await until(lambda: caught_up(rig.front, store) and all_acked())
 
 
 async def test_the_ingest_stops_reading_when_too_far_ahead_of_a_held_commit(
@@ -259,10 +258,10 @@ async def test_the_ingest_stops_reading_when_too_far_ahead_of_a_held_commit(
     ``MAX_PENDING_BYTES`` (and one socket read) beyond the commit in progress, even when
     each read holds few frames (20 KB values: about a dozen frames a read)."""
     store = filled_store(10)
-    _node, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    front, _, _ = await start_front(nursery, tmp_path, node_port, fsync="batch")
-    with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
+    rig = await upr_front_over_node(
+        nursery, tmp_path, store, node={"checkpoint_interval": 0.05}, fsync="batch"
+    )
+    await rig.catch_up(20)
     release, waiting = threading.Event(), threading.Event()
     real_sync = VbLog.sync
 
@@ -279,7 +278,7 @@ async def test_the_ingest_stops_reading_when_too_far_ahead_of_a_held_commit(
         value = bytes(20 * 1024)
         for n in range(2 * MAX_PENDING_BYTES // len(value)):  # twice what may be read ahead
             store.set(n % VBUCKETS, b"big-%d" % n, value, now=time.time())
-        group = front.ingest._group
+        group = rig.front.ingest._group
         assert group is not None
         with trio.fail_after(20):  # the reader got that far ahead
             await until(lambda: group.pending_bytes > MAX_PENDING_BYTES)
@@ -287,8 +286,7 @@ async def test_the_ingest_stops_reading_when_too_far_ahead_of_a_held_commit(
         assert group.pending_bytes <= MAX_PENDING_BYTES + RECEIVE_SIZE
     finally:
         release.set()
-    with trio.fail_after(30):
-        await until(lambda: caught_up(front, store))
+    await rig.catch_up(30)
 
 
 class _EarlyLog:

@@ -19,9 +19,9 @@ import pytest
 import trio
 
 from gateway.fronts.upr.ingest import log as ingest_log
-from tests.gateway.fronts.upr.test_tap251_conform import backfill, items_of, start, stream_items
 from tests.support import tap251 as t
-from tests.support.tap251 import Session, Tap251Node
+from tests.support.fronts import items_of, served_items, upr_front_over_251
+from tests.support.tap251 import Session, Tap251Node, backfill
 
 UNKNOWN = 0x49  # past the TAP opcodes (0x40..0x47); no 2.x engine command
 UNKNOWN_COMMAND = 0x81
@@ -47,16 +47,15 @@ async def test_an_unknown_request_is_answered_and_the_stream_goes_on(
         after = t.mutation(1, b"after", b"a", seqno=s.next(), cas=8, ack=True)
         # twice in one read and once more: answered each time, logged once
         await s.send(before, unknown_request(901), unknown_request(902))
-        await s.send(unknown_request(903), after)
-        await s.wait_ack(s.seqno)
+        await s.send_acked(unknown_request(903), after)
         done.set()
 
     node = Tap251Node(play)
     kw = {"capture_dir": tmp_path / "capture"} if capture else {}
     with trio.fail_after(20):
-        front, port = await start(nursery, tmp_path, node, **kw)
+        front, port = await upr_front_over_251(nursery, tmp_path, node, **kw)
         await done.wait()
-        got = await stream_items(port, 1, 3)
+        got = await served_items(port, 1, 3)
     assert [e.key for e in items_of(got)] == [b"k1", b"before", b"after"]
     assert len(node.sessions) == 1  # no reconnect
     answers = [r for r in node.sessions[0].responses if r.opcode == UNKNOWN]
@@ -85,7 +84,7 @@ async def test_an_unknown_response_still_closes(
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        await start(nursery, tmp_path, node)
+        await upr_front_over_251(nursery, tmp_path, node)
         await backfilled.wait()
         await node.sessions[0].closed.wait()
     said = [r.getMessage() for r in caplog.records if "opcode=0x49" in r.getMessage()]

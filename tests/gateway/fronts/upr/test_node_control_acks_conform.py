@@ -20,11 +20,10 @@ import trio
 from tests.gateway.fronts.upr.support import (
     caught_up,
     filled_store,
-    start_front,
-    start_node,
     until,
     write_load,
 )
+from tests.support.fronts import upr_front_over_node
 
 
 @pytest.mark.parametrize("fsync", ["batch", "always", "never"])
@@ -32,16 +31,19 @@ async def test_the_ingest_acks_each_control_message_without_more_input(
     nursery: trio.Nursery, tmp_path: Path, fsync: str
 ) -> None:
     store = filled_store(20)
-    node, node_port = await start_node(
-        nursery, store, checkpoint_interval=0.02, tap_wait_control_acks=True
+    rig = await upr_front_over_node(
+        nursery,
+        tmp_path,
+        store,
+        node={"checkpoint_interval": 0.02, "tap_wait_control_acks": True},
+        fsync=fsync,
     )
-    front, _, _ = await start_front(nursery, tmp_path, node_port, fsync=fsync)
     with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
-        stream = node.tap.get(front.config.tap_name)
+        await until(lambda: caught_up(rig.front, store))
+        stream = rig.node.tap.get(rig.front.config.tap_name)
         assert stream is not None and stream.wait_control_acks
         rounds = 0
         while stream.checkpoint_ends < 3:  # writes across several checkpoints
             rounds += 1
             await write_load(store, 50, seed=rounds)
-            await until(lambda: caught_up(front, store))
+            await until(lambda: caught_up(rig.front, store))

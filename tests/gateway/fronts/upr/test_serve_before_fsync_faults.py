@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -46,6 +44,7 @@ from tests.gateway.fronts.upr.support import (
     store_state,
     until,
 )
+from tests.support.children import start_listening
 
 GATEWAY = """
 import os, sys, threading, trio
@@ -94,21 +93,9 @@ class Gateway:
         self.proc: trio.Process | None = None
 
     async def start(self, node_port: int) -> int:
-        env = {**os.environ, "PYTHONPATH": os.getcwd()}
         args = [self.state_dir, self.hold, self.held, self.journal]
-        self.proc = await trio.lowlevel.open_process(
-            [sys.executable, "-c", GATEWAY, str(node_port), *map(str, args)],
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-        assert self.proc.stdout is not None
-        line = b""
-        with trio.fail_after(30):
-            while not line.endswith(b"\n"):
-                more = await self.proc.stdout.receive_some(100)
-                assert more, "the gateway exited before listening"
-                line += more
-        return int(line)
+        self.proc, port = await start_listening(GATEWAY, node_port, *args, what="the gateway")
+        return port
 
     async def kill(self) -> None:
         assert self.proc is not None

@@ -18,15 +18,12 @@ import trio
 
 from adapters import upr
 from tests.gateway.fronts.upr.support import (
-    caught_up,
     filled_store,
     final_state,
-    open_producer,
-    start_front,
-    start_node,
     store_state,
     until,
 )
+from tests.support.fronts import upr_front_over_node
 
 DAMAGED = 0
 OTHER = 1
@@ -40,16 +37,16 @@ async def test_damage_found_while_serving_sets_the_log_aside_and_fetches_it_agai
     nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = filled_store(200)
-    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
     # A tail of one byte: every read from the start goes to the disk.
-    front, port, scope = await start_front(nursery, tmp_path, node_port, tail_bytes=1)
-    with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
-    vblog = front.logs.logs[DAMAGED]
+    rig = await upr_front_over_node(
+        nursery, tmp_path, store, node={"checkpoint_interval": 0.05}, tail_bytes=1
+    )
+    await rig.catch_up(20)
+    vblog = rig.front.logs.logs[DAMAGED]
     with trio.fail_after(20):
         await until(lambda: vblog.syncing == 0 and not vblog.unsynced)
     # A consumer holds the whole history of the vbucket (it asks again with its uuid).
-    client = await open_producer(port, b"reader")
+    client = await rig.consumer(b"reader")
     reply = await client.stream_request(DAMAGED, 0, vblog.high_seqno, opaque=1)
     assert isinstance(reply, upr.StreamRequestOk), reply
     with trio.fail_after(20):
@@ -67,13 +64,13 @@ async def test_damage_found_while_serving_sets_the_log_aside_and_fetches_it_agai
     old_uuid = vblog.failover.entries[0][0]
 
     # Another connection, live on another vbucket, is left alone.
-    other = await open_producer(port, b"other")
+    other = await rig.consumer(b"other")
     reply = await other.stream_request(OTHER, 0, opaque=7)
     assert isinstance(reply, upr.StreamRequestOk), reply
 
     caplog.set_level(logging.INFO)
     # Another one, reading from the start, finds the damage.
-    reader = await open_producer(port, b"reader-2")
+    reader = await rig.consumer(b"reader-2")
     reply = await reader.stream_request(DAMAGED, 0, vblog.high_seqno, opaque=1)
     assert isinstance(reply, upr.StreamRequestOk), reply
     with trio.fail_after(20):
@@ -86,8 +83,8 @@ async def test_damage_found_while_serving_sets_the_log_aside_and_fetches_it_agai
     kept = files_of(aside[0])
     assert kept.pop("why.txt").decode().count(path.name) == 1
     assert kept == damaged_files
-    assert front.stats.upr_log.log_damage_total == {DAMAGED: 1}
-    assert front.stats.upr_log.logs_set_aside_total == {"segment_damaged": 1}
+    assert rig.front.stats.upr_log.log_damage_total == {DAMAGED: 1}
+    assert rig.front.stats.upr_log.logs_set_aside_total == {"segment_damaged": 1}
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     line = warnings[0].getMessage()
@@ -97,9 +94,8 @@ async def test_damage_found_while_serving_sets_the_log_aside_and_fetches_it_agai
     # Asking again with its old uuid: back to 0, then the node's data.
     reply = await client.stream_request(DAMAGED, seen, uuid=old_uuid, snap=(seen, seen), opaque=2)
     assert isinstance(reply, upr.StreamRequestRollback) and reply.rollback_seqno == 0, reply
-    with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
-    fresh = front.logs.logs[DAMAGED]
+    await rig.catch_up(20)
+    fresh = rig.front.logs.logs[DAMAGED]
     assert fresh is not vblog and not fresh.needs_refetch
     new_uuid = fresh.failover.entries[0][0]
     assert new_uuid != old_uuid
@@ -110,7 +106,7 @@ async def test_damage_found_while_serving_sets_the_log_aside_and_fetches_it_agai
     assert log.end is not None and log.end.reason is upr.StreamEndReason.OK
     assert final_state(log) == store_state(store, DAMAGED)
 
-    others = [c.streams.get(OTHER) for c in front.connections.values()]
+    others = [c.streams.get(OTHER) for c in rig.front.connections.values()]
     assert [s.live for s in others if s is not None] == [True]
     # The connection that found the damage is still served.
     reply = await reader.stream_request(OTHER, 0, 1, opaque=4)
@@ -121,4 +117,4 @@ async def test_damage_found_while_serving_sets_the_log_aside_and_fetches_it_agai
     await reader.aclose()
     await client.aclose()
     await other.aclose()
-    scope.cancel()
+    rig.running.cancel()

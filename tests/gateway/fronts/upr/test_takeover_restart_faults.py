@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import signal
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -46,6 +43,7 @@ from tests.gateway.fronts.upr.support import (
     store_state,
     until,
 )
+from tests.support.children import start_listening
 
 TAKEN = 1
 OTHERS = [vb for vb in range(VBUCKETS) if vb != TAKEN]
@@ -70,20 +68,7 @@ trio.run(main)
 
 
 async def start_child(node_port: int, state_dir: Path) -> tuple[trio.Process, int]:
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", GATEWAY, str(node_port), str(state_dir)],
-        stdout=subprocess.PIPE,
-        env=env,
-    )
-    assert proc.stdout is not None
-    line = b""
-    with trio.fail_after(30):
-        while not line.endswith(b"\n"):
-            more = await proc.stdout.receive_some(100)
-            assert more, "the gateway exited before listening"
-            line += more
-    return proc, int(line)
+    return await start_listening(GATEWAY, node_port, state_dir, what="the gateway")
 
 
 def acked(node: Node, store: Store, vbuckets: list[int]) -> bool:

@@ -27,75 +27,30 @@ for one, once applied.
 from __future__ import annotations
 
 import struct
-import zlib
 from pathlib import Path
 
 import pytest
 import trio
 
 from adapters import upr
-from gateway.fronts.upr import UprFront
 from tests.gateway.fronts.upr.support import UprClient, start_front, until
 from tests.support import tap251 as t
-from tests.support.tap251 import Session, Tap251Node
+from tests.support.fronts import items_of, served_items, upr_front_over_251
+from tests.support.tap251 import (
+    CLOSE_BACKFILL,
+    CLOSE_TAP_STREAM,
+    COMPLETE_VB_FILTER_CHANGE,
+    ENABLE_AUTO_NACK,
+    ENABLE_CHECKPOINT_SYNC,
+    INITIAL_VBUCKET_STREAM,
+    OPEN_CHECKPOINT,
+    STREAMED,
+    Session,
+    Tap251Node,
+    backfill,
+)
 
-STREAMED = (1, 2)
-"""Vbuckets the front streams: not 0, where 2.5.1 sends its connection-wide OPAQUEs."""
-ENABLE_AUTO_NACK, INITIAL_VBUCKET_STREAM, ENABLE_CHECKPOINT_SYNC = 0, 1, 2
-OPEN_CHECKPOINT, COMPLETE_VB_FILTER_CHANGE, CLOSE_TAP_STREAM, CLOSE_BACKFILL = 3, 4, 7, 8
 NOW_EXPIRED = 1_000_000  # an expiration long past
-
-
-async def backfill(s: Session, items: dict[int, list[tuple[bytes, bytes]]]) -> None:
-    """2.5.1's start of a backfilling registered client with checkpoints."""
-    for code in (ENABLE_AUTO_NACK, ENABLE_CHECKPOINT_SYNC):
-        await s.send(t.opaque(0, code, seqno=s.next()))
-    for vb in STREAMED:
-        await s.send(t.opaque(vb, INITIAL_VBUCKET_STREAM, seqno=s.next()))
-    await s.wait_ack(s.seqno)  # paused: an OPAQUE is unacked
-    rows = [(vb, k, v) for n in range(max(map(len, items.values())))
-            for vb in STREAMED for k, v in items[vb][n : n + 1]]  # fmt: skip
-    for n, (vb, key, value) in enumerate(rows):
-        last = n == len(rows) - 1  # the queue ran empty: an ack is asked for
-        cas = zlib.crc32(b"%d:%s:%s" % (vb, key, value))  # a new value, a new cas
-        await s.send(t.mutation(vb, key, value, seqno=s.next(), cas=cas, flags=0x01020304,
-                                network_order=n % 2 == 0, ack=last))  # fmt: skip
-    await s.wait_ack(s.seqno)
-    for vb in STREAMED:
-        await s.send(t.opaque(vb, CLOSE_BACKFILL, seqno=s.next()))
-    await s.wait_ack(s.seqno)
-
-
-async def stream_items(front_port: int, vb: int, count: int) -> list[upr.UprEvent]:
-    """The first ``count`` items (and markers) a UPR consumer is served from ``vb``."""
-    client = await UprClient.connect(front_port)
-    try:
-        assert (await client.open(b"reader-%d" % vb)).status == 0
-        reply = await client.stream_request(vb)
-        assert reply.status == 0, reply
-        events: list[upr.UprEvent] = []
-        while (
-            sum(isinstance(e, upr.Mutation | upr.Deletion | upr.Expiration) for e in events) < count
-        ):
-            event = await client.receive()
-            await client.answer(event)
-            if not isinstance(event, upr.Noop) and not event.IS_RESPONSE:
-                events.append(event)
-        return events
-    finally:
-        await client.aclose()
-
-
-def items_of(events: list[upr.UprEvent]) -> list[upr.UprEvent]:
-    return [e for e in events if isinstance(e, upr.Mutation | upr.Deletion | upr.Expiration)]
-
-
-async def start(
-    nursery: trio.Nursery, tmp_path: Path, node: Tap251Node, **kw: object
-) -> tuple[UprFront, int]:
-    node_port = await node.start(nursery)
-    front, port, _ = await start_front(nursery, tmp_path, node_port, vbuckets=STREAMED, **kw)
-    return front, port
 
 
 @pytest.mark.parametrize("events", [False, True], ids=["fast", "events"])
@@ -112,12 +67,11 @@ async def test_a_251_session_is_logged_and_acked_as_251_waits_for_it(
         start = s.next()
         await s.send(t.checkpoint(t.CHECKPOINT_START, 1, 5, seqno=start, max_deleted_rev=3))
         await s.wait_ack(start)
-        await s.send(
+        await s.send_acked(
             t.mutation(1, b"live", b"x", seqno=s.next(), cas=500, rev_seqno=2),
             t.noop(),
             t.delete(1, b"k1-0", seqno=s.next(), cas=501, rev_seqno=2, value=b"old", ack=True),
         )
-        await s.wait_ack(s.seqno)
         end = s.next()
         await s.send(t.checkpoint(t.CHECKPOINT_END, 1, 5, seqno=end))
         await s.wait_ack(end)
@@ -126,12 +80,14 @@ async def test_a_251_session_is_logged_and_acked_as_251_waits_for_it(
     node = Tap251Node(play)
     with trio.fail_after(20):
         capture = {"capture_dir": tmp_path / "capture"} if events else {}
-        front, port = await start(nursery, tmp_path / "state", node, fsync=fsync, **capture)
+        front, port = await upr_front_over_251(
+            nursery, tmp_path / "state", node, fsync=fsync, **capture
+        )
         assert (front.ingest.recording is not None) == events
         await done.wait()
         session = node.sessions[0]
-        vb1 = await stream_items(port, 1, 5)
-        vb2 = await stream_items(port, 2, 3)
+        vb1 = await served_items(port, 1, 5)
+        vb2 = await served_items(port, 2, 3)
     # The CONNECT 2.5.1 reads (ep_engine.cc createTapQueue).
     assert session.connect.name == front.config.tap_name.encode()
     # Answered: exactly the messages that asked, with their opcode and opaque, status 0,
@@ -161,15 +117,14 @@ async def test_a_flush_deletes_every_vbucket_it_streams(
 
     async def play(s: Session) -> None:
         await backfill(s, items)
-        await s.send(t.flush(seqno=s.next()))
-        await s.wait_ack(s.seqno)
+        await s.send_acked(t.flush(seqno=s.next()))
         done.set()
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        front, port = await start(nursery, tmp_path, node)
+        front, port = await upr_front_over_251(nursery, tmp_path, node)
         await done.wait()
-        streamed = {vb: items_of(await stream_items(port, vb, 4)) for vb in STREAMED}
+        streamed = {vb: items_of(await served_items(port, vb, 4)) for vb in STREAMED}
     for vb in STREAMED:
         assert [type(e) for e in streamed[vb]] == [upr.Mutation] * 2 + [upr.Deletion] * 2, vb
         assert {e.key for e in streamed[vb][2:]} == {k for k, _ in items[vb]}
@@ -192,17 +147,15 @@ async def test_every_opaque_command_is_acked_and_changes_no_history(
     async def play(s: Session) -> None:
         await backfill(s, items)
         for vb, code in codes:
-            await s.send(t.opaque(vb, code, seqno=s.next()))
-            await s.wait_ack(s.seqno)
-        await s.send(t.mutation(1, b"after", b"x", seqno=s.next(), cas=9, ack=True))
-        await s.wait_ack(s.seqno)
+            await s.send_acked(t.opaque(vb, code, seqno=s.next()))
+        await s.send_acked(t.mutation(1, b"after", b"x", seqno=s.next(), cas=9, ack=True))
         done.set()
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        front, port = await start(nursery, tmp_path, node)
+        front, port = await upr_front_over_251(nursery, tmp_path, node)
         await done.wait()
-        got = items_of(await stream_items(port, 1, 2))
+        got = items_of(await served_items(port, 1, 2))
     assert [(e.key, e.by_seqno) for e in got] == [(b"k1", 1), (b"after", 2)]
     assert front.logs.logs[2].high_seqno == 1
     assert 0 not in front.logs.logs
@@ -277,13 +230,12 @@ async def test_bad_input_closes_the_ingest_connection_with_one_line_and_harms_no
             await s.send(before + frame)
             await s.closed.wait()
             return
-        await s.send(good(s), t.mutation(1, b"after", b"a", seqno=s.next(), cas=8, ack=True))
-        await s.wait_ack(s.seqno)
+        await s.send_acked(good(s), t.mutation(1, b"after", b"a", seqno=s.next(), cas=8, ack=True))
         done.set()
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        _, port = await start(nursery, tmp_path, node)
+        _, port = await upr_front_over_251(nursery, tmp_path, node)
         await backfilled.wait()
         client = await UprClient.connect(port)
         try:
@@ -322,28 +274,23 @@ async def test_the_reconnect_names_the_last_closed_checkpoints_2_5_1_resumes_aft
     async def play(s: Session) -> None:
         if len(node.sessions) == 1:
             await backfill(s, items)
-            await s.send(t.checkpoint(t.CHECKPOINT_START, 1, 5, seqno=s.next()))
-            await s.wait_ack(s.seqno)
-            await s.send(t.mutation(1, b"in-5", b"x", seqno=s.next(), cas=50, ack=True))
-            await s.wait_ack(s.seqno)
-            await s.send(t.checkpoint(t.CHECKPOINT_END, 1, 5, seqno=s.next()))
-            await s.wait_ack(s.seqno)
+            await s.send_acked(t.checkpoint(t.CHECKPOINT_START, 1, 5, seqno=s.next()))
+            await s.send_acked(t.mutation(1, b"in-5", b"x", seqno=s.next(), cas=50, ack=True))
+            await s.send_acked(t.checkpoint(t.CHECKPOINT_END, 1, 5, seqno=s.next()))
             await s.stream.aclose()  # the node restarts
             return
         for code in (ENABLE_AUTO_NACK, ENABLE_CHECKPOINT_SYNC):
             await s.send(t.opaque(0, code, seqno=s.next()))
         await s.wait_ack(s.seqno)
-        await s.send(t.checkpoint(t.CHECKPOINT_START, 1, 6, seqno=s.next()))
-        await s.wait_ack(s.seqno)
-        await s.send(t.mutation(1, b"in-6", b"y", seqno=s.next(), cas=60, ack=True))
-        await s.wait_ack(s.seqno)
+        await s.send_acked(t.checkpoint(t.CHECKPOINT_START, 1, 6, seqno=s.next()))
+        await s.send_acked(t.mutation(1, b"in-6", b"y", seqno=s.next(), cas=60, ack=True))
         done.set()
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        _, port = await start(nursery, tmp_path, node)
+        _, port = await upr_front_over_251(nursery, tmp_path, node)
         await done.wait()
-        got = items_of(await stream_items(port, 1, 3))
+        got = items_of(await served_items(port, 1, 3))
     connect = node.sessions[1].connect
     assert connect.flags == 0x01 | 0x04 | 0x10 | 0x40 | 0x80 | 0x100
     vbuckets = struct.pack(">HHH", 2, *STREAMED)
@@ -375,10 +322,10 @@ async def test_a_second_interleaved_backfill_reconciles_each_vbucket(
 
     node = Tap251Node(play)
     with trio.fail_after(20):
-        _, port = await start(nursery, tmp_path, node)
+        _, port = await upr_front_over_251(nursery, tmp_path, node)
         await done.wait()
-        vb1 = items_of(await stream_items(port, 1, 3))
-        vb2 = items_of(await stream_items(port, 2, 3))
+        vb1 = items_of(await served_items(port, 1, 3))
+        vb2 = items_of(await served_items(port, 2, 3))
     assert [(type(e), e.key, e.by_seqno) for e in vb1] == [
         (upr.Mutation, b"a", 1), (upr.Mutation, b"b", 2), (upr.Mutation, b"b", 3)
     ]  # fmt: skip
@@ -413,24 +360,18 @@ async def test_a_vbucket_that_cannot_resume_is_backfilled_by_2_5_1(
         n = len(node.sessions)
         if n == 1:  # everything; then a new backfill of vbucket 1 that a restart cuts
             await backfill(s, items)
-            await s.send(t.opaque(1, INITIAL_VBUCKET_STREAM, seqno=s.next()))
-            await s.wait_ack(s.seqno)
-            await s.send(t.mutation(1, b"k1", b"v", seqno=s.next(), cas=1, ack=True))
-            await s.wait_ack(s.seqno)
+            await s.send_acked(t.opaque(1, INITIAL_VBUCKET_STREAM, seqno=s.next()))
+            await s.send_acked(t.mutation(1, b"k1", b"v", seqno=s.next(), cas=1, ack=True))
             cut.set()
             return
         wanted = checkpoint_map(s.connect)
-        await s.send(t.opaque(0, ENABLE_AUTO_NACK, seqno=s.next()))
-        await s.wait_ack(s.seqno)
+        await s.send_acked(t.opaque(0, ENABLE_AUTO_NACK, seqno=s.next()))
         if 1 not in wanted:  # checkpoint 1 is still in memory: no backfill
-            await s.send(t.checkpoint(t.CHECKPOINT_START, 1, 1, seqno=s.next()))
-            await s.wait_ack(s.seqno)
+            await s.send_acked(t.checkpoint(t.CHECKPOINT_START, 1, 1, seqno=s.next()))
             await s.send(t.mutation(1, b"k1", b"v", seqno=s.next(), cas=1, ack=True))
         else:  # the checkpoint named is gone: the whole vbucket again
-            await s.send(t.opaque(1, INITIAL_VBUCKET_STREAM, seqno=s.next()))
-            await s.wait_ack(s.seqno)
-            await s.send(t.mutation(1, b"k1", b"v", seqno=s.next(), cas=1, ack=True))
-            await s.wait_ack(s.seqno)
+            await s.send_acked(t.opaque(1, INITIAL_VBUCKET_STREAM, seqno=s.next()))
+            await s.send_acked(t.mutation(1, b"k1", b"v", seqno=s.next(), cas=1, ack=True))
             await s.send(t.opaque(1, CLOSE_BACKFILL, seqno=s.next()))
         await s.wait_ack(s.seqno)
         if n == 2:
@@ -472,16 +413,15 @@ async def test_a_message_whose_ttl_ran_out_is_refused_with_einval(
             await s.send(good + t.mutation(1, b"looped", b"l", seqno=s.next(), cas=8, ttl=0))
             await s.closed.wait()
             return
-        await s.send(t.mutation(1, b"looped", b"l", seqno=s.next(), cas=8, ack=True))
-        await s.wait_ack(s.seqno)
+        await s.send_acked(t.mutation(1, b"looped", b"l", seqno=s.next(), cas=8, ack=True))
         done.set()
 
     node = Tap251Node(play)
     with trio.fail_after(20):
         capture = {"capture_dir": tmp_path / "capture"} if events else {}
-        _, port = await start(nursery, tmp_path / "state", node, **capture)
+        _, port = await upr_front_over_251(nursery, tmp_path / "state", node, **capture)
         await done.wait()
-        got = items_of(await stream_items(port, 1, 3))
+        got = items_of(await served_items(port, 1, 3))
     assert [e.key for e in got] == [b"k1", b"good", b"looped"]
     first = node.sessions[0].responses
     assert [(r.opcode, r.status) for r in first[-2:]] == [(t.MUTATION, 0), (t.MUTATION, 0x04)]

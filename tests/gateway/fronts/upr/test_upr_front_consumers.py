@@ -16,13 +16,13 @@ from tests.gateway.fronts.upr.support import (
     caught_up,
     filled_store,
     final_state,
-    open_producer,
     start_front,
     start_node,
     store_state,
     until,
     write_load,
 )
+from tests.support.fronts import upr_front_over_node
 from tests.support.upr_client import StreamLog, UprClient, check_snapshots
 
 
@@ -30,21 +30,19 @@ async def test_expirations_arrive_as_expiration_only_when_asked(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store(10)
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
+    rig = await upr_front_over_node(nursery, tmp_path, store)
     now = time.time()
     store.set(0, b"short-lived", b"x", expiration=int(now), now=now)
     store.set(0, b"deleted", b"x", expiration=int(now) + 3600, now=now)
     with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))  # the gateway knows the expirations
+        await until(lambda: caught_up(rig.front, store))  # the gateway knows the expirations
     store.delete(0, b"deleted", now=now)
     store.expire(now + 1)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    high = front.logs.logs[0].high_seqno
+    await rig.catch_up()
+    high = rig.front.logs.logs[0].high_seqno
 
     async def kinds(name: bytes, expiry: bool, flags: int = 0) -> dict[bytes, upr.UprEvent]:
-        client = await open_producer(port, name, flags)
+        client = await rig.consumer(name, flags)
         if expiry:
             assert (await client.control("enable_expiry_opcode", "true")).status == 0
         await client.stream_request(0, 0, high, opaque=5)
@@ -64,13 +62,11 @@ async def test_expirations_arrive_as_expiration_only_when_asked(
 
 async def test_tiny_buffer_stalls_only_that_consumer(nursery: trio.Nursery, tmp_path: Path) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    slow = await open_producer(port, b"slow")
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up()
+    slow = await rig.consumer(b"slow")
     assert (await slow.control("connection_buffer_size", "300")).status == 0
-    high = front.logs.logs[0].high_seqno
+    high = rig.front.logs.logs[0].high_seqno
     await slow.stream_request(0, 0, high, opaque=1)
     # It reads but never acks: the gateway stops at the window.
     got = 0
@@ -82,10 +78,10 @@ async def test_tiny_buffer_stalls_only_that_consumer(nursery: trio.Nursery, tmp_
             early.frames.append(received.frame)
             got += received.size
     assert 0 < got <= 300 + 200
-    conn = front.connections["slow"]
+    conn = rig.front.connections["slow"]
     assert conn.window.unacked_bytes == slow.unacked and not conn.window.can_send
     # Another consumer on the same vbucket streams it whole meanwhile.
-    fast = await open_producer(port, b"fast")
+    fast = await rig.consumer(b"fast")
     await fast.stream_request(0, 0, high, opaque=2)
     whole = await fast.read_stream(2)
     assert final_state(whole) == store_state(store, 0)
@@ -109,15 +105,13 @@ async def test_flow_control_turned_off_mid_batch_sends_the_rest(
     src/upr-producer.cc ``UprProducer::control``): a batch held by the window
     mid-way goes on unacknowledged."""
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    client = await open_producer(port, b"held")
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up()
+    client = await rig.consumer(b"held")
     assert (await client.control("connection_buffer_size", "300")).status == 0
-    high = front.logs.logs[0].high_seqno
+    high = rig.front.logs.logs[0].high_seqno
     await client.stream_request(0, 0, high, opaque=1)
-    conn = front.connections["held"]
+    conn = rig.front.connections["held"]
     with trio.fail_after(10):
         await until(lambda: not conn.window.can_send and conn.streams_waiting > 0)
     assert (await client.control("connection_buffer_size", "0")).status == 0
@@ -133,20 +127,21 @@ async def test_fifty_consumers_share_one_upstream_connection(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store(20)
-    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
+    rig = await upr_front_over_node(nursery, tmp_path, store, node={"checkpoint_interval": 0.05})
     results: dict[int, list[StreamLog]] = {}
 
     async def consume(i: int) -> None:
-        client = await open_producer(port, b"c%d" % i)
+        client = await rig.consumer(b"c%d" % i)
         for vb in range(VBUCKETS):
             await client.stream_request(vb, 0, MAX_SEQNO, opaque=vb + 1)
         logs = []
-        await until(lambda: caught_up(front, store) and load_done.is_set())
-        streams = front.connections[f"c{i}"].streams
+        await until(lambda: caught_up(rig.front, store) and load_done.is_set())
+        streams = rig.front.connections[f"c{i}"].streams
         # Everything logged has been sent (buffer acks keep it moving).
         await until(
-            lambda: all(s.position >= front.logs.logs[vb].high_seqno for vb, s in streams.items())
+            lambda: all(
+                s.position >= rig.front.logs.logs[vb].high_seqno for vb, s in streams.items()
+            )
         )
         for vb in range(VBUCKETS):
             await client.request(upr.CloseStream(opaque=99, vbucket=vb))
@@ -165,22 +160,20 @@ async def test_fifty_consumers_share_one_upstream_connection(
     for logs in results.values():
         for vb, log in enumerate(logs):
             assert final_state(log) == store_state(store, vb)
-    assert front.ingest.connections == 1
-    assert front.stats.connections_total["upr_front"] == 50
+    assert rig.front.ingest.connections == 1
+    assert rig.front.stats.connections_total["upr_front"] == 50
 
 
 async def test_stat_groups_on_the_upr_port(nursery: trio.Nursery, tmp_path: Path) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    consumer = await open_producer(port, b"replica")
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up()
+    consumer = await rig.consumer(b"replica")
     await consumer.stream_request(3, 0, MAX_SEQNO, opaque=1)
-    async with await PacketConnection.connect("127.0.0.1", port) as client:
+    async with await PacketConnection.connect("127.0.0.1", rig.port) as client:
         seqnos = await client.stats("vbucket-seqno")
-        assert seqnos["vb_3:high_seqno"] == str(front.logs.logs[3].high_seqno)
-        assert seqnos["vb_3:uuid"] == str(front.logs.logs[3].failover.uuid)
+        assert seqnos["vb_3:high_seqno"] == str(rig.front.logs.logs[3].high_seqno)
+        assert seqnos["vb_3:uuid"] == str(rig.front.logs.logs[3].failover.uuid)
         with trio.fail_after(5):
             while (await client.stats("vbucket-takeover 3 replica"))["estimate"] != "0":
                 await trio.sleep(0.01)
@@ -237,12 +230,10 @@ async def test_consumers_must_authenticate_when_users_are_set(
 
 async def test_draft_dialect_consumers(nursery: trio.Nursery, tmp_path: Path) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port, dialect="upr-draft")
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    client = await open_producer(port, dialect=upr.UPR_DRAFT)
-    reply = await client.stream_request(2, 0, front.logs.logs[2].high_seqno, opaque=8)
+    rig = await upr_front_over_node(nursery, tmp_path, store, dialect="upr-draft")
+    await rig.catch_up()
+    client = await rig.consumer(dialect=upr.UPR_DRAFT)
+    reply = await client.stream_request(2, 0, rig.front.logs.logs[2].high_seqno, opaque=8)
     assert isinstance(reply, upr.StreamRequestOk)
     log = await client.read_stream(8)
     assert isinstance(log.events[0], upr.StreamStart)
@@ -259,23 +250,20 @@ async def test_without_flow_control_acked_follows_sent_and_log_size_follows_the_
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up()
     on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*.seg"))
-    assert front.stats.upr_log.bytes_on_disk == on_disk > 0
-    client = await open_producer(port, b"no-window")
-    high = front.logs.logs[0].high_seqno
+    assert rig.front.stats.upr_log.bytes_on_disk == on_disk > 0
+    client = await rig.consumer(b"no-window")
+    high = rig.front.logs.logs[0].high_seqno
     await client.stream_request(0, 0, high, opaque=1)
     log = await client.read_stream(1)
     assert log.items[-1].by_seqno == high
-    progress = front.connections["no-window"].stream_stats.vbuckets[0]
+    progress = rig.front.connections["no-window"].stream_stats.vbuckets[0]
     assert progress.sent_seqno == progress.acked_seqno == high
     # The log grows with live writes, and so does its size in the stats.
     store.set(0, b"grown", b"x" * 5000, now=time.time())
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
+    await rig.catch_up()
     grown = sum(p.stat().st_size for p in tmp_path.rglob("*.seg"))
-    assert front.stats.upr_log.bytes_on_disk == grown > on_disk + 5000
+    assert rig.front.stats.upr_log.bytes_on_disk == grown > on_disk + 5000
     await client.aclose()

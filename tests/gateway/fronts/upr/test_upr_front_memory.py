@@ -31,6 +31,7 @@ from tests.gateway.fronts.upr.support import (
     start_node,
     until,
 )
+from tests.support.fronts import upr_front_over_node
 
 VALUE = b"v" * 1000
 SLACK = 64 * 1024
@@ -70,16 +71,14 @@ async def test_stalled_flow_control_consumer_holds_no_more_than_its_window(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = big_store(400)
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(30):
-        await until(lambda: caught_up(front, store))
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up(30)
     window = 32 * 1024
-    client = await stream_everything(port, window)
+    client = await stream_everything(rig.port, window)
     with trio.fail_after(30):
         # The consumer never acknowledges: every stream ends up waiting for room.
-        await until(lambda: bool(front.connections))
-        producer = only_connection(front)
+        await until(lambda: bool(rig.front.connections))
+        producer = only_connection(rig.front)
         await until(lambda: producer.streams_waiting == VBUCKETS and not producer.window.can_send)
     assert producer.window.unacked_bytes >= window  # it did fill the window
     assert producer.window.unacked_bytes <= window + SLACK
@@ -126,22 +125,20 @@ async def test_closed_stalled_connection_leaves_nothing_behind(
     # Nothing keyed by the connection outlives it: the connection and its
     # streams are freed (no cycle or cache keeps their batches alive).
     store = big_store(100)
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up(30)
+    client = await stream_everything(rig.port, 8 * 1024)
     with trio.fail_after(30):
-        await until(lambda: caught_up(front, store))
-    client = await stream_everything(port, 8 * 1024)
-    with trio.fail_after(30):
-        await until(lambda: bool(front.connections))
-        await until(lambda: not only_connection(front).window.can_send)
-    producer = weakref.ref(only_connection(front))
-    streams = [weakref.ref(s) for s in only_connection(front).streams.values()]
+        await until(lambda: bool(rig.front.connections))
+        await until(lambda: not only_connection(rig.front).window.can_send)
+    producer = weakref.ref(only_connection(rig.front))
+    streams = [weakref.ref(s) for s in only_connection(rig.front).streams.values()]
     await client.aclose()  # type: ignore[attr-defined]
     with trio.fail_after(30):
-        await until(lambda: not front.connections and not front.stats.active("upr_front"))
+        await until(lambda: not rig.front.connections and not rig.front.stats.active("upr_front"))
     gc.collect()
     assert producer() is None
     assert all(stream() is None for stream in streams)
     if release_free_memory():  # glibc: the freed heap is given back after the close
         with trio.fail_after(30):
-            await until(lambda: front.trimmer.trims >= 1)
+            await until(lambda: rig.front.trimmer.trims >= 1)

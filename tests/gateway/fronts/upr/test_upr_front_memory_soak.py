@@ -139,7 +139,7 @@ async def given_back(pid: int, target: int, timeout: float) -> int:
 def test_hundred_stalled_consumers_of_sixteen_streams(tmp_path: Path) -> None:
     python = sys.executable
     node = [python, "-m", "gateway", "node", "--listen", "127.0.0.1:0",
-            "--vbuckets", str(VBUCKETS), "--sample-items", str(ITEMS),
+            "--vbucket-count", str(VBUCKETS), "--sample-items", str(ITEMS),
             "--value-size", str(VALUE_SIZE)]  # fmt: skip
     with process(node, r"listening on 127\.0\.0\.1:(\d+)") as (_, node_port):
         serve = [python, "-m", "gateway", "serve", "--tap-upstream", f"127.0.0.1:{node_port}",

@@ -13,13 +13,11 @@ import trio
 
 from tests.gateway.fronts.upr.support import (
     MAX_SEQNO,
-    caught_up,
     filled_store,
     open_producer,
-    start_front,
-    start_node,
     until,
 )
+from tests.support.fronts import upr_front_over_node
 
 CONNECTION_LINES = [
     "type",
@@ -52,23 +50,21 @@ async def test_node_and_front_report_the_same_connection_lines(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    node, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    consumers = [await open_producer(each, b"replica") for each in (node_port, port)]
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up()
+    consumers = [await open_producer(each, b"replica") for each in (rig.node_port, rig.port)]
     for consumer in consumers:
         await consumer.stream_request(3, 0, MAX_SEQNO, opaque=1)
 
     def streaming() -> bool:
-        theirs = node.upr.get("replica")
-        ours = front.connections.get("replica")
+        theirs = rig.node.upr.get("replica")
+        ours = rig.front.connections.get("replica")
         return all(c is not None and 3 in c.streams for c in (theirs, ours))
 
     with trio.fail_after(10):
         await until(streaming)
-    theirs = connection_lines(node.upr.get("replica").connection_stats(), "")
-    ours = connection_lines(front.connections["replica"].connection_stats(), "replica:")
+    theirs = connection_lines(rig.node.upr.get("replica").connection_stats(), "")
+    ours = connection_lines(rig.front.connections["replica"].connection_stats(), "replica:")
     assert list(theirs) == list(ours) == CONNECTION_LINES
     for name in ("type", "flow_control", "noop_enabled", "enable_expiry_opcode", "num_streams"):
         assert theirs[name] == ours[name], name

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,6 +30,8 @@ from tests.gateway.fronts.upr.support import (
     until,
     write_load,
 )
+from tests.support.children import start_listening
+from tests.support.fronts import upr_front_over_node
 from tests.support.raw_dcp import RawDcp
 from tests.support.upr_client import StreamLog, check_snapshots
 
@@ -59,26 +60,26 @@ async def test_killed_gateway_resumes_without_loss_or_reused_seqnos(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    front, port, scope = await start_front(nursery, tmp_path, node_port, close_logs=False)
+    rig = await upr_front_over_node(
+        nursery, tmp_path, store, node={"checkpoint_interval": 0.05}, close_logs=False
+    )
     await write_load(store, 200, seed=3)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
+    await rig.catch_up()
     # A consumer holds everything so far.
     before = {}
-    client = await open_producer(port, b"keeper")
+    client = await rig.consumer(b"keeper")
     for vb in range(VBUCKETS):
-        high = front.logs.logs[vb].high_seqno
+        high = rig.front.logs.logs[vb].high_seqno
         await client.stream_request(vb, 0, high, opaque=vb + 1)
         before[vb] = await client.read_stream(vb + 1)
     await client.aclose()
     positions = {
-        vb: (front.logs.logs[vb].failover.uuid, log.items[-1].by_seqno)
+        vb: (rig.front.logs.logs[vb].failover.uuid, log.items[-1].by_seqno)
         for vb, log in before.items()
     }
-    await scope.stop()  # no clean close: as if killed
+    await rig.running.stop()  # no clean close: as if killed
     await write_load(store, 200, seed=4)
-    front2, port2, scope2 = await start_front(nursery, tmp_path, node_port)
+    front2, port2, scope2 = await start_front(nursery, tmp_path, rig.node_port)
     with trio.fail_after(10):
         await until(lambda: caught_up(front2, store))
     after = await read_all(port2, positions, b"keeper")
@@ -97,18 +98,16 @@ async def test_torn_tail_starts_a_new_history_past_every_used_seqno(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, _port, scope = await start_front(nursery, tmp_path, node_port, close_logs=False)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    old = {vb: (v.failover.uuid, v.high_seqno, v.reserved) for vb, v in front.logs.logs.items()}
-    await scope.stop()
-    segment = front.logs.logs[0].segments[-1].path
+    rig = await upr_front_over_node(nursery, tmp_path, store, close_logs=False)
+    await rig.catch_up()
+    old = {vb: (v.failover.uuid, v.high_seqno, v.reserved) for vb, v in rig.front.logs.logs.items()}
+    await rig.running.stop()
+    segment = rig.front.logs.logs[0].segments[-1].path
     with open(segment, "ab") as f:
         f.write(b"\x00\x00\x01\x00garbage")  # half a record, as a crash mid-write leaves
     now = time.time()
     store.set(0, b"after-crash", b"x", now=now)
-    front2, port2, scope2 = await start_front(nursery, tmp_path, node_port)
+    front2, port2, scope2 = await start_front(nursery, tmp_path, rig.node_port)
     with trio.fail_after(10):
         await until(lambda: caught_up(front2, store))
     vblog = front2.logs.logs[0]
@@ -131,20 +130,18 @@ async def test_node_restarted_without_data_is_reconciled(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port, scope = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    client = await open_producer(port, b"steady")
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up()
+    client = await rig.consumer(b"steady")
     positions = {}
     logs = {}
     for vb in range(VBUCKETS):
-        v = front.logs.logs[vb]
+        v = rig.front.logs.logs[vb]
         positions[vb] = (v.failover.uuid, v.high_seqno)
         await client.stream_request(vb, 0, v.high_seqno, opaque=vb + 1)
         logs[vb] = await client.read_stream(vb + 1)
     await client.aclose()
-    await scope.stop()  # its logs closed cleanly before the next gateway opens them
+    await rig.running.stop()  # its logs closed cleanly before the next gateway opens them
     # A new node: some keys as they were (same versions), some changed, most gone.
     fresh = Store(VBUCKETS)
     now = time.time()
@@ -165,13 +162,12 @@ async def test_node_restarted_without_data_is_reconciled(
                 kept[(vb, item.key)] = item.cas
         fresh.set(vb, b"brand-new", b"n", now=now)
         fresh.set(vb, b"key-1", b"changed", now=now)
-    _, node2_port = await start_node(nursery, fresh)
-    front2, port2, scope2 = await start_front(nursery, tmp_path, node2_port)
+    rig = await upr_front_over_node(nursery, tmp_path, fresh)
     with trio.fail_after(10):
-        await until(lambda: caught_up(front2, fresh, live_only=True))
-    after = await read_all(port2, positions, b"steady")
+        await until(lambda: caught_up(rig.front, fresh, live_only=True))
+    after = await read_all(rig.port, positions, b"steady")
     for vb in range(VBUCKETS):
-        assert front2.logs.logs[vb].failover.uuid == positions[vb][0]  # no rollback needed
+        assert rig.front.logs.logs[vb].failover.uuid == positions[vb][0]  # no rollback needed
         merged = StreamLog(logs[vb].events + after[vb].events)
         want = {k: v for k, v in store_state(fresh, vb).items() if v[1] is not None}
         got = {k: v for k, v in final_state(merged).items() if v[1] is not None}
@@ -182,7 +178,7 @@ async def test_node_restarted_without_data_is_reconciled(
                 # Unchanged: kept its seqno, so it is not sent again.
                 assert key not in {e.key for e in after[vb].items}
                 assert final_state(merged)[key][0] == cas
-    scope2.cancel()
+    rig.running.cancel()
 
 
 GATEWAY = """
@@ -206,18 +202,8 @@ async def test_sigkilled_gateway_process_loses_nothing_acked(
 ) -> None:
     store = filled_store()
     node, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", GATEWAY, str(node_port), str(tmp_path)],
-        stdout=__import__("subprocess").PIPE,
-        env=env,
-    )
-    assert proc.stdout is not None
-    with trio.fail_after(20):
-        line = b""
-        while not line.endswith(b"\n"):
-            line += await proc.stdout.receive_some(100)
-    assert int(line) > 0  # listening: the ingest is running
+    proc, port = await start_listening(GATEWAY, node_port, tmp_path, what="the gateway")
+    assert port > 0  # listening: the ingest is running
 
     def acked() -> bool:
         registration = node.tap.registration("upr-front")
@@ -288,13 +274,16 @@ async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_t
     that end by 3.0's rule (src/failover-table.cc, ``FailoverTable::needsRollback``),
     and after it converges with the node, which sends again what was never acked."""
     store = filled_store(10)
-    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    front, port, scope = await start_front(
-        nursery, tmp_path, node_port, fsync="batch", close_logs=False
+    rig = await upr_front_over_node(
+        nursery,
+        tmp_path,
+        store,
+        node={"checkpoint_interval": 0.05},
+        fsync="batch",
+        close_logs=False,
     )
-    with trio.fail_after(20):
-        await until(lambda: caught_up(front, store))
-    vblog = front.logs.logs[0]
+    await rig.catch_up(20)
+    vblog = rig.front.logs.logs[0]
     with trio.fail_after(20):  # every commit so far has returned: all synced
         await until(lambda: vblog.syncing == 0 and not vblog.unsynced)
     synced = vblog.segments[-1].size
@@ -309,7 +298,7 @@ async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_t
     monkeypatch.setattr(VbLog, "sync", held_sync)
     for n in range(5):
         store.set(0, b"lost-%d" % n, b"v", now=time.time())
-    client = await open_producer(port, b"early")
+    client = await rig.consumer(b"early")
     with trio.fail_after(20):
         await until(lambda: vblog.high_seqno >= proven + 5)
     seen = vblog.high_seqno
@@ -324,7 +313,7 @@ async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_t
     stopping = trio.Event()
 
     async def stop() -> None:
-        await scope.stop()
+        await rig.running.stop()
         stopping.set()
 
     nursery.start_soon(stop)
@@ -334,7 +323,7 @@ async def test_a_crash_after_serving_unsynced_items_rolls_the_consumer_back_to_t
         await stopping.wait()
     monkeypatch.undo()
 
-    front2, port2, scope2 = await start_front(nursery, tmp_path, node_port)
+    front2, port2, scope2 = await start_front(nursery, tmp_path, rig.node_port)
     again = front2.logs.logs[0]
     assert not again.continued
     assert again.failover.entries[0][1] == proven and again.failover.entries[1][0] == old_uuid

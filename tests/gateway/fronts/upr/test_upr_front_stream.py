@@ -11,16 +11,12 @@ from adapters.mcbp import Status
 from tests.gateway.fronts.upr.support import (
     MAX_SEQNO,
     VBUCKETS,
-    caught_up,
     filled_store,
     final_state,
-    open_producer,
-    start_front,
-    start_node,
     store_state,
-    until,
     write_load,
 )
+from tests.support.fronts import upr_front_over_node
 from tests.support.upr_client import StreamLog, check_snapshots
 
 
@@ -28,22 +24,20 @@ async def test_full_stream_equals_the_node_under_concurrent_load(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store, checkpoint_interval=0.05)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    client = await open_producer(port)
+    rig = await upr_front_over_node(nursery, tmp_path, store, node={"checkpoint_interval": 0.05})
+    client = await rig.consumer()
     # Streams open during the backfill, and writes keep coming meanwhile.
     for vb in range(VBUCKETS):
         reply = await client.stream_request(vb, 0, MAX_SEQNO, opaque=100 + vb)
         assert isinstance(reply, upr.StreamRequestOk), reply
-        assert reply.failover_log == front.logs.logs[vb].failover.entries
+        assert reply.failover_log == rig.front.logs.logs[vb].failover.entries
     await write_load(store, 600)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
+    await rig.catch_up()
     # Everything logged is sent before the streams are closed: CLOSE_STREAM
     # ends a stream where it is, and its response is the end.
-    streams = front.connections["consumer"].streams
+    streams = rig.front.connections["consumer"].streams
     logs = {100 + vb: StreamLog() for vb in range(VBUCKETS)}
-    while any(s.position < front.logs.logs[vb].high_seqno for vb, s in streams.items()):
+    while any(s.position < rig.front.logs.logs[vb].high_seqno for vb, s in streams.items()):
         event = await client.receive()
         if getattr(event, "opaque", None) in logs and not event.IS_RESPONSE:
             logs[event.opaque].events.append(event)
@@ -55,7 +49,7 @@ async def test_full_stream_equals_the_node_under_concurrent_load(
         assert final_state(log) == store_state(store, vb)
         assert log.markers[0].flags & upr.SnapshotFlags.DISK
         assert any(m.flags & upr.SnapshotFlags.CHECKPOINT for m in log.markers)
-    assert front.ingest.connections == 1
+    assert rig.front.ingest.connections == 1
     await client.aclose()
 
 
@@ -63,13 +57,11 @@ async def test_end_seqno_and_resume_mid_snapshot_without_rollback(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    vblog = front.logs.logs[1]
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up()
+    vblog = rig.front.logs.logs[1]
     high, uuid = vblog.high_seqno, vblog.failover.uuid
-    client = await open_producer(port)
+    client = await rig.consumer()
     reply = await client.stream_request(1, 0, high, opaque=1)
     assert isinstance(reply, upr.StreamRequestOk)
     whole = await client.read_stream(1)
@@ -95,18 +87,16 @@ async def test_unknown_uuid_rolls_back_to_zero_and_bad_requests_are_refused(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     store = filled_store()
-    _, node_port = await start_node(nursery, store)
-    front, port, _ = await start_front(nursery, tmp_path, node_port)
-    with trio.fail_after(10):
-        await until(lambda: caught_up(front, store))
-    client = await open_producer(port)
+    rig = await upr_front_over_node(nursery, tmp_path, store)
+    await rig.catch_up()
+    client = await rig.consumer()
     reply = await client.stream_request(0, 5, MAX_SEQNO, uuid=12345, snap=(5, 5))
     assert reply == upr.StreamRequestRollback(0, reply.opaque)
-    assert front.stats.rollbacks_total["upr_front"] == 1
+    assert rig.front.stats.rollbacks_total["upr_front"] == 1
     reply = await client.stream_request(0, 10, 5)
     assert reply.status == Status.RANGE_ERROR
     reply = await client.stream_request(
-        0, 10, 20, uuid=front.logs.logs[0].failover.uuid, snap=(11, 12)
+        0, 10, 20, uuid=rig.front.logs.logs[0].failover.uuid, snap=(11, 12)
     )
     assert reply.status == Status.RANGE_ERROR
     reply = await client.stream_request(99, 0, MAX_SEQNO)
@@ -118,7 +108,7 @@ async def test_unknown_uuid_rolls_back_to_zero_and_bad_requests_are_refused(
     assert (await client.control("no_such_key", "1")).status == Status.INVALID_ARGUMENTS
     flog = await client.failover_log(2)
     assert isinstance(flog, upr.FailoverLogResponse)
-    assert flog.failover_log == front.logs.logs[2].failover.entries
+    assert flog.failover_log == rig.front.logs.logs[2].failover.entries
     # A malformed packet: INVALID_ARGUMENTS, then the connection closes.
     await client.send_raw(
         b"\x80\x53\x00\x00\x02\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x07"
@@ -130,8 +120,8 @@ async def test_unknown_uuid_rolls_back_to_zero_and_bad_requests_are_refused(
         got = await client.receive()
     assert got.status == Status.INVALID_ARGUMENTS
     assert await client.closed_by_server()
-    assert front.stats.protocol_errors_total[("upr_front", "malformed")] == 1
+    assert rig.front.stats.protocol_errors_total[("upr_front", "malformed")] == 1
     # Others are untouched.
-    other = await open_producer(port, b"other")
+    other = await rig.consumer(b"other")
     assert isinstance(await other.stream_request(2, 0, MAX_SEQNO), upr.StreamRequestOk)
     await other.aclose()
