@@ -14,16 +14,17 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.chaos import ChaosRun
 
 
-async def run(tmp_path: Path, seed: int, faults: int) -> None:
+async def run(tmp_path: Path, seed: int, faults: int, **kw: Any) -> None:
     print(f"chaos seed {seed} (replay: CHAOS_SEED={seed})")
     try:
-        summary = await ChaosRun(tmp_path, seed).run(faults)
+        summary = await ChaosRun(tmp_path, seed).run(faults, **kw)
     except BaseException as exc:
         exc.add_note(f"chaos seed {seed} (replay: CHAOS_SEED={seed})")
         raise
@@ -33,7 +34,7 @@ async def run(tmp_path: Path, seed: int, faults: int) -> None:
 
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_a_few_faults_lose_nothing(tmp_path: Path, seed: int) -> None:
-    await run(tmp_path, int(os.environ.get("CHAOS_SEED", seed)), faults=4)
+    await run(tmp_path, int(os.environ.get("CHAOS_SEED", seed)), 3, gap=(0.2, 0.8), max_ttl=1)
 
 
 @pytest.mark.slow

@@ -82,6 +82,7 @@ class ChaosSummary:
     raw_items: int = 0
     rollbacks: int = 0
     tap_connections: int = 0
+    tap_refused: int = 0
     set_aside: int = 0
     keys: int = 0
     max_rss_kib: int = 0
@@ -125,8 +126,7 @@ class ChaosRun:
         cmd = node_command(self.data_dir, self.vbuckets, fsync)
         self.node = await Proc.start(nursery, "node", cmd, [NODE_LISTENING])
         self.procs.append(self.node)
-        with trio.fail_after(60):
-            await self.node.listening.wait()
+        await self.node.wait_listening(60)
         self.say("node listening")
         self.node_port.port = self.node.ports[0]
         self.relays["tap_up"].target = self.node_port.port
@@ -146,8 +146,7 @@ class ChaosRun:
             nursery, "serve", cmd, [UPR_LISTENING, TAP_LISTENING], preexec=preexec
         )
         self.procs.append(self.serve)
-        with trio.fail_after(60):
-            await self.serve.listening.wait()
+        await self.serve.wait_listening(60)
         self.relays["upr_front"].target = self.serve.ports[0]
         self.relays["tap_front"].target = self.serve.ports[1]
 
@@ -225,7 +224,10 @@ class ChaosRun:
 
     # -- the run --------------------------------------------------------------------
 
-    async def run(self, faults: int, gap: tuple[float, float] = (0.2, 1.2)) -> ChaosSummary:
+    async def run(
+        self, faults: int, gap: tuple[float, float] = (0.2, 1.2), max_ttl: int = 3
+    ) -> ChaosSummary:
+        self.writer.max_ttl = max_ttl
         async with trio.open_nursery() as nursery:
             self.outer = nursery
             for relay in self.relays.values():
@@ -328,6 +330,7 @@ class ChaosRun:
         self.summary.raw_items = self.raw.items
         self.summary.rollbacks = len(self.consumer.rollbacks) + self.raw.rollbacks
         self.summary.tap_connections = sum(t.connections for t in self.taps)
+        self.summary.tap_refused = sum(t.refused for t in self.taps)
 
 
 def _tap_flags(checkpoint: bool) -> ConnectFlags:

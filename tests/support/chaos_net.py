@@ -188,6 +188,22 @@ class Proc:
                 await self.proc.wait()
             self.exited.set()
 
+    async def wait_listening(self, timeout: float) -> None:
+        """Until every listening line came; fails at once if the process exits first."""
+        async with trio.open_nursery() as waiting:
+
+            async def exited() -> None:
+                await self.exited.wait()
+                raise AssertionError(
+                    f"{self.name} exited {self.proc.returncode} before listening:\n"
+                    + self.log_tail()
+                )
+
+            waiting.start_soon(exited)
+            with trio.fail_after(timeout):
+                await self.listening.wait()
+            waiting.cancel_scope.cancel()
+
     @property
     def alive(self) -> bool:
         return self.proc.returncode is None
