@@ -256,6 +256,7 @@ class ChaosRun:
         data (reading the node again each time: its pager expires TTLs meanwhile)."""
         for relay in self.relays.values():
             relay._flowing.set()
+        self.raw.reading.set()
         assert self.node is not None and self.serve is not None
         for proc in (self.node, self.serve):
             assert proc.alive, f"{proc.name} died unasked:\n{proc.log_tail()}"

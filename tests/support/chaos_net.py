@@ -117,11 +117,13 @@ class Relay:
 
     async def stall(self, seconds: float) -> None:
         self.stalls += 1
-        self._flowing = trio.Event()
+        if self._flowing.is_set():  # else an overlapping stall holds it already
+            self._flowing = trio.Event()
+        held = self._flowing
         try:
             await trio.sleep(seconds)
         finally:
-            self._flowing.set()
+            held.set()
 
 
 def fsize_limit(limit: int) -> Callable[[], None]:

@@ -199,11 +199,13 @@ class RawConsumer:
         self.reading.set()
 
     async def pause(self, seconds: float) -> None:
-        self.reading = trio.Event()
+        if self.reading.is_set():  # else an overlapping pause holds it already
+            self.reading = trio.Event()
+        held = self.reading
         try:
             await trio.sleep(seconds)
         finally:
-            self.reading.set()
+            held.set()
 
     async def run(self) -> None:
         while True:
