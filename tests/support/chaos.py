@@ -193,7 +193,7 @@ class ChaosRun:
             proc = self.serve if name == "stop_serve" else self.node
             assert proc is not None
             proc.signal(signal.SIGSTOP)
-            await trio.sleep(rng.uniform(0.1, 1.5))
+            await trio.sleep(rng.uniform(0.1, 4.0))  # past NOOP intervals at times
             proc.signal(signal.SIGCONT)
         elif name == "cut":
             rng.choice(list(self.relays.values())).cut()
