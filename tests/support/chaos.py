@@ -32,6 +32,7 @@ from pathlib import Path
 import trio
 
 from adapters.tap import ConnectFlags
+from gateway.fronts.upr.proof import prove_vbucket
 from tests.support.chaos_net import (
     NODE_LISTENING,
     TAP_LISTENING,
@@ -103,6 +104,7 @@ class ChaosRun:
         self.node: Proc | None = None
         self.serve: Proc | None = None
         self.flipped = 0
+        self.flips: list[str | None] = []
         self.consumer = ChaosConsumer(vbuckets, b"chaos-consumer")
         self.raw = RawConsumer(Port(), vbuckets)
         self.taps = [
@@ -173,7 +175,10 @@ class ChaosRun:
                 else:
                     await self.serve.kill()
                 if name == "flip_byte":
-                    self.flipped += flip_closed_segment_byte(self.state_dir, rng)
+                    flipped = flip_closed_segment_byte(self.state_dir, rng)
+                    self.say(f"flipped {flipped}")
+                    self.flipped += flipped is not None
+                    self.flips.append(flipped)
                 limit = rng.randint(2048, 24 * 1024) if name == "fsize_limit" else None
                 await self.start_serve(self.outer, limit=limit)
                 if limit is not None:
@@ -263,7 +268,6 @@ class ChaosRun:
         self.node.signal(signal.SIGCONT)
         self.serve.signal(signal.SIGCONT)
         self.writer.scope.cancel()
-        await trio.sleep(self.writer.max_ttl + 1.5)  # every TTL run out, the pager passed
         peers: list[tuple[str, Callable[[], State]]] = [
             ("UPR consumer", self.consumer.live),
             ("raw UPR consumer", self.raw.live),
@@ -321,9 +325,10 @@ class ChaosRun:
         assert not problems, "log lines that break the rules:\n" + "\n".join(problems[:40])
         set_aside = self.state_dir / "set-aside"
         self.summary.set_aside = len(os.listdir(set_aside)) if set_aside.exists() else 0
+        said = [line for p in self.procs for line in p.lines if "set aside" in line]
         assert self.summary.set_aside >= self.flipped, (
-            f"{self.flipped} segments damaged while serve was down, "
-            f"{self.summary.set_aside} logs set aside"
+            f"{self.flipped} segments damaged while serve was down ({self.flips}), "
+            f"{self.summary.set_aside} logs set aside:\n" + "\n".join(said)
         )
         assert self.summary.max_rss_kib < RSS_LIMIT_KIB, self.summary.max_rss_kib
         self.summary.written = self.writer.written
@@ -339,17 +344,20 @@ def _tap_flags(checkpoint: bool) -> ConnectFlags:
     return flags | ConnectFlags.CHECKPOINT if checkpoint else flags
 
 
-def flip_closed_segment_byte(state_dir: Path, rng: random.Random) -> int:
-    """Flip one byte of a segment that is not its log's last (a closed one); 1 if done."""
+def flip_closed_segment_byte(state_dir: Path, rng: random.Random) -> str | None:
+    """Flip one byte of a segment that is not its log's last (a closed one); which."""
     closed = []
     for vb_dir in sorted(state_dir.glob("vb-*")):
-        segments = sorted(vb_dir.glob("*.seg"))
-        closed += [s for s in segments[:-1] if s.stat().st_size > 0]
+        # The segments the next start reads (not the leftovers a compaction covers,
+        # which it deletes), but the last, whose end may be a torn tail.
+        proof = prove_vbucket(vb_dir, int(vb_dir.name[3:]))
+        if not proof.problems:
+            closed += [s.path for s in proof.segments[:-1] if s.size > 0]
     if not closed:
-        return 0
+        return None
     path = rng.choice(closed)
     data = bytearray(path.read_bytes())
     at = rng.randrange(len(data))
     data[at] ^= 1 << rng.randrange(8)
     path.write_bytes(bytes(data))
-    return 1
+    return f"{path.relative_to(state_dir)} byte {at} of {len(data)}"
