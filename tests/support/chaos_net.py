@@ -149,6 +149,8 @@ class Proc:
         self.exited = trio.Event()
         self.signalled: set[int] = set()
         """Signals sent to it (a status other than 0 is fine only after SIGKILL)."""
+        self.refused_start = False
+        """It stopped at start-up, exit 1, on a state directory it could not write."""
 
     @classmethod
     async def start(
