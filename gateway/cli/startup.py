@@ -229,6 +229,24 @@ async def probe_memcached(stream: trio.abc.Stream) -> str | None:
     return f"does not speak the memcached binary protocol (first byte 0x{first[0]:02x})"
 
 
+def not_memcached(exc: BaseException) -> str | None:
+    """Why a peer that answered with a bad magic byte is not a memcached data port,
+    in the words the upstream check uses; None for any other error."""
+    from adapters.errors import ProtocolError
+
+    if not isinstance(exc, ProtocolError) or exc.field != "magic":
+        return None
+    first = exc.value if isinstance(exc.value, int) else -1
+    if first == ord("H"):
+        return (
+            "speaks HTTP, not the memcached binary protocol (a metrics or REST port? "
+            "a node's data port is 11210)"
+        )
+    if first in (0x15, 0x16):
+        return "speaks TLS, not plain memcached (give --tls)"
+    return f"does not speak the memcached binary protocol (first byte 0x{first & 0xFF:02x})"
+
+
 async def watch_upstream(
     option: str,
     address: tuple[str, int],
