@@ -100,7 +100,57 @@ def prepare_directory(option: str, path: Path) -> Path:
     mode = info.st_mode & 0o7777
     if mode & 0o077:
         _make_private(option, path, mode)
+    _check_contents(option, path)
     return path
+
+
+def _check_contents(option: str, path: Path) -> None:
+    """What an earlier run left (or a restore, or a run as another user): files of
+    another user are refused (the gateway could not rewrite them, and fails later
+    mid-serve); files open to others are made 0600 (directories 0700), one warning."""
+    me = os.geteuid()
+    foreign: list[tuple[Path, int]] = []
+    opened: list[tuple[Path, int]] = []
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            entry = Path(root, name)
+            try:
+                info = entry.lstat()
+            except FileNotFoundError:  # removed meanwhile (by a process holding the lock)
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            if info.st_uid != me:
+                foreign.append((entry, info.st_uid))
+            elif info.st_mode & 0o077:
+                opened.append((entry, info.st_mode))
+    if foreign:
+        first, uid = foreign[0]
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        me_name = _user_name(me).split()[0]
+        raise StartupError(
+            f"{option} {path}: {first.relative_to(path)}{more} {'are' if more else 'is'} "
+            f"owned by {_user_name(uid)}, not by {_user_name(me)} (this process): run as "
+            f"their owner, or chown -R {me_name} {path}"
+        )
+    for entry, mode in opened:
+        try:
+            entry.chmod(0o700 if stat.S_ISDIR(mode) else 0o600)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StartupError(
+                f"{option} {path}: {entry.relative_to(path)} is open to other users (mode "
+                f"{mode & 0o7777:o}) and cannot be made private: {describe_file(exc)}"
+            ) from None
+    if opened:
+        first, mode = opened[0][0], opened[0][1] & 0o7777
+        more = f" and {len(opened) - 1} more" if len(opened) > 1 else ""
+        log.warning(
+            "%s %s: %s (mode %o)%s open to other users: made private (files 0600, "
+            "directories 0700)",
+            option, path, first.relative_to(path), mode, f"{more} were" if more else " was",
+        )  # fmt: skip
 
 
 def _file_in_the_way(path: Path) -> Path | None:

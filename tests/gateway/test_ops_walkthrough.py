@@ -115,7 +115,8 @@ async def test_the_quick_start_does_not_warn_about_its_temporary_log(
 def test_a_data_dir_of_another_vbucket_count_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     data = tmp_path / "data"
     Store(4, data_dir=data).close()
-    data.chmod(0o700)
+    for path in [data, *data.rglob("*")]:  # as the command makes them (umask 077)
+        path.chmod(0o700 if path.is_dir() else 0o600)
     node = ["node", "--listen", "127.0.0.1:0", "--data-dir", str(data)]
     done = subprocess.run(
         [sys.executable, "-m", "gateway", *node], capture_output=True, text=True, timeout=60
