@@ -135,6 +135,16 @@ class BatchEncoder:
             dialect, opaque, vbucket, expiry_opcode=expiry_opcode, delete_times=delete_times
         )
 
+    def mutation_layout(self) -> tuple[int, struct.Struct, int]:
+        """(opcode, struct of header and extras, extras size) of this encoder's MUTATION."""
+        return self._mutation
+
+    def marker_struct(self) -> struct.Struct:
+        return self._marker
+
+    def marker_opcode(self) -> int:
+        return self._marker_op
+
     def encode(self, items: Sequence[LogItem]) -> EncodedBatch:
         """Markers and items of ``items`` (seqno order), cut as ``cut_snapshots`` cuts them."""
         cut = BatchCut(self, -1, _NO_END, _NO_END, -1)
@@ -296,6 +306,24 @@ class BatchCut:
         self.items, self.deletions, self.expirations, self.markers = (count, deletions, expirations,
                                                                       markers)  # fmt: skip
         return state if state or pos == size else -1
+
+    def adopt(self, framed: tuple[bytes, int, int, int, float, int]) -> bool:
+        """Take a write framed beforehand for this encoder (``log_preframing``) as the
+        whole batch, when nothing is cut yet and this cut would take all of it (its
+        items within ``limit``, its keys and values within ``left``, its last item
+        within ``upto``): the bytes a walk of its records would frame. Whether taken."""
+        data, markers, items, last, arrival, kv = framed
+        if self.items or self.at >= 0 or items > self.limit or last > self.upto:
+            return False
+        if self.left >= 0:
+            if kv > self.left:
+                return False
+            self.left -= kv
+        self.parts.append(data)
+        self.markers, self.items, self.last, self.after = markers, items, last, last
+        self.arrival = arrival
+        self.whole = True
+        return True
 
     def item(self, item: LogItem) -> bool:
         """One item of a row; True once the batch is complete (the item may not be in it)."""

@@ -29,6 +29,7 @@ from typing import Protocol, TypeVar
 from adapters.mcbp.constants import Magic
 from adapters.mcbp.frames import DEFAULT_MAX_FRAME_SIZE, HEADER
 from adapters.tap.constants import TapFlags, TapOpcode
+from adapters.translate.log_preframing import Framing
 from adapters.translate.log_records import BLOCK_ITEM, ItemKind, MarkKind
 from adapters.translate.tap_to_upr import TapToUpr, Version
 
@@ -75,6 +76,8 @@ class PackBuffer(Protocol):
     due: int
     """Items to pack before the next one ``sparse`` names (0: the next)."""
     sparse_every: int
+    framing: Framing | None
+    """The buffered items' UPR messages for the stream that follows (``log_preframing``)."""
 
     def new_block(self) -> int:
         """Close the open block, open one at the end of ``data``; its offset."""
@@ -191,6 +194,13 @@ def _log(
     no_sparse: list[tuple[int, int]] = []
     sparse_append = no_sparse.append
     count = run_first = seqno = 0
+    # The cached vbucket's framing for the stream that follows it (None: not framed).
+    framing: Framing | None = None
+    f_parts: list[bytes] = []
+    f_append = f_parts.append
+    f_pack = _item_pack
+    f_op = f_ext = f_vb = f_opaque = 0
+    f_start = -1
     try:
         while offset + 24 <= size and taken != max_frames:
             op = data[offset + 1]
@@ -232,7 +242,7 @@ def _log(
                 key_end = key_start + keylen
                 if key_end > end:
                     break
-                if not tap_flags & _NETWORK_BYTE_ORDER:
+                if flags and not tap_flags & _NETWORK_BYTE_ORDER:  # 0 reads the same either way
                     flags = host_flags(data, body + 8)[0]
             elif opcode == OP_DELETE:
                 if bodylen < 16:
@@ -291,6 +301,13 @@ def _log(
                 due = buffer.due
                 every = buffer.sparse_every
                 sparse_append = buffer.sparse.append
+                framing = buffer.framing
+                if framing is not None:
+                    f_append, f_pack, f_op, f_ext = (framing.parts.append, framing.pack,
+                                                     framing.op, framing.ext)  # fmt: skip
+                    f_vb, f_opaque = framing.vbucket, framing.opaque
+                    # A mark before this run may have changed what its items are.
+                    f_start = framing.start if framing.fits(bits, checkpoint) else -1
                 count = 0
                 touched[vbucket] = sink
                 run.buffer, cached = buffer, vbucket  # together: ``finally`` reports to it
@@ -316,7 +333,16 @@ def _log(
                     buf += pack(seqno, _ITEM_MUTATION, bits, datatype, keylen,
                                 end - key_end, rev_seqno, cas, flags, expiration, 0,
                                 checkpoint, now, 0)  # fmt: skip
-                    buf += data[key_start:end]  # the key and the value, as a block holds them
+                    kv = data[key_start:end]
+                    buf += kv  # the key and the value, as a block holds them
+                    if framing is not None:
+                        # ``BatchCut``'s cut: a key the snapshot holds, a checkpoint's first.
+                        if f_start < 0 or bits == 2 or (old is not None and old[0] >= f_start):
+                            f_start = framing.open(seqno, bits, checkpoint, now)
+                        f_append(f_pack(_REQUEST, f_op, keylen, f_ext, datatype, f_vb,
+                                        f_ext + end - key_start, f_opaque, cas, seqno, rev_seqno,
+                                        flags, expiration, 0))  # fmt: skip
+                        f_append(kv)
                     if not count:
                         run_first = seqno
                     count += 1
@@ -324,6 +350,8 @@ def _log(
                         translator._checkpoint_start = first_pending = False
                         bits = 1 if backfill else 0
             else:
+                if framing is not None:
+                    framing = buffer.framing = None  # a delete ends the write's framing
                 item = translator.delete(key, cas, rev_seqno, now)
                 if first_pending and not translator._checkpoint_start:
                     first_pending = False

@@ -20,7 +20,7 @@ from typing import Any
 
 from adapters.errors import LocalProtocolError
 from adapters.mcbp.constants import Magic, Status
-from adapters.mcbp.frames import HEADER
+from adapters.mcbp.frames import encode_frame
 from adapters.upr.constants import Command
 from adapters.upr.dialect import Dialect, ItemLayout
 from adapters.upr.events import (
@@ -52,32 +52,6 @@ EncoderBuilder = Callable[[Dialect, int], Encoder]
 
 _REQ = Magic.REQUEST.value
 _RES = Magic.RESPONSE.value
-_pack_header = HEADER.pack
-
-
-def _packet(
-    magic: int,
-    opcode: int,
-    vbucket_or_status: int,
-    opaque: int,
-    extras: bytes = b"",
-    key: bytes = b"",
-    value: bytes = b"",
-    cas: int = 0,
-    datatype: int = 0,
-) -> bytes:
-    header = _pack_header(
-        magic,
-        opcode,
-        len(key),
-        len(extras),
-        datatype,
-        vbucket_or_status,
-        len(extras) + len(key) + len(value),
-        opaque,
-        cas,
-    )
-    return b"".join((header, extras, key, value))
 
 
 def _refuse(what: str, reason: str) -> LocalProtocolError:
@@ -89,7 +63,7 @@ def _refuse(what: str, reason: str) -> LocalProtocolError:
 
 def _empty(dialect: Dialect, opcode: int) -> Encoder:
     def encode(event: Any) -> bytes:
-        return _packet(_REQ, opcode, event.vbucket, event.opaque)
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque)
 
     return encode
 
@@ -99,28 +73,28 @@ def _open(dialect: Dialect, opcode: int) -> Encoder:
         if not event.name:
             raise _refuse("OPEN", "the connection name must not be empty")
         extras = OPEN_EXTRAS.pack(event.seqno, event.flags)
-        return _packet(_REQ, opcode, event.vbucket, event.opaque, extras, event.name)
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque, extras, event.name)
 
     return encode
 
 
 def _add_stream(dialect: Dialect, opcode: int) -> Encoder:
     def encode(event: AddStream) -> bytes:
-        return _packet(_REQ, opcode, event.vbucket, event.opaque, U32.pack(event.flags))
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque, U32.pack(event.flags))
 
     return encode
 
 
 def _stream_end(dialect: Dialect, opcode: int) -> Encoder:
     def encode(event: StreamEnd) -> bytes:
-        return _packet(_REQ, opcode, event.vbucket, event.opaque, U32.pack(event.reason))
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque, U32.pack(event.reason))
 
     return encode
 
 
 def _buffer_ack(dialect: Dialect, opcode: int) -> Encoder:
     def encode(event: BufferAcknowledgement) -> bytes:
-        return _packet(_REQ, opcode, event.vbucket, event.opaque, U32.pack(event.buffer_bytes))
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque, U32.pack(event.buffer_bytes))
 
     return encode
 
@@ -156,7 +130,7 @@ def _stream_request(dialect: Dialect, opcode: int) -> Encoder:
                 event.vbucket_uuid,
                 event.high_seqno,
             )
-        return _packet(_REQ, opcode, event.vbucket, event.opaque, extras, event.name)
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque, extras, event.name)
 
     return encode
 
@@ -164,7 +138,7 @@ def _stream_request(dialect: Dialect, opcode: int) -> Encoder:
 def _snapshot_marker(dialect: Dialect, opcode: int) -> Encoder:
     def encode(event: SnapshotMarker) -> bytes:
         extras = SNAPSHOT_EXTRAS.pack(event.start_seqno, event.end_seqno, event.flags)
-        return _packet(_REQ, opcode, event.vbucket, event.opaque, extras)
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque, extras)
 
     return encode
 
@@ -194,7 +168,7 @@ def _mutation(dialect: Dialect, opcode: int) -> Encoder:
                 event.by_seqno, event.rev_seqno, event.flags, event.expiration, event.lock_time
             )
         # Metadata travels after the value; the header counts it in the body.
-        return _packet(
+        return encode_frame(
             _REQ,
             opcode,
             event.vbucket,
@@ -232,7 +206,7 @@ def _removal(layouts: Callable[[Dialect], tuple[ItemLayout, ...]]) -> EncoderBui
                 extras = layout.extras.pack(event.by_seqno, event.rev_seqno, event.delete_time)
             else:
                 extras = layout.extras.pack(event.by_seqno, event.rev_seqno)
-            return _packet(
+            return encode_frame(
                 _REQ,
                 opcode,
                 event.vbucket,
@@ -256,7 +230,7 @@ def _set_vbucket_state(dialect: Dialect, opcode: int) -> Encoder:
         wire = states.get(event.state)
         if wire is None:
             raise _refuse("SET_VBUCKET_STATE", f"unknown state {event.state!r}")
-        return _packet(_REQ, opcode, event.vbucket, event.opaque, U8.pack(wire))
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque, U8.pack(wire))
 
     return encode
 
@@ -265,7 +239,7 @@ def _control(dialect: Dialect, opcode: int) -> Encoder:
     def encode(event: Control) -> bytes:
         if not event.key:
             raise _refuse("CONTROL", "the key must not be empty")
-        return _packet(_REQ, opcode, event.vbucket, event.opaque, b"", event.key, event.value)
+        return encode_frame(_REQ, opcode, event.vbucket, event.opaque, b"", event.key, event.value)
 
     return encode
 
@@ -315,7 +289,7 @@ def _response_encoders(dialect: Dialect) -> dict[type, Encoder]:
         specific = _SPECIFIC.get((event.command, event.status))
         if specific is not None:
             raise _refuse(f"{event.command.name} response", f"use {specific} for this status")
-        return _packet(_RES, opcode, event.status, event.opaque, b"", b"", event.value)
+        return encode_frame(_RES, opcode, event.status, event.opaque, b"", b"", event.value)
 
     table[Response] = response
 
@@ -326,13 +300,13 @@ def _response_encoders(dialect: Dialect) -> dict[type, Encoder]:
 
         def stream_ok(event: StreamRequestOk) -> bytes:
             value = encode_failover_log(event.failover_log)
-            return _packet(_RES, stream_req, 0, event.opaque, b"", b"", value)
+            return encode_frame(_RES, stream_req, 0, event.opaque, b"", b"", value)
 
         def rollback(event: StreamRequestRollback) -> bytes:
             seqno = U64.pack(event.rollback_seqno)
             if in_extras:
-                return _packet(_RES, stream_req, rollback_status, event.opaque, seqno)
-            return _packet(_RES, stream_req, rollback_status, event.opaque, b"", b"", seqno)
+                return encode_frame(_RES, stream_req, rollback_status, event.opaque, seqno)
+            return encode_frame(_RES, stream_req, rollback_status, event.opaque, b"", b"", seqno)
 
         table[StreamRequestOk] = stream_ok
         table[StreamRequestRollback] = rollback
@@ -342,7 +316,7 @@ def _response_encoders(dialect: Dialect) -> dict[type, Encoder]:
 
         def failover_log(event: FailoverLogResponse) -> bytes:
             value = encode_failover_log(event.failover_log)
-            return _packet(_RES, failover, 0, event.opaque, b"", b"", value)
+            return encode_frame(_RES, failover, 0, event.opaque, b"", b"", value)
 
         table[FailoverLogResponse] = failover_log
 
@@ -351,7 +325,7 @@ def _response_encoders(dialect: Dialect) -> dict[type, Encoder]:
 
         def add_stream_response(event: AddStreamResponse) -> bytes:
             extras = U32.pack(event.stream_opaque)
-            return _packet(_RES, add_stream, event.status, event.opaque, extras)
+            return encode_frame(_RES, add_stream, event.status, event.opaque, extras)
 
         table[AddStreamResponse] = add_stream_response
 

@@ -7,9 +7,10 @@ tools of the 2.x/3.0 era; what they share lives here so they cannot drift:
   not a number is EINVAL (0x04) and one the server does not have (or holds
   dead) NOT_MY_VBUCKET (0x07), as ep-engine v3.0.0 src/ep_engine.cc
   ``doSeqnoStats`` answers ``vbucket-seqno <vb>``;
-- ``vbucket-seqno [vb]``: ``uuid``, ``high_seqno``, ``abs_high_seqno``,
-  ``last_persisted_seqno``, ``purge_seqno`` and, where the server keeps
-  them, ``last_persisted_snap_start``/``_end`` (``doSeqnoStats``);
+- ``vbucket-seqno [vb]``: ``high_seqno``, ``uuid`` and ``purge_seqno`` per
+  vbucket and nothing else, as ``doSeqnoStats`` gave them (later servers'
+  ``abs_high_seqno`` breaks couchbase-cli 3.0 pump_upr.py, which takes any
+  key holding ``high_seqno`` for a vbucket's);
 - ``failovers [vb]``: ``vb_N:num_entries`` then ``vb_N:M:id`` and
   ``vb_N:M:seq``, newest entry first (src/failover-table.cc
   ``FailoverTable::addStats``);
@@ -65,27 +66,13 @@ def takeover_arguments(group: str, args: Sequence[str]) -> tuple[str, str]:
     return args[0], args[1]
 
 
-def seqno_pairs(
-    vb: int,
-    uuid: int,
-    high_seqno: int,
-    purge_seqno: int,
-    snapshot: tuple[int, int] | None = None,
-) -> Pairs:
-    """One vbucket's ``vbucket-seqno`` answer; every seqno here is persisted."""
-    out = [
-        (f"vb_{vb}:uuid", str(uuid)),
+def seqno_pairs(vb: int, uuid: int, high_seqno: int, purge_seqno: int) -> Pairs:
+    """One vbucket's ``vbucket-seqno`` answer, the 3.0.0 keys in their order."""
+    return [
         (f"vb_{vb}:high_seqno", str(high_seqno)),
-        (f"vb_{vb}:abs_high_seqno", str(high_seqno)),
-        (f"vb_{vb}:last_persisted_seqno", str(high_seqno)),
+        (f"vb_{vb}:uuid", str(uuid)),
         (f"vb_{vb}:purge_seqno", str(purge_seqno)),
     ]
-    if snapshot is not None:
-        out += [
-            (f"vb_{vb}:last_persisted_snap_start", str(snapshot[0])),
-            (f"vb_{vb}:last_persisted_snap_end", str(snapshot[1])),
-        ]
-    return out
 
 
 def failover_pairs(vb: int, entries: Sequence[tuple[int, int]]) -> Pairs:

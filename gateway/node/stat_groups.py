@@ -73,8 +73,7 @@ def _vbucket_seqno(node: Node, args: list[str]) -> Pairs:
     out: Pairs = []
     for vb in _vbuckets(node, args):
         s = node.store.vbucket_stats(vb)
-        snapshot = (s.snapshot_start, s.snapshot_end)
-        out += seqno_pairs(vb, s.uuid, s.high_seqno, s.purge_seqno, snapshot)
+        out += seqno_pairs(vb, s.uuid, s.high_seqno, s.purge_seqno)
     return out
 
 

@@ -20,10 +20,9 @@ from gateway.cli.startup import StartupError
 from gateway.io.connection import PacketConnection
 from gateway.io.tls import client_context, server_context
 from tests.gateway.listeners import KINDS, read_until_closed, start_listener
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import connect_event, start_node
-from tests.support.tapfront import start_front
+from tests.support.tapfront import filled_store, start_front
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 

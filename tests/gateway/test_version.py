@@ -25,9 +25,9 @@ from gateway.metrics.render import render
 from gateway.metrics.view import capture
 from gateway.runtime import version as version_module
 from gateway.runtime.version import describe, version
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import start_node
+from tests.support.tapfront import filled_store
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

@@ -105,6 +105,7 @@ class Reply:
     extras: bytes
     key: bytes
     value: bytes
+    cas: int = 0
 
     @property
     def size(self) -> int:
@@ -135,7 +136,7 @@ class RawDcp:
         """The next frame, or None once the server closed the connection."""
         while True:
             if len(self.buffer) >= HEADER.size:
-                magic, opcode, klen, elen, _, status, blen, opaque, _ = HEADER.unpack_from(
+                magic, opcode, klen, elen, _, status, blen, opaque, cas = HEADER.unpack_from(
                     self.buffer
                 )
                 if len(self.buffer) >= HEADER.size + blen:
@@ -143,7 +144,7 @@ class RawDcp:
                     del self.buffer[: HEADER.size + blen]
                     return Reply(
                         magic, opcode, status, opaque,
-                        body[:elen], body[elen : elen + klen], body[elen + klen :],
+                        body[:elen], body[elen : elen + klen], body[elen + klen :], cas,
                     )  # fmt: skip
             try:
                 data = await self.stream.receive_some(65536)

@@ -1,8 +1,10 @@
-"""The TAP front in tests: a front on a free port over a reference node, and the
-state a TAP client builds from what it receives."""
+"""The TAP front in tests: a front on a free port over a reference node, the store
+the TAP tests fill, the state a TAP client builds from what it receives, and the
+checks of a TAP stream's shape (backfill and checkpoint brackets)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,8 @@ import trio
 
 from adapters.tap import (
     OpaqueCode,
+    TapCheckpointEnd,
+    TapCheckpointStart,
     TapDelete,
     TapEvent,
     TapFlags,
@@ -20,7 +24,11 @@ from adapters.tap import (
 )
 from gateway.fronts.tap.server import TapFront, TapFrontConfig
 from gateway.metrics.figures import GatewayStats
+from gateway.node.store import Store
+from tests.support.tap_client import TapClient, is_opaque, wants_ack
 
+VBUCKETS = 4
+"""The vbuckets of ``filled_store`` and of what ``catch_up`` compares."""
 Entry = tuple[bytes, int, int, int]
 """(value, cas, rev_seqno, flags as stored) of a live key."""
 
@@ -36,6 +44,20 @@ async def start_front(
     )
     port = await nursery.start(front.serve)
     return front, port
+
+
+def filled_store(**kwargs: object) -> Store:
+    """Writes, overwrites and deletes in every vbucket."""
+    store = Store(VBUCKETS, **kwargs)  # type: ignore[arg-type]
+    now = time.time()
+    for vb in range(VBUCKETS):
+        for i in range(30):
+            store.set(vb, b"key-%d" % i, b"value-%d-%d" % (vb, i), flags=0x01020304 + i, now=now)
+        for i in range(0, 30, 3):
+            store.set(vb, b"key-%d" % i, b"again-%d" % i, now=now)
+        for i in range(0, 30, 7):
+            store.delete(vb, b"key-%d" % i, now=now)
+    return store
 
 
 def swapped(flags: int) -> int:
@@ -81,3 +103,45 @@ def node_state(store: Any, vbuckets: list[int] | range) -> dict[tuple[int, bytes
             if not item.deleted:
                 out[vb, item.key] = (item.value, item.cas, item.rev_seqno, item.flags)
     return out
+
+
+def closes(events: list[TapEvent]) -> int:
+    return sum(
+        isinstance(e, TapOpaque) and e.opaque_code == OpaqueCode.CLOSE_BACKFILL for e in events
+    )
+
+
+async def catch_up(client: TapClient, replica: Replica, store: object) -> list[TapEvent]:
+    """Read batches (each ends with an ack request) until the replica equals the node
+    (its vbuckets 0-3)."""
+    events: list[TapEvent] = []
+    while replica.items != node_state(store, range(VBUCKETS)):
+        batch = await client.collect(wants_ack)
+        assert batch, "the front closed the connection"
+        replica.apply(batch)
+        events.extend(batch)
+    return events
+
+
+def check_brackets(events: list[TapEvent], *, checkpoints: bool = True) -> None:
+    """Checkpoints open and close per vbucket, items only inside one or a backfill;
+    without ``checkpoints`` (no CHECKPOINT flag), no checkpoint message and items
+    outside a backfill alone."""
+    open_bracket: dict[int, int | str] = {}
+    for event in events:
+        if isinstance(event, TapCheckpointStart | TapCheckpointEnd):
+            assert checkpoints, event
+        if isinstance(event, TapCheckpointStart):
+            assert event.vbucket not in open_bracket
+            open_bracket[event.vbucket] = event.checkpoint_id
+        elif isinstance(event, TapCheckpointEnd):
+            assert open_bracket.pop(event.vbucket) == event.checkpoint_id
+        elif (
+            isinstance(event, TapOpaque) and event.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM
+        ):
+            assert event.vbucket not in open_bracket
+            open_bracket[event.vbucket] = "backfill"
+        elif is_opaque(event, OpaqueCode.CLOSE_BACKFILL):
+            assert open_bracket.pop(event.vbucket) == "backfill"
+        elif isinstance(event, TapMutation | TapDelete):
+            assert event.vbucket in open_bracket or not checkpoints, event

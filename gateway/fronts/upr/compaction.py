@@ -16,10 +16,14 @@ absence is never taken for a loss). A crash between the rename and the
 deletes leaves covered segments behind, which opening the log deletes; a
 crash before the rename leaves them uncovered and still read. Readers re-resolve
 segments by seqno on every read, and an open file survives its unlinking.
+A new segment the disk refuses (full, a file-size limit) changes nothing: its
+file is removed, ``CompactionError`` says which and why, and the sealed
+segments stay until the next round.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,10 @@ from adapters.translate.log_records import LogItem, LogMark, from_row
 from gateway.fronts.upr.segments import HEADER_ROW, SPARSE_EVERY, Segment, frame, scan
 from gateway.fronts.upr.vblog import VbLog
 from gateway.runtime.files import fsync_dir
+
+
+class CompactionError(Exception):
+    """A compaction could not write its new segment; the log is as it was."""
 
 
 def _compact_files(
@@ -76,10 +84,15 @@ def _compact_files(
         size += len(kept[-1])
     target = sealed[0].path
     tmp = target.with_name(target.name + ".compact")
-    with open(tmp, "wb") as f:
-        f.write(b"".join(kept))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(b"".join(kept))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     result = Segment(target, sealed[0].first, size=size)
     for seqno, offset in zip(seqnos, positions, strict=True):
         if result.count % SPARSE_EVERY == 0:
@@ -107,9 +120,16 @@ async def compact_log(vblog: VbLog, now: float, purge_interval: float) -> int:
     # batch publishes first): then no version of it is trusted to replace an older one.
     synced = not vblog.unsynced and not vblog.sync_in_doubt
     unproven = vblog.high_seqno + 1 if synced else vblog.segments[-1].first
-    result, purge_seqno, purged = await trio.to_thread.run_sync(
-        _compact_files, vblog, sealed, now - purge_interval, unproven
-    )
+    try:
+        result, purge_seqno, purged = await trio.to_thread.run_sync(
+            _compact_files, vblog, sealed, now - purge_interval, unproven
+        )
+    except OSError as exc:
+        name = f"{vblog.dir.name}/{sealed[0].path.name}.compact"
+        raise CompactionError(
+            f"vbucket {vblog.vbucket}: compaction skipped: cannot write {name}: "
+            f"{exc.strerror or exc}; the sealed segments stay as they are"
+        ) from exc
     # Before the tombstones vanish: consumers below the purge seqno must start over.
     vblog.purge_seqno = max(vblog.purge_seqno, purge_seqno)
     # Before any segment is deleted: the meta must no longer list it, or the

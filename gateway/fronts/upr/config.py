@@ -48,9 +48,10 @@ class UprFrontConfig:
     compact_interval: float = 300.0
     """Seconds between compaction rounds (0: never compact on a timer)."""
     segment_bytes: int = 64 * 1024 * 1024
-    tail_bytes: int = 256 * 1024
-    """Per vbucket, keys and values of the latest items kept in memory for streams
-    that keep up (the rest are read from the log on disk)."""
+    tail_bytes: int = 8 * 1024 * 1024
+    """Per vbucket at most, the latest writes kept in memory for streams that keep up
+    (the rest are read from the log on disk); beyond 256 KiB only while all tails
+    together hold under 64 MiB more (``log_tail``)."""
     reconnect_min: float = 0.1
     reconnect_max: float = 5.0
     noop_interval: float = 180.0

@@ -38,7 +38,7 @@ import trio
 from adapters import upr
 from adapters.mcbp import Frame, Opcode
 from adapters.upr.opening import open_connection
-from gateway.fronts.upr.compaction import compact_log
+from gateway.fronts.upr.compaction import CompactionError, compact_log
 from gateway.fronts.upr.config import UprFrontConfig
 from gateway.fronts.upr.ingest import Ingest
 from gateway.fronts.upr.logset import LogOptions, LogSet
@@ -169,7 +169,10 @@ class UprFront:
         for vblog in list(self.logs):
             async with self.log_swaps:
                 if self.logs.get(vblog.vbucket) is vblog:  # else set aside meanwhile
-                    saved += await compact_log(vblog, time.time(), self.config.purge_interval)
+                    try:
+                        saved += await compact_log(vblog, time.time(), self.config.purge_interval)
+                    except CompactionError as exc:  # a full disk: serving goes on
+                        log.error("%s; tried again in %gs", exc, self.config.compact_interval)
         self.stats.upr_log.compactions_total += 1
         self.logs.refresh_stats()
         return saved

@@ -60,12 +60,13 @@ import trio
 from adapters.tap.events import TapStreamMessage
 from adapters.translate.log_history import RESERVE_STEP, LogHistory
 from adapters.translate.log_records import LogItem, LogMark, LogRecord
+from adapters.translate.log_to_upr_fast import BatchCut
 from adapters.translate.tap_to_upr import TapToUpr
 from adapters.upr.failover_log import FailoverLog
 from gateway.fronts.upr.fsync_epoch import FsyncEpoch
 from gateway.fronts.upr.log_open import adopt, start_over
 from gateway.fronts.upr.log_reads import LogReads
-from gateway.fronts.upr.log_tail import Chunk, LogTail
+from gateway.fronts.upr.log_tail import Chunk, FramedWrite, LogTail
 from gateway.fronts.upr.proof import (
     META_NAME,
     Meta,
@@ -76,6 +77,7 @@ from gateway.fronts.upr.proof import (
 from gateway.fronts.upr.segment_file import LogWriteError, SegmentFile
 from gateway.fronts.upr.segments import (
     SPARSE_EVERY,
+    RecordSink,
     Segment,
     segment_name,
 )
@@ -88,7 +90,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 FSYNC_POLICIES = ("always", "batch", "never")
-DEFAULT_TAIL_BYTES = 256 * 1024
+DEFAULT_TAIL_BYTES = 8 * 1024 * 1024
+"""A vbucket's in-memory tail at most; beyond 256 KiB only within the process's budget
+for all tails (``log_tail``)."""
 
 
 class VbLog(LogReads):
@@ -150,6 +154,8 @@ class VbLog(LogReads):
         """The latest published writes: streams that keep up read them from here."""
         self._unpublished: list[Chunk] = []
         """Writes of items handed to the file, not yet published."""
+        self._framed: list[FramedWrite] = []
+        """Those of them framed for the stream that follows (``log_preframing``)."""
         self.lock = trio.Lock()
         """Held from ``write`` to ``publish``: whoever writes this vbucket (the
         ingest, a takeover connection) publishes only what it synced itself."""
@@ -386,6 +392,9 @@ class VbLog(LogReads):
             segment.last = buffer.high
             self._written_high = self.disk_high = buffer.high
             self._unpublished.append((buffer.first, buffer.high, bytes(data)))
+            framed = buffer.framed()
+            if framed is not None and buffer.encoder is not None:
+                self._framed.append((buffer.first, buffer.encoder, framed))
         self.disk_bytes += size
         buffer.clear()
         buffer.realign(segment.count)
@@ -425,9 +434,11 @@ class VbLog(LogReads):
         buffer.items += segment.count - count
         segment.count, segment.last = count, last
         buffer.data[0:0] = unpublished
+        buffer.spoil()
         if self._unpublished:
             buffer.first = self._unpublished[0][0]
         self._unpublished = []
+        self._framed = []
         self.disk_bytes -= shift
         self.file.size = published
         self._written_high = self.high_seqno
@@ -454,8 +465,13 @@ class VbLog(LogReads):
         segment.size = self.file.size
         self._mark = (len(segment.sparse), segment.count, segment.last)
         if self._unpublished:
-            self.tail.add(self._unpublished)
+            self.tail.add(self._unpublished, self._framed)
             self._unpublished = []
+            if self._framed:
+                self._framed = []
+                if self.tail.unused:  # its stream reads elsewhere now: stop framing for it
+                    self.tail.unused = False
+                    self.buffer.frame_for(None)
         if high != self.high_seqno:
             self.high_seqno = high
             self._wake()
@@ -506,6 +522,13 @@ class VbLog(LogReads):
                 f"vbucket {self.vbucket}: cannot start a new segment in {self.dir.name}: "
                 f"{exc.strerror or exc}; the next write tries again"
             ) from exc
+
+    def read_memory(self, after: int, upto: int, sink: RecordSink) -> None:
+        """``LogReads.read_memory``; a stream's framing read (``BatchCut``) also has the
+        ingest frame this log's next writes for it (``log_preframing``)."""
+        if type(sink) is BatchCut and sink.encoder is not self.buffer.encoder:
+            self.buffer.frame_for(sink.encoder)
+        self.tail.read(after, min(upto, self.high_seqno), sink)
 
     def drop_tail_upto(self, seqno: int) -> None:
         """Forget cached items up to ``seqno`` (compaction rewrote that part of the log:

@@ -12,11 +12,19 @@ into ``data`` itself, a vbucket's run at a time: it opens blocks with
 to the next one), and reports the run with ``added``. The property tests of
 ``test_ingest_fast`` hold the bytes and the index to what ``add_items``
 makes of the same items.
+
+Framing (``adapters.translate.log_preframing``): while ``encoder`` names the
+stream that last read the log's in-memory tail, the fast path also frames the
+buffered items' UPR messages for it (``framing``); an item of the event path
+drops that, and so does an encoder set while records are buffered: the next
+buffer is framed again.
 """
 
 from __future__ import annotations
 
+from adapters.translate.log_preframing import Framed, Framing
 from adapters.translate.log_records import LogItem, LogMark
+from adapters.translate.log_to_upr_fast import BatchEncoder
 from gateway.fronts.upr.segments import (
     BLOCK_BYTES,
     BLOCK_OPEN,
@@ -31,8 +39,8 @@ class WriteBuffer:
     """Records of one vbucket log framed and not yet handed to its segment file."""
 
     __slots__ = (
-        "block", "block_bytes", "data", "due", "first", "high", "items", "sparse",
-        "sparse_every", "total",
+        "block", "block_bytes", "data", "due", "encoder", "first", "framing", "high", "items",
+        "sparse", "sparse_every", "total",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -54,12 +62,31 @@ class WriteBuffer:
         """Seqno of the last item buffered (0: none since the log opened)."""
         self.total = 0
         """Items ever buffered (``VbLog.items_total``)."""
+        self.encoder: BatchEncoder | None = None
+        """The stream encoder the buffered items are framed for (None: none)."""
+        self.framing: Framing | None = None
+        """The buffered items' UPR messages, while every item went through the fast path."""
 
     def __bool__(self) -> bool:
         return bool(self.data)
 
+    def frame_for(self, encoder: BatchEncoder | None) -> None:
+        """Frame the items buffered from now on for ``encoder`` (None: stop framing);
+        what is buffered already is not framed, so this buffer's framing ends."""
+        if encoder is not self.encoder:
+            self.encoder = encoder
+            self.framing = Framing(encoder) if encoder is not None and not self.data else None
+
+    def framed(self) -> Framed | None:
+        """The buffered items framed for ``encoder`` (call before ``clear``), if all were."""
+        framing = self.framing
+        if framing is None or not self.items:
+            return None
+        return framing.finish(self.items, self.first, self.high)
+
     def add_items(self, items: list[LogItem]) -> None:
         """Buffer items the translator made, in order."""
+        self.framing = None  # the event path's items are not framed
         every = self.sparse_every
         self.block = buffer_items(
             self.data, self.block, items, self.due, self.sparse, self.block_bytes, every
@@ -109,3 +136,9 @@ class WriteBuffer:
         self.data.clear()
         self.sparse.clear()
         self.items = 0
+        encoder = self.encoder
+        self.framing = Framing(encoder) if encoder is not None else None
+
+    def spoil(self) -> None:
+        """Records went back into ``data`` (a failed fsync): they are not framed."""
+        self.framing = None

@@ -49,7 +49,6 @@ from gateway.io.listen import bound_port
 from gateway.metrics.figures import TAP_FRONT, UPR_FRONT, GatewayStats
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up
 from tests.gateway.serve.test_serve import http_get
 from tests.support.fronts import tap_front_over_node
 from tests.support.prometheus import (
@@ -68,7 +67,7 @@ from tests.support.tap_client import (
     until,
     wants_ack,
 )
-from tests.support.tapfront import Replica
+from tests.support.tapfront import Replica, catch_up
 from tests.support.upr_client import MAX_SEQNO, UprClient
 
 F = ConnectFlags

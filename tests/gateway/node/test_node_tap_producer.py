@@ -33,23 +33,10 @@ from tests.support.tap_client import (
     start_node,
     until,
 )
+from tests.support.tapfront import filled_store
 
 VBUCKETS = 4
 F = ConnectFlags
-
-
-def filled_store(**kwargs: object) -> Store:
-    """Writes, overwrites and deletes in every vbucket."""
-    store = Store(VBUCKETS, **kwargs)  # type: ignore[arg-type]
-    now = time.time()
-    for vb in range(VBUCKETS):
-        for i in range(30):
-            store.set(vb, b"key-%d" % i, b"value-%d-%d" % (vb, i), flags=0x01020304 + i, now=now)
-        for i in range(0, 30, 3):
-            store.set(vb, b"key-%d" % i, b"again-%d" % i, now=now)
-        for i in range(0, 30, 7):
-            store.delete(vb, b"key-%d" % i, now=now)
-    return store
 
 
 def swapped(flags: int) -> int:

@@ -23,8 +23,8 @@ from gateway.cli import startup
 from gateway.cli.serve import ServeOptions, run_serve
 from gateway.metrics.health import Health
 from gateway.node.server import Node, NodeConfig
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.gateway.serve.test_serve import http_get
+from tests.support.tapfront import filled_store
 
 ANY_PORT = ("127.0.0.1", 0)
 

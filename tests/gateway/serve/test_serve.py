@@ -9,10 +9,8 @@ import trio
 from adapters.tap import ConnectFlags, TapMutation
 from gateway.cli.serve import ServeOptions, run_serve
 from gateway.io.connection import PacketConnection
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.tap_client import TapClient, connect_event, start_node
-from tests.support.tapfront import Replica
+from tests.support.tapfront import Replica, catch_up, filled_store
 
 F = ConnectFlags
 ANY_PORT = ("127.0.0.1", 0)

@@ -18,7 +18,7 @@ from adapters.mcbp import Frame
 from adapters.tap import OpaqueCode, TapDelete, TapEvent, TapMutation, decode_frame
 from gateway.io.listen import bound_port
 from gateway.node.store import Store
-from tests.gateway.test_tap_2x_clients import asks_for_ack, classic_reply
+from tests.support.classic_tap import asks_for_ack, classic_reply
 from tests.support.tap_client import TapClient, is_opaque
 
 VBUCKETS = 4

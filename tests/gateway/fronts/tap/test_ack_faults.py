@@ -39,8 +39,7 @@ from tests.gateway.fronts.tap.faults import (
     versions_in_order,
     write_keys,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up, check_brackets
-from tests.gateway.test_tap_2x_clients import classic_reply
+from tests.support.classic_tap import classic_reply
 from tests.support.tap_client import (
     STREAM_TYPES,
     TapClient,
@@ -49,7 +48,7 @@ from tests.support.tap_client import (
     until,
     wants_ack,
 )
-from tests.support.tapfront import Replica, node_state, start_front
+from tests.support.tapfront import Replica, catch_up, check_brackets, node_state, start_front
 
 F = ConnectFlags
 FLAGS = F.BACKFILL | F.SUPPORT_ACK | F.CHECKPOINT

@@ -20,9 +20,10 @@ import trio
 
 from adapters.tap import ConnectFlags, TapMutation, TapNoop, TapResponse
 from gateway.metrics.figures import TAP_FRONT
-from tests.gateway.node.test_node_tap_producer import filled_store, items_of
+from tests.gateway.node.test_node_tap_producer import items_of
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import TapClient, connect_event, start_node, wants_ack
+from tests.support.tapfront import filled_store
 
 F = ConnectFlags
 MISSING = 99

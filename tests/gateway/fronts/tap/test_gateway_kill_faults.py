@@ -35,10 +35,9 @@ from tests.gateway.fronts.tap.faults import (
     versions_in_order,
     write_keys,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up
 from tests.support.children import start_listening
 from tests.support.tap_client import TapClient, connect_event, start_node, until
-from tests.support.tapfront import Replica, node_state
+from tests.support.tapfront import Replica, catch_up, node_state
 
 F = ConnectFlags
 GATEWAY = """

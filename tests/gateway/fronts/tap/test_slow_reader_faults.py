@@ -25,9 +25,9 @@ from tests.gateway.fronts.tap.faults import (
     versions_in_order,
     write_keys,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import TapClient, connect_event, until
+from tests.support.tapfront import check_brackets
 
 F = ConnectFlags
 BUFFER = 1024 * 1024

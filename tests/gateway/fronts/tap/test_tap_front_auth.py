@@ -7,10 +7,9 @@ import trio
 from adapters.mcbp import Opcode, Status
 from adapters.tap import ConnectFlags, TapMutation, encode
 from gateway.io.connection import PacketConnection, RequestFailed
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import TapClient, connect_event, start_node
-from tests.support.tapfront import start_front
+from tests.support.tapfront import filled_store, start_front
 
 F = ConnectFlags
 

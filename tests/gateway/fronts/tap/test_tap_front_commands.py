@@ -12,9 +12,8 @@ import trio
 
 from adapters.mcbp import Opcode, Status
 from gateway.io.connection import PacketConnection, RequestFailed
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
-from tests.support.tapfront import start_front
+from tests.support.tapfront import filled_store, start_front
 
 
 def closed_port() -> int:

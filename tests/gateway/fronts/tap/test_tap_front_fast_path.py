@@ -15,10 +15,9 @@ from pathlib import Path
 import trio
 
 from adapters.tap import ConnectFlags, TapEvent, TapFlags
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import STREAM_TYPES, TapClient, connect_event
-from tests.support.tapfront import start_front
+from tests.support.tapfront import filled_store, start_front
 
 F = ConnectFlags
 

@@ -17,11 +17,9 @@ from adapters.tap import (
     TapResponse,
     TapVbucketSet,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up, check_brackets
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import TapClient, connect_event
-from tests.support.tapfront import Replica, node_state
+from tests.support.tapfront import Replica, catch_up, check_brackets, filled_store, node_state
 
 F = ConnectFlags
 VBUCKETS = 4

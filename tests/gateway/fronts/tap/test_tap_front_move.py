@@ -9,9 +9,8 @@ from adapters.mcbp.constants import VBucketState
 from gateway.fronts.tap.move import MoveFailed, move_upr_to_tap
 from gateway.fronts.tap.session import SessionConfig
 from gateway.node.store import Store
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.tap_client import start_node
-from tests.support.tapfront import node_state
+from tests.support.tapfront import filled_store, node_state
 
 VBUCKETS = 4
 

@@ -20,9 +20,9 @@ import trio
 from adapters.mcbp.constants import VBucketState
 from adapters.tap import ConnectFlags, TapDelete, TapMutation, TapNoop
 from gateway.metrics.figures import TAP_FRONT
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import TapClient, connect_event
+from tests.support.tapfront import filled_store
 
 F = ConnectFlags
 

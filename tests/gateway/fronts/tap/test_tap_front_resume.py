@@ -12,8 +12,6 @@ from adapters.tap import ConnectFlags, OpaqueCode, TapEvent, TapMutation, TapNoo
 from gateway.io.listen import bound_port
 from gateway.node.server import Node, NodeConfig
 from gateway.node.store import Store
-from tests.gateway.fronts.tap.test_tap_front_stream import catch_up, check_brackets, closes
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import (
     TapClient,
@@ -22,7 +20,15 @@ from tests.support.tap_client import (
     until,
     wants_ack,
 )
-from tests.support.tapfront import Replica, node_state, start_front
+from tests.support.tapfront import (
+    Replica,
+    catch_up,
+    check_brackets,
+    closes,
+    filled_store,
+    node_state,
+    start_front,
+)
 
 F = ConnectFlags
 VBUCKETS = 4

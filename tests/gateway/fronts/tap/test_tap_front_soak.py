@@ -9,10 +9,9 @@ import trio
 from adapters.tap import ConnectFlags, TapEvent
 from gateway.node.store import Store
 from gateway.tools.load import run_load
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import wants_ack
-from tests.support.tapfront import Entry, Replica, node_state
+from tests.support.tapfront import Entry, Replica, check_brackets, node_state
 
 F = ConnectFlags
 VBUCKETS = 1024

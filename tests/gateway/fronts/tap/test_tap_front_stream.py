@@ -16,15 +16,11 @@ import trio
 from adapters.tap import (
     ConnectFlags,
     OpaqueCode,
-    TapCheckpointEnd,
     TapCheckpointStart,
-    TapDelete,
     TapEvent,
     TapMutation,
-    TapOpaque,
 )
 from gateway.tools.load import run_load
-from tests.gateway.node.test_node_tap_producer import filled_store
 from tests.support.fronts import tap_front_over_node
 from tests.support.tap_client import (
     STREAM_TYPES,
@@ -32,16 +28,17 @@ from tests.support.tap_client import (
     is_opaque,
     wants_ack,
 )
-from tests.support.tapfront import Replica, node_state
+from tests.support.tapfront import (
+    Replica,
+    catch_up,
+    check_brackets,
+    closes,
+    filled_store,
+    node_state,
+)
 
 F = ConnectFlags
 VBUCKETS = 4
-
-
-def closes(events: list[TapEvent]) -> int:
-    return sum(
-        isinstance(e, TapOpaque) and e.opaque_code == OpaqueCode.CLOSE_BACKFILL for e in events
-    )
 
 
 async def read_until(client: TapClient, done: callable, replica: Replica) -> list[TapEvent]:  # type: ignore[valid-type]
@@ -85,41 +82,6 @@ async def test_backfill_then_live_changes_match_the_node(
         assert any(isinstance(e, TapCheckpointStart) for e in live) is checkpoint
         assert any(isinstance(e, TapMutation) for e in live)
         await client.aclose()
-
-
-async def catch_up(client: TapClient, replica: Replica, store: object) -> list[TapEvent]:
-    """Read batches (each ends with an ack request) until the replica equals the node."""
-    events: list[TapEvent] = []
-    while replica.items != node_state(store, range(VBUCKETS)):
-        batch = await client.collect(wants_ack)
-        assert batch, "the front closed the connection"
-        replica.apply(batch)
-        events.extend(batch)
-    return events
-
-
-def check_brackets(events: list[TapEvent], *, checkpoints: bool = True) -> None:
-    """Checkpoints open and close per vbucket, items only inside one or a backfill;
-    without ``checkpoints`` (no CHECKPOINT flag), no checkpoint message and items
-    outside a backfill alone."""
-    open_bracket: dict[int, int | str] = {}
-    for event in events:
-        if isinstance(event, TapCheckpointStart | TapCheckpointEnd):
-            assert checkpoints, event
-        if isinstance(event, TapCheckpointStart):
-            assert event.vbucket not in open_bracket
-            open_bracket[event.vbucket] = event.checkpoint_id
-        elif isinstance(event, TapCheckpointEnd):
-            assert open_bracket.pop(event.vbucket) == event.checkpoint_id
-        elif (
-            isinstance(event, TapOpaque) and event.opaque_code == OpaqueCode.INITIAL_VBUCKET_STREAM
-        ):
-            assert event.vbucket not in open_bracket
-            open_bracket[event.vbucket] = "backfill"
-        elif is_opaque(event, OpaqueCode.CLOSE_BACKFILL):
-            assert open_bracket.pop(event.vbucket) == "backfill"
-        elif isinstance(event, TapMutation | TapDelete):
-            assert event.vbucket in open_bracket or not checkpoints, event
 
 
 async def test_live_checkpoints_wrap_items_under_concurrent_load(nursery: trio.Nursery) -> None:

@@ -20,11 +20,10 @@ import trio
 from adapters.mcbp import Frame
 from adapters.tap import ConnectFlags, OpaqueCode, TapEvent, TapMutation, decode_frame
 from gateway.node.store import Store
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets
-from tests.gateway.test_tap_2x_clients import asks_for_ack, classic_connect, classic_reply
 from tests.support.children import start_listening
+from tests.support.classic_tap import asks_for_ack, classic_connect, classic_reply
 from tests.support.tap_client import TapClient, is_opaque, until
-from tests.support.tapfront import start_front
+from tests.support.tapfront import check_brackets, start_front
 
 F = ConnectFlags
 VBUCKETS = 4

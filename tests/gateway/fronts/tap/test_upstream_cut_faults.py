@@ -31,9 +31,8 @@ from tests.gateway.fronts.tap.faults import (
     versions_in_order,
     write_keys,
 )
-from tests.gateway.fronts.tap.test_tap_front_stream import check_brackets
 from tests.support.tap_client import TapClient, connect_event, start_node, until
-from tests.support.tapfront import Replica, node_state, start_front
+from tests.support.tapfront import Replica, check_brackets, node_state, start_front
 
 F = ConnectFlags
 

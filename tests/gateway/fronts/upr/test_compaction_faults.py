@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from adapters.tap import TapMutation
 from adapters.tap.constants import TapFlags
-from gateway.fronts.upr.compaction import compact_log
+from gateway.fronts.upr.compaction import CompactionError, compact_log
 from gateway.fronts.upr.vblog import VbLog
 
 NOW = 1_700_000_000.0
@@ -54,4 +56,36 @@ async def test_compaction_keeps_an_acked_version_whose_successor_is_not_synced(
     for key, seqno in acked.items():
         version = again.translator.version(key)
         assert version is not None and version.seqno >= seqno, key
+    again.close()
+
+
+async def test_a_compaction_the_disk_refuses_leaves_the_log_as_it_was(tmp_path: Path) -> None:
+    """Found by the chaos runs: a compaction's write failing (EFBIG under a file-size
+    limit) escaped the compaction loop and stopped ``serve`` (exit 1, no path named).
+    The new segment cannot be created here (its name is taken by a directory), as a
+    full disk or a file-size limit refuses it."""
+    vblog = VbLog(tmp_path, 0, segment_bytes=300, tail_bytes=1)
+    vblog.open()
+    for r in range(4):
+        feed(vblog, 1 + 10 * r, 5, b"v%d" % r)
+        vblog.write()
+        vblog.sync()
+        vblog.publish()
+    segments = [s.path for s in vblog.segments]
+    before = [(i.by_seqno, i.key, i.value) for i in vblog.read(0, 10**6, 10**9)]
+    blocker = segments[0].with_name(segments[0].name + ".compact")
+    blocker.mkdir()
+    said = r"vbucket 0: compaction skipped: cannot write vb-0000/\d+\.seg\.compact: .*stay as"
+    with pytest.raises(CompactionError, match=said):
+        await compact_log(vblog, NOW + 10, purge_interval=3600)
+    assert [s.path for s in vblog.segments] == segments and all(p.exists() for p in segments)
+    assert [(i.by_seqno, i.key, i.value) for i in vblog.read(0, 10**6, 10**9)] == before
+    blocker.rmdir()  # room again: the next round compacts
+    assert await compact_log(vblog, NOW + 10, purge_interval=3600) > 0
+    vblog.close()
+    again = VbLog(tmp_path, 0)
+    again.open()
+    assert not again.problems
+    latest = {key: value for _, key, value in before}
+    assert {i.key: i.value for i in again.read(0, 10**6, 10**9)} == latest
     again.close()
