@@ -419,11 +419,13 @@ async def test_testrunner_upr_client_streams_reads_markers_and_rollback(
     nursery: trio.Nursery, side: str, tmp_path: Path
 ) -> None:
     """couchbase/testrunner lib/upr_bin_client.py ``UprClient.stream_req`` /
-    ``UprStream.next_response`` (run against both as it is, Python 2.7) on
-    ep-engine v3.0.0 src/upr-stream.cc ``ActiveStream`` markers (MEMORY 0x01,
-    DISK 0x02, CHECKPOINT 0x04; ACK only in a takeover) and upr-producer.cc
-    ``streamRequest``'s 8-byte ROLLBACK body: every vbucket streams to its
-    end, by_seqnos growing, the front's memory snapshots included."""
+    ``UprStream.next_response`` (couchbase/testrunner 48a1958, run against
+    both as it is, Python 2.7) on ep-engine 3.0-era src/upr-stream.cc
+    ``ActiveStream`` markers (hisundar/ep-engine 8d0998d: MEMORY 0x01 and
+    DISK 0x02; the node may add CHECKPOINT 0x04, which the client takes too;
+    ACK only in a takeover) and upr-producer.cc ``streamRequest``'s 8-byte
+    ROLLBACK body: every vbucket streams to its end, by_seqnos growing, the
+    front's memory snapshots included."""
     store = loaded(300)
     server, port = await serve_upr_side(nursery, store, side, tmp_path)
     with trio.fail_after(30):
