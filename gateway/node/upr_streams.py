@@ -2,7 +2,7 @@
 
 Theory of operation. ``check_request`` answers a STREAM_REQ from the store's
 state in one synchronous step: NOT_MY_VBUCKET for a vbucket the node does not
-have or a DEAD one (ACTIVE, REPLICA and PENDING ones stream), then
+have (a vbucket in any state streams, a DEAD one too, as in 3.0.0), then
 ``adapters.upr.rollback.answer_stream_request`` as the UPR front uses it:
 RANGE_ERROR unless start <= end and snap_start <= start <= snap_end, ROLLBACK
 by the 3.0 rule of the store's failover log and purge seqno, else OK with that
@@ -88,16 +88,12 @@ def check_request(
     vb = req.vbucket
     if not 0 <= vb < store.n_vbuckets:
         return refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
-    if store.state(vb) is VBucketState.DEAD:
-        # ep-engine 3.0.0 ``UprProducer::streamRequest`` (hisundar/ep-engine c8c42ea
-        # src/upr-producer.cc) checks no state at all, only that the vbucket exists (a
-        # dead vbucket would stream what it holds, then nothing, and a takeover
-        # of it would hand stale data over as active); much later servers refuse a
-        # dead one NOT_MY_VBUCKET (kv_engine engines/ep/src/dcp/producer.cc
-        # ``DcpProducer::streamRequest``; the dcp-producer.cc copies up to the 4.x
-        # era check no state either), as we do. Replica and pending vbuckets stream, in 3.0.0
-        # as after it.
-        return refusal(req, Status.NOT_MY_VBUCKET, f"vbucket {vb} is dead")
+    # ep-engine 3.0.0 ``UprProducer::streamRequest`` (hisundar/ep-engine c8c42ea
+    # src/upr-producer.cc) checks only that the vbucket exists, no state: a replica,
+    # pending or dead one streams what it holds (a dead one then nothing more; a
+    # takeover of it hands it over as it is). ns_server deletes a moved vbucket's old
+    # copy, and only then is it NOT_MY_VBUCKET. Much later servers refuse a dead one
+    # (kv_engine engines/ep/src/dcp/producer.cc ``DcpProducer::streamRequest``).
     # The same answer as the UPR front's, from the store's log, high seqno and
     # purge seqno (ep-engine 3.0 FailoverTable::needsRollback).
     return answer_stream_request(

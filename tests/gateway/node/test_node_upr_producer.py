@@ -175,7 +175,6 @@ async def test_rollback_decisions(nursery: trio.Nursery) -> None:
 
 async def test_stream_request_errors(nursery: trio.Nursery) -> None:
     store = filled_store()
-    store.set_state(3, VBucketState.DEAD, now=time.time())
     _, port = await start_node(nursery, store)
     client = await producer(port)
 
@@ -185,7 +184,6 @@ async def test_stream_request_errors(nursery: trio.Nursery) -> None:
         return reply.status
 
     assert await status(vbucket=VBUCKETS) == Status.NOT_MY_VBUCKET
-    assert await status(vbucket=3) == Status.NOT_MY_VBUCKET
     assert await status(vbucket=0, start=10, end=5, snap=(10, 10)) == Status.RANGE_ERROR
     assert await status(vbucket=0, start=10, snap=(11, 12)) == Status.RANGE_ERROR
     assert await status(vbucket=0, start=10, snap=(5, 9)) == Status.RANGE_ERROR

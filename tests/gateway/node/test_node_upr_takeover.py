@@ -8,7 +8,6 @@ import trio
 import trio.testing
 
 from adapters import upr
-from adapters.mcbp import Status
 from gateway.node.items import VBucketState
 from gateway.node.store import Store
 from tests.support.upr_client import StreamLog, UprClient, start_node
@@ -95,14 +94,24 @@ async def test_takeover_hands_over_and_kills_the_vbucket(nursery: trio.Nursery) 
     await watcher.aclose()
 
 
-async def test_takeover_of_a_dead_vbucket_is_refused(nursery: trio.Nursery) -> None:
+async def test_takeover_of_a_dead_vbucket_hands_it_over_as_it_is(nursery: trio.Nursery) -> None:
+    """ep-engine 3.0.0 src/upr-producer.cc ``UprProducer::streamRequest`` (hisundar/ep-engine
+    c8c42ea) checks no vbucket state, and src/upr-stream.cc ``setVBucketStateAckRecieved``
+    makes the vbucket dead again (``setVBucketState`` of the same state does nothing):
+    a dead vbucket is streamed and handed over as it is, PENDING then ACTIVE, ending OK."""
     store = store_with_items()
     store.set_state(1, VBucketState.DEAD, now=time.time())
     _, port = await start_node(nursery, store, vbuckets=2)
     client = await UprClient.connect(port)
     await client.open(b"late")
-    reply = await client.stream_request(1, flags=upr.StreamFlags.TAKEOVER)
-    assert reply.status == Status.NOT_MY_VBUCKET
+    reply = await client.stream_request(1, flags=upr.StreamFlags.TAKEOVER, opaque=8)
+    assert isinstance(reply, upr.StreamRequestOk)
+    with trio.fail_after(20):
+        log = await client.read_stream(8)  # answering each SET_VBUCKET_STATE
+    assert log.states() == [VBucketState.PENDING, VBucketState.ACTIVE]
+    assert log.end == upr.StreamEnd(upr.StreamEndReason.OK, opaque=8, vbucket=1)
+    assert latest(log) == stored(store, 1)
+    assert store.state(1) is VBucketState.DEAD
     await client.aclose()
 
 

@@ -1,10 +1,10 @@
 """Which vbucket states the reference node streams from, as ep-engine 3.0 does.
 
-ep-engine 3.0 src/upr-producer.cc ``UprProducer::streamRequest`` checks only
-that the vbucket exists (NOT_MY_VBUCKET otherwise): replica and pending
-vbuckets stream as active ones do (replica chains, views on replicas). A DEAD
-one is refused NOT_MY_VBUCKET as the servers after 3.0.0 refuse it
-(``DcpProducer::streamRequest``; 3.0.0 itself had no check). Every stream of
+ep-engine 3.0 src/upr-producer.cc ``UprProducer::streamRequest`` (hisundar/ep-engine
+c8c42ea) checks only that the vbucket exists (NOT_MY_VBUCKET otherwise):
+replica and pending vbuckets stream as active ones do (replica chains, views
+on replicas), and so does a DEAD one, what it holds (much later servers refuse
+it, kv_engine ``DcpProducer::streamRequest``). Every stream of
 a vbucket ends STATE_CHANGED (2) once the vbucket changes state, whichever it
 was (src/ep.cc ``setVBucketState`` -> ``UprConnMap::vbucketStateChanged`` ->
 ``setDead(END_STREAM_STATE)``), a replica promoted to active included.
@@ -33,8 +33,8 @@ def end_flag(message: dcp.Reply) -> int:
     return int(struct.unpack(">I", message.extras)[0])
 
 
-@pytest.mark.parametrize("state", [VBucketState.REPLICA, VBucketState.PENDING])
-async def test_replica_and_pending_vbuckets_stream(
+@pytest.mark.parametrize("state", [VBucketState.REPLICA, VBucketState.PENDING, VBucketState.DEAD])
+async def test_replica_pending_and_dead_vbuckets_stream(
     nursery: trio.Nursery, state: VBucketState
 ) -> None:
     store = filled(40)
@@ -71,13 +71,14 @@ async def test_a_replica_streams_what_replication_writes_into_it(nursery: trio.N
         await client.aclose()
 
 
-async def test_a_dead_vbucket_is_not_my_vbucket(nursery: trio.Nursery) -> None:
+async def test_a_vbucket_the_node_does_not_have_is_not_my_vbucket(
+    nursery: trio.Nursery,
+) -> None:
     store = filled(8)
-    store.set_state(1, VBucketState.DEAD, now=time.time())
     _, port = await start_node(nursery, store)
     with trio.fail_after(20):
         client = await producer(port, b"late")
-        await client.send(dcp.stream_req(1, opaque=10))
+        await client.send(dcp.stream_req(store.n_vbuckets, opaque=10))
         assert (await client.response(10)).status == NOT_MY_VBUCKET
         await client.aclose()
 
