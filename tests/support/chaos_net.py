@@ -117,11 +117,13 @@ class Relay:
 
     async def stall(self, seconds: float) -> None:
         self.stalls += 1
-        self._flowing = trio.Event()
+        if self._flowing.is_set():  # else an overlapping stall holds it already
+            self._flowing = trio.Event()
+        held = self._flowing
         try:
             await trio.sleep(seconds)
         finally:
-            self._flowing.set()
+            held.set()
 
 
 def fsize_limit(limit: int) -> Callable[[], None]:
@@ -147,6 +149,8 @@ class Proc:
         self.exited = trio.Event()
         self.signalled: set[int] = set()
         """Signals sent to it (a status other than 0 is fine only after SIGKILL)."""
+        self.refused_start = False
+        """It stopped at start-up, exit 1, on a state directory it could not write."""
 
     @classmethod
     async def start(
@@ -188,6 +192,22 @@ class Proc:
                 await self.proc.wait()
             self.exited.set()
 
+    async def wait_listening(self, timeout: float) -> None:
+        """Until every listening line came; fails at once if the process exits first."""
+        async with trio.open_nursery() as waiting:
+
+            async def exited() -> None:
+                await self.exited.wait()
+                raise AssertionError(
+                    f"{self.name} exited {self.proc.returncode} before listening:\n"
+                    + self.log_tail()
+                )
+
+            waiting.start_soon(exited)
+            with trio.fail_after(timeout):
+                await self.listening.wait()
+            waiting.cancel_scope.cancel()
+
     @property
     def alive(self) -> bool:
         return self.proc.returncode is None
@@ -222,7 +242,7 @@ class Proc:
 
 def node_command(data_dir: Path, vbuckets: int, fsync: str) -> list[str]:
     return [sys.executable, "-m", "gateway", "node", "--listen", "127.0.0.1:0",
-            "--vbuckets", str(vbuckets), "--data-dir", str(data_dir),
+            "--vbucket-count", str(vbuckets), "--data-dir", str(data_dir),
             "--fsync", fsync]  # fmt: skip
 
 

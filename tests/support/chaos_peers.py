@@ -184,6 +184,15 @@ def _live(views: dict[int, VbView]) -> State:
     }
 
 
+BUFFER = 64 * 1024
+"""The raw consumer's flow-control buffer."""
+COUNTED = frozenset(
+    {raw_dcp.MARKER, raw_dcp.MUTATION, raw_dcp.DELETION, raw_dcp.EXPIRATION, raw_dcp.STREAM_END,
+     raw_dcp.SET_VBUCKET_STATE}
+)  # fmt: skip
+"""What flow control counts (as ``adapters.upr.flow_control``)."""
+
+
 class RawConsumer:
     """A 3.0 consumer on raw frames (``raw_dcp``): its own parser, its own rollback
     bookkeeping; ``pause`` stops it reading (the gateway must hold it back, not grow)."""
@@ -199,11 +208,13 @@ class RawConsumer:
         self.reading.set()
 
     async def pause(self, seconds: float) -> None:
-        self.reading = trio.Event()
+        if self.reading.is_set():  # else an overlapping pause holds it already
+            self.reading = trio.Event()
+        held = self.reading
         try:
             await trio.sleep(seconds)
         finally:
-            self.reading.set()
+            held.set()
 
     async def run(self) -> None:
         while True:
@@ -230,6 +241,14 @@ class RawConsumer:
         if opened is None:  # the relay had no gateway to reach
             return
         assert (opened.magic, opened.opaque, opened.status) == (raw_dcp.RES, 0xFFFF, 0), opened
+        # Flow control and NOOPs: a pause stops the acks too, and a long one the NOOP
+        # answers, which the gateway drops the connection for (the consumer resumes).
+        await client.send(
+            raw_dcp.control(b"connection_buffer_size", b"%d" % BUFFER, opaque=0xFFF0),
+            raw_dcp.control(b"enable_noop", b"true", opaque=0xFFF1),
+            raw_dcp.control(b"set_noop_interval", b"1", opaque=0xFFF2),
+        )
+        unacked = 0
         await client.send(*(self._request(vb) for vb in self.views))
         while True:
             await self.reading.wait()
@@ -239,6 +258,11 @@ class RawConsumer:
             if got.magic == raw_dcp.REQ and got.opcode == raw_dcp.NOOP:
                 await client.send(raw_dcp.reply(got))
                 continue
+            if got.magic == raw_dcp.REQ and got.opcode in COUNTED:
+                unacked += got.size
+                if unacked >= BUFFER // 4:
+                    await client.send(raw_dcp.buffer_ack(unacked))
+                    unacked = 0
             vb = got.opaque - 1
             if vb not in self.views:
                 continue

@@ -38,6 +38,7 @@ start, a deleted file): a client may hold ids of an earlier process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -118,6 +119,8 @@ class Registry:
     _generation: int = 0
     _written: int = 0
     _writing: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    failure: str | None = None
+    """Why the last save failed, until one succeeds."""
 
     # Only ``open`` ever sets it: where an unreadable file went.
     set_aside: Path | None = None
@@ -158,7 +161,21 @@ class Registry:
                 registry._apply(loaded)
         # Unclean on disk before any id is handed out: a kill from here on is seen.
         registry.dirty = True
-        registry.save()
+        if not registry.save(quiet=True):
+            # The file may still say clean (a full disk, a file-size limit): hand out
+            # ids above every one it names, so a kill cannot make the next start reuse one.
+            registry.first_id = max(
+                [clock_first_id(), registry.first_id + ID_GAP]
+                + [n + ID_GAP for n in registry.next_ids.values()]
+            )
+            registry.next_ids = {}
+            log.error(
+                "cannot mark %s in use (%s): checkpoint ids start at %d, above any it names; "
+                "saved again at the next change",
+                path,
+                registry.failure,
+                registry.first_id,
+            )
         return registry
 
     def _apply(self, loaded: LoadedState) -> None:
@@ -244,21 +261,41 @@ class Registry:
         )
         return StateImage(self._generation, packed)
 
-    def write(self, image: StateImage) -> None:
-        """Replace the state file with ``image`` atomically (callable from a thread)."""
+    def write(self, image: StateImage, *, quiet: bool = False) -> bool:
+        """Replace the state file with ``image`` atomically (callable from a thread);
+        False when the disk refused it: the file is as it was, and the next save
+        writes the state again (one error line until a save succeeds)."""
         assert self.path is not None
         with self._writing:
             if image.generation <= self._written:
-                return  # a newer image is already on disk
-            write_atomic(self.path, image.data)  # 0600, the rename fsynced
+                return True  # a newer image is already on disk
+            try:
+                write_atomic(self.path, image.data)  # 0600, the rename fsynced
+            except OSError as exc:
+                self.dirty = True
+                with contextlib.suppress(OSError):
+                    self.path.with_name(self.path.name + ".tmp").unlink()
+                if self.failure is None and not quiet:
+                    log.error(
+                        "cannot save %s (%s): registered clients' positions and checkpoint "
+                        "ids stay in memory; saved again at the next change",
+                        self.path,
+                        exc.strerror or exc,
+                    )
+                self.failure = str(exc.strerror or exc)
+                return False
+            if self.failure is not None:
+                log.info("%s saved again", self.path)
+                self.failure = None
             self._written = image.generation
+            return True
 
-    def save(self, *, clean: bool = False) -> None:
-        """Write the state now (``clean``: on shutdown, nothing will change after it)."""
+    def save(self, *, clean: bool = False, quiet: bool = False) -> bool:
+        """Write the state now (``clean``: on shutdown, nothing will change after it);
+        False when the disk refused it (see ``write``)."""
         self.dirty = self.dirty or clean
         data = self.image(clean=clean)
-        if data is not None:
-            self.write(data)
+        return True if data is None else self.write(data, quiet=quiet)
 
 
 # -- reading the file ----------------------------------------------------------

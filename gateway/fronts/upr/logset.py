@@ -118,9 +118,26 @@ class LogSet:
                 self.lost_manifest,
             )
         for vb in sorted(set(dirs) | set(self.known)):
-            self._open(vb)
-        self.save_manifest()
+            try:
+                self._open(vb)
+            except OSError as exc:
+                raise self._refused(f"vb-{vb:04d}", exc) from None
+        try:
+            self.save_manifest()
+        except OSError as exc:
+            raise self._refused(MANIFEST_NAME, exc) from None
         self.refresh_stats()
+
+    def _refused(self, what: str, exc: OSError) -> Exception:
+        # An unclean log must record its new history before anything is served from
+        # it; a disk that refuses that (full, a file-size limit) stops the start, with
+        # the state directory named rather than the listener the front was starting.
+        from gateway.cli.startup import StartupError  # the CLI imports the fronts
+
+        return StartupError(
+            f"--state-dir {self.root}: cannot open the UPR front's log: writing "
+            f"{what} failed: {exc.strerror or exc}"
+        )
 
     async def open_existing_async(self) -> None:
         """``open_existing`` in a worker thread (start-up: nothing else uses the set yet)."""
