@@ -18,8 +18,9 @@ dropped unread (its stream fell behind the tail) sets ``unused``: the log then
 stops framing until a stream reads the tail again.
 
 Memory: a tail always may keep ``KEEP_BYTES`` (or its ``limit`` if smaller);
-beyond that it grows up to its ``limit`` (``vblog.DEFAULT_TAIL_BYTES``: 8 MiB a
-vbucket) only while the bytes all tails hold beyond their keep stay under
+beyond that it holds only framed writes not yet taken (and the writes after
+them), up to its ``limit`` (``vblog.DEFAULT_TAIL_BYTES``: 8 MiB a vbucket) and
+only while the bytes all tails hold beyond their keep stay under
 ``SHARED_BYTES`` (64 MiB for the process, ``TailBudget``): past it, the tails
 written least lately give back all they hold beyond their keep, oldest writes
 first. So a backfill that goes one vbucket at a time, or a few live ones,
@@ -139,12 +140,28 @@ class LogTail:
                     self.encoder = encoder
                 held[first] = messages
                 self.size += len(messages[0])
+        self._trim()
         if self.size > self.limit:
             # Drop the older half at once (amortised O(1) per write); a write bigger
             # than the whole tail is read back from the file (the page cache).
             self._drop(max(1, len(tail) // 2))
         if self.limit > self.keep:
             self.budget.grew(self)
+
+    def _trim(self) -> None:
+        """Beyond the keep, hold only the framed writes the stream that follows has yet to
+        take, and what came after them: other streams read the rest from disk, where
+        streams at the same place share a read (``shared_reads``)."""
+        over = self.size - self.keep
+        if over <= 0:
+            return
+        tail, framed = self.chunks, self.framed
+        cut = 0
+        while over > 0 and cut < len(tail) and tail[cut][0] not in framed:
+            over -= len(tail[cut][2])
+            cut += 1
+        if cut:
+            self._drop(cut)
 
     def _drop(self, cut: int) -> None:
         """Drop the ``cut`` oldest writes."""
@@ -217,6 +234,9 @@ class LogTail:
                     if messages is not None:
                         self.size -= len(messages[0])
                         if sink.adopt(messages):
+                            if self.size > self.keep:
+                                self._trim()
+                                self.budget.grew(self)
                             return
                 elif start + 1 < len(tail) and tail[start + 1][0] in self.framed:
                     # Walked to the end of this write: the next read starts at a framed one.

@@ -13,6 +13,8 @@ import gc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adapters.translate.log_to_upr_fast import BatchCut, BatchEncoder
+from adapters.upr.dialect import DCP
 from gateway.fronts.upr.log_tail import KEEP_BYTES, LOOK_BACK, LogTail, TailBudget
 
 
@@ -35,14 +37,22 @@ def test_start_is_the_bisect_of_the_writes(case: tuple[LogTail, int]) -> None:
     assert tail.start(after) == expected
 
 
-def _write(tail: LogTail, first: int, size: int) -> None:
-    tail.add([(first, first, bytes(size))])
+_ENCODER = BatchEncoder(DCP, 1, 0)
+
+
+def _write(tail: LogTail, first: int, size: int, framed: bool = True) -> None:
+    """A write of ``size`` bytes, framed (empty messages) for a stream yet to take it."""
+    tail.add(
+        [(first, first, bytes(size))],
+        [(first, _ENCODER, (b"", 1, 1, first, 0.0, 0))] if framed else None,
+    )
 
 
 def test_tails_grow_within_the_shared_budget() -> None:
-    """A tail keeps ``KEEP_BYTES`` whatever the others hold and grows to its limit while
-    all tails hold under the budget beyond their keep; past it, the tails written least
-    lately give back what they hold beyond their keep (``log_tail``'s memory figures)."""
+    """A tail keeps ``KEEP_BYTES`` whatever the others hold and grows with framed writes
+    not yet taken to its limit while all tails hold under the budget beyond their
+    keep; past it, the tails written least lately give back what they hold beyond
+    their keep (``log_tail``'s memory figures)."""
     budget = TailBudget(limit=3 * KEEP_BYTES)
     tails = [LogTail(4 * KEEP_BYTES, budget=budget) for _ in range(3)]
     for seqno in range(1, 9):  # each tail gets 2 x its keep: the budget holds all of it
@@ -62,6 +72,20 @@ def test_tails_grow_within_the_shared_budget() -> None:
     del tails[2], tail  # a log gone: its bytes leave the budget
     gc.collect()
     assert budget.total == 0
+
+
+def test_beyond_its_keep_a_tail_holds_only_framed_writes_not_yet_taken() -> None:
+    tail = LogTail(8 * KEEP_BYTES, budget=TailBudget())
+    for seqno in range(1, 9):
+        _write(tail, seqno, KEEP_BYTES // 4, framed=False)
+    assert tail.size == KEEP_BYTES  # walked by any stream: the rest is read from disk
+    for seqno in range(9, 17):
+        _write(tail, seqno, KEEP_BYTES // 4)
+    assert tail.size == 2 * KEEP_BYTES and tail.floor == 8  # the unframed ones went
+    cut = BatchCut(_ENCODER, 8, 16, 1024, -1)
+    tail.read(8, 16, cut)  # the stream takes the first framed write: it goes
+    assert cut.finish().last == 9
+    assert tail.size == 7 * KEEP_BYTES // 4 and tail.floor == 9
 
 
 def test_a_small_tail_never_grows() -> None:
