@@ -242,7 +242,7 @@ def _log(
                 key_end = key_start + keylen
                 if key_end > end:
                     break
-                if not tap_flags & _NETWORK_BYTE_ORDER:
+                if flags and not tap_flags & _NETWORK_BYTE_ORDER:  # 0 reads the same either way
                     flags = host_flags(data, body + 8)[0]
             elif opcode == OP_DELETE:
                 if bodylen < 16:

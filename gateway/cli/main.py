@@ -286,7 +286,7 @@ def _run_load(args: argparse.Namespace) -> int:
     import trio
 
     from gateway.cli.security_args import client_tls_from, password_from_file
-    from gateway.cli.startup import StartupError, describe
+    from gateway.cli.startup import StartupError, describe, not_memcached
     from gateway.tools.load import run_load
 
     host, port = args.target
@@ -318,9 +318,15 @@ def _run_load(args: argparse.Namespace) -> int:
         print(f"load: cannot reach {host}:{port}: {describe(exc, host)}", file=sys.stderr)
         return 1
     except Exception as exc:  # a refused login or a target that is not a node
-        print(f"load: {exc}", file=sys.stderr)
+        print(f"load: {host}:{port}: {not_memcached(exc) or exc}", file=sys.stderr)
         return 1
     print(report.summary())
+    if set(report.errors) == {"unknown_command"}:
+        # the gateway's fronts serve streams and STAT, not writes
+        print(
+            f"load: {host}:{port} takes no writes (unknown_command): give a node's data port",
+            file=sys.stderr,
+        )
     return 0 if not report.errors else 1
 
 

@@ -100,7 +100,57 @@ def prepare_directory(option: str, path: Path) -> Path:
     mode = info.st_mode & 0o7777
     if mode & 0o077:
         _make_private(option, path, mode)
+    _check_contents(option, path)
     return path
+
+
+def _check_contents(option: str, path: Path) -> None:
+    """What an earlier run left (or a restore, or a run as another user): files of
+    another user are refused (the gateway could not rewrite them, and fails later
+    mid-serve); files open to others are made 0600 (directories 0700), one warning."""
+    me = os.geteuid()
+    foreign: list[tuple[Path, int]] = []
+    opened: list[tuple[Path, int]] = []
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            entry = Path(root, name)
+            try:
+                info = entry.lstat()
+            except FileNotFoundError:  # removed meanwhile (by a process holding the lock)
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            if info.st_uid != me:
+                foreign.append((entry, info.st_uid))
+            elif info.st_mode & 0o077:
+                opened.append((entry, info.st_mode))
+    if foreign:
+        first, uid = foreign[0]
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        me_name = _user_name(me).split()[0]
+        raise StartupError(
+            f"{option} {path}: {first.relative_to(path)}{more} {'are' if more else 'is'} "
+            f"owned by {_user_name(uid)}, not by {_user_name(me)} (this process): run as "
+            f"their owner, or chown -R {me_name} {path}"
+        )
+    for entry, mode in opened:
+        try:
+            entry.chmod(0o700 if stat.S_ISDIR(mode) else 0o600)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StartupError(
+                f"{option} {path}: {entry.relative_to(path)} is open to other users (mode "
+                f"{mode & 0o7777:o}) and cannot be made private: {describe_file(exc)}"
+            ) from None
+    if opened:
+        first, mode = opened[0][0], opened[0][1] & 0o7777
+        more = f" and {len(opened) - 1} more" if len(opened) > 1 else ""
+        log.warning(
+            "%s %s: %s (mode %o)%s open to other users: made private (files 0600, "
+            "directories 0700)",
+            option, path, first.relative_to(path), mode, f"{more} were" if more else " was",
+        )  # fmt: skip
 
 
 def _file_in_the_way(path: Path) -> Path | None:
@@ -227,6 +277,24 @@ async def probe_memcached(stream: trio.abc.Stream) -> str | None:
     if first[:4] == b"HTTP":
         return "speaks HTTP, not the memcached binary protocol (the data port is 11210)"
     return f"does not speak the memcached binary protocol (first byte 0x{first[0]:02x})"
+
+
+def not_memcached(exc: BaseException) -> str | None:
+    """Why a peer that answered with a bad magic byte is not a memcached data port,
+    in the words the upstream check uses; None for any other error."""
+    from adapters.errors import ProtocolError
+
+    if not isinstance(exc, ProtocolError) or exc.field != "magic":
+        return None
+    first = exc.value if isinstance(exc.value, int) else -1
+    if first == ord("H"):
+        return (
+            "speaks HTTP, not the memcached binary protocol (a metrics or REST port? "
+            "a node's data port is 11210)"
+        )
+    if first in (0x15, 0x16):
+        return "speaks TLS, not plain memcached (give --tls)"
+    return f"does not speak the memcached binary protocol (first byte 0x{first & 0xFF:02x})"
 
 
 async def watch_upstream(

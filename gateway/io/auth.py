@@ -1,4 +1,4 @@
-"""Who may connect: the users file, password hashes, SASL PLAIN checks, admin rights.
+"""Who may connect: the users file, password hashes, SASL checks, admin rights.
 
 The users file holds one user a line; blank lines and ``#`` comments are
 ignored::
@@ -14,10 +14,29 @@ destructive commands (DEREGISTER_TAP_CLIENT, TAP takeover, UPR takeover
 streams, SET_VBUCKET) are refused to every other user; a file that marks
 no one admin lets every user run them, as before.
 
-``Authenticator`` checks one connection's SASL PLAIN attempts: passwords
-are compared in constant time, a failure is logged (user and peer, never
-the password) and counted, each further failure waits longer before its
+``Authenticator`` checks one connection's SASL attempts: passwords and
+digests are compared in constant time, a failure is logged (user and peer,
+never the secret) and counted, each further failure waits longer before its
 answer, and the connection is closed after ``max_failures``.
+
+Mechanisms are those memcached 2.5/3.0 offered through cbsasl, in its order:
+``CRAM-MD5 PLAIN`` (couchbase/cbsasl 266cfd1 src/cbsasl.c
+``cbsasl_list_mechs``), since couchbase-cli's ``cb_bin_client`` tries
+CRAM-MD5 first. CRAM-MD5 (couchbase/kv_engine e21fb47
+cbsasl/cram-md5/cram-md5.c): SASL_AUTH ``CRAM-MD5`` with an empty value is
+answered AUTH_CONTINUE carrying a fresh challenge (16 lowercase hex digits
+of 8 random bytes); the next SASL_STEP carries ``user`` + one byte +
+the 32 hex digits of HMAC-MD5(password, challenge), the user being all
+but its last 33 bytes. A challenge serves one STEP. A STEP of 33 bytes or
+fewer, like an unknown mechanism, is refused INVALID_ARGUMENTS
+(``SASL_BADPARAM``, daemon/memcached.c ``process_bin_complete_sasl_auth``);
+a wrong digest, an unknown user or a STEP with no challenge pending gets
+AUTH_ERROR. Every refusal counts as a failure.
+
+CRAM-MD5 needs the plain-text password: a user whose secret is a PBKDF2
+hash cannot pass it and fails exactly as a wrong password does (the client
+sees the same answer; the log says why). Hashed users log in with PLAIN,
+which cb_bin_client falls back to.
 """
 
 from __future__ import annotations
@@ -27,6 +46,7 @@ import hashlib
 import hmac
 import logging
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +54,7 @@ from pathlib import Path
 import trio
 
 from adapters.errors import ProtocolError
-from adapters.mcbp import Frame
+from adapters.mcbp import Frame, Status
 from gateway.io.limits import ListenerCounters
 
 log = logging.getLogger("gateway.io.auth")
@@ -47,6 +67,12 @@ DEFAULT_MAX_FAILURES = 5
 DEFAULT_FAILURE_DELAY = 0.25
 """Seconds before the answer to the first failure; doubled for each further one."""
 MAX_FAILURE_DELAY = 4.0
+PLAIN = b"PLAIN"
+CRAM_MD5 = b"CRAM-MD5"
+MECHANISMS = b"CRAM-MD5 PLAIN"
+"""The SASL_LIST_MECHS answer: cbsasl's list, CRAM-MD5 first."""
+NONCE_BYTES = 8
+CRAM_DIGEST_HEX = 32
 
 
 class TooManyFailures(ProtocolError):
@@ -135,6 +161,16 @@ class Users:
         ok = (user or _NOBODY).matches(password)
         return user if ok and user is not None else None
 
+    def verify_cram(self, name: str, challenge: bytes, digest: bytes) -> User | None:
+        """The user whose plain-text password keys HMAC-MD5(challenge) to ``digest``
+        (lowercase hex); a hashed or unknown user costs the same and fails."""
+        user = self.users.get(name)
+        usable = user is not None and not user.hashed
+        key = (user if usable and user is not None else _NOBODY).secret.encode()
+        expected = hmac.new(key, challenge, "md5").hexdigest().encode()
+        ok = hmac.compare_digest(expected, digest)
+        return user if ok and usable else None
+
     def may_administer(self, name: str | None) -> bool:
         """Whether ``name`` may run destructive commands (see the module docstring)."""
         if not self.admins_marked:
@@ -211,18 +247,51 @@ def plain_credentials(frame: Frame) -> tuple[str, str] | None:
     return fields[1].decode("utf-8", "replace"), fields[2].decode("utf-8", "replace")
 
 
+def cram_response(value: bytes) -> tuple[str, bytes] | None:
+    """(user, hex digest) of a CRAM-MD5 STEP value; None when it is too short.
+    As cbsasl, the byte before the digest is not looked at."""
+    if len(value) <= CRAM_DIGEST_HEX + 1:
+        return None
+    user = value[: -(CRAM_DIGEST_HEX + 1)]
+    return user.decode("utf-8", "replace"), value[-CRAM_DIGEST_HEX:]
+
+
+class CramMd5:
+    """One connection's CRAM-MD5 exchange (sans IO): an AUTH starts it and
+    replaces any pending challenge, the next STEP takes the challenge."""
+
+    def __init__(self) -> None:
+        self.challenge: bytes | None = None
+
+    def start(self) -> bytes:
+        self.challenge = secrets.token_hex(NONCE_BYTES).encode()
+        return self.challenge
+
+    def take(self) -> bytes | None:
+        challenge, self.challenge = self.challenge, None
+        return challenge
+
+    @property
+    def pending(self) -> bool:
+        return self.challenge is not None
+
+
 @dataclass(frozen=True)
 class AuthOutcome:
     user: str | None
-    """The authenticated user (None: refused)."""
+    """The authenticated user (None: refused or continuing)."""
     message: str
     """What to answer a refusal with."""
     closing: ProtocolError | None = None
     """Too many failures: answer, then raise this (it closes the connection)."""
+    status: int = Status.AUTH_ERROR
+    """The refusal's status."""
+    challenge: bytes | None = None
+    """CRAM-MD5 started: answer AUTH_CONTINUE with this."""
 
 
 class Authenticator:
-    """SASL PLAIN for one connection (see the module docstring)."""
+    """SASL PLAIN and CRAM-MD5 for one connection (see the module docstring)."""
 
     def __init__(
         self,
@@ -242,6 +311,7 @@ class Authenticator:
         self.failure_delay = failure_delay
         self.failures = 0
         self.user: str | None = None
+        self.cram = CramMd5()
 
     def may_administer(self) -> bool:
         return self.users is None or self.users.may_administer(self.user)
@@ -249,9 +319,22 @@ class Authenticator:
     async def authenticate(self, frame: Frame) -> AuthOutcome:
         """Check a SASL_AUTH frame; waits before answering a failure; after too many,
         the outcome carries the ``ProtocolError`` to raise once the answer is queued."""
+        self.cram.take()  # a new AUTH abandons an exchange (cbsasl_server_start)
+        if frame.key == CRAM_MD5:
+            if frame.value:
+                # cbsasl would step at once, against a challenge the client never saw
+                return await self._failed(frame, None, "CRAM-MD5 takes no initial response")
+            return AuthOutcome(None, "", challenge=self.cram.start())
+        if frame.key != PLAIN:
+            return await self._failed(
+                frame,
+                None,
+                f"unknown SASL mechanism; offered: {MECHANISMS.decode()}",
+                Status.INVALID_ARGUMENTS,
+            )
         credentials = plain_credentials(frame)
         if credentials is None:
-            return await self._failed(frame, None, "only SASL PLAIN is supported")
+            return await self._failed(frame, None, "malformed SASL PLAIN token")
         name, password = credentials
         if self.users is None:
             self.user = name
@@ -266,7 +349,45 @@ class Authenticator:
         self.user = name
         return AuthOutcome(name, "")
 
-    async def _failed(self, frame: Frame, name: str | None, message: str) -> AuthOutcome:
+    @property
+    def expecting_step(self) -> bool:
+        """A CRAM-MD5 challenge waits for its SASL_STEP."""
+        return self.cram.pending
+
+    async def step(self, frame: Frame) -> AuthOutcome:
+        """Check a SASL_STEP frame (the CRAM-MD5 response), as ``authenticate``."""
+        challenge = self.cram.take()
+        if challenge is None:
+            return await self._failed(frame, None, "SASL_STEP without a CRAM-MD5 SASL_AUTH")
+        response = cram_response(frame.value)
+        if response is None:
+            return await self._failed(
+                frame, None, "malformed CRAM-MD5 response", Status.INVALID_ARGUMENTS
+            )
+        name, digest = response
+        if self.users is None:
+            self.user = name
+            return AuthOutcome(name, "")
+        if self.users.verify_cram(name, challenge, digest) is None:
+            known = self.users.users.get(name)
+            why = (
+                "CRAM-MD5 needs the plain-text password and this user's is hashed: use PLAIN"
+                if known is not None and known.hashed
+                else None
+            )
+            return await self._failed(frame, name, "authentication failed", why=why)
+        self.user = name
+        return AuthOutcome(name, "")
+
+    async def _failed(
+        self,
+        frame: Frame,
+        name: str | None,
+        message: str,
+        status: int = Status.AUTH_ERROR,
+        *,
+        why: str | None = None,
+    ) -> AuthOutcome:
         self.failures += 1
         if self.counters is not None:
             self.counters.auth_failures_total[self.label] += 1
@@ -275,7 +396,7 @@ class Authenticator:
             self.label,
             name,
             self.peer,
-            message,
+            why or message,
             self.failures,
             self.max_failures,
         )
@@ -286,9 +407,9 @@ class Authenticator:
                 field="user",
                 value=name,
             )
-            return AuthOutcome(None, f"{message}; too many failures, closing", closing)
+            return AuthOutcome(None, f"{message}; too many failures, closing", closing, status)
         await trio.sleep(min(self.failure_delay * 2 ** (self.failures - 1), MAX_FAILURE_DELAY))
-        return AuthOutcome(None, message)
+        return AuthOutcome(None, message, status=status)
 
     def refuse_admin(self, what: str) -> str:
         """Count and log a destructive command refused; the message to answer with."""

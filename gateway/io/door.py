@@ -6,12 +6,14 @@ reads its requests in order:
 
 - a response (any magic but a request's) closes the connection
   (``ProtocolError``, whose text the role chooses);
-- until SASL PLAIN succeeds (when the listener has users) only the
-  ``open_opcodes`` are answered; anything else gets AUTH_ERROR
-  ``authenticate first`` and the connection stays open;
-- SASL_LIST_MECHS (``PLAIN``), SASL_AUTH (checked by ``Authenticator``: too
-  many failures close the connection), NOOP, VERSION and STAT are answered
-  alike by every role; the role supplies its VERSION text and its STAT
+- until SASL succeeds (when the listener has users) only the
+  ``open_opcodes`` are answered, and a SASL_STEP while a CRAM-MD5 challenge
+  waits for it; anything else gets AUTH_ERROR ``authenticate first`` and
+  the connection stays open;
+- SASL_LIST_MECHS (``CRAM-MD5 PLAIN``), SASL_AUTH and SASL_STEP (checked by
+  ``Authenticator``: AUTH_CONTINUE with the challenge, success or a refusal;
+  too many failures close the connection), NOOP, VERSION and STAT are
+  answered alike by every role; the role supplies its VERSION text and its STAT
   groups (a ``StatError`` becomes an error reply with its status);
 - an opcode in the role's ``stream_opcodes`` goes to its ``begin_stream``
   hook, which either keeps the connection for the rest of its life (returns
@@ -47,7 +49,7 @@ import trio
 
 from adapters.errors import ProtocolError
 from adapters.mcbp import Frame, Magic, Opcode, Status
-from gateway.io.auth import Authenticator, Users
+from gateway.io.auth import MECHANISMS, Authenticator, Users
 from gateway.io.connection import PacketConnection
 from gateway.io.limits import ConnectionLimits, ListenerCounters
 from gateway.io.listen import serve_packets
@@ -153,9 +155,13 @@ class Door:
                 raise ProtocolError(
                     self.stray_response, opcode=opcode, field="magic", value=frame.magic
                 )
-            if not authenticated and opcode not in self.open_opcodes:
+            if (
+                not authenticated
+                and opcode not in self.open_opcodes
+                and not (opcode == Opcode.SASL_STEP and auth.expecting_step)
+            ):
                 await conn.send(error_reply(frame, Status.AUTH_ERROR, "authenticate first"))
-            elif opcode == Opcode.SASL_AUTH:
+            elif opcode in _SASL:
                 authenticated = await self._sasl_auth(conn, frame, auth) or authenticated
             elif opcode in self.stream_opcodes and opcode not in _COMMON:
                 if await self.begin_stream(conn, frame, auth):
@@ -177,7 +183,7 @@ class Door:
             await self.command(conn, frame, auth)
 
     async def _mechanisms(self, conn: PacketConnection, frame: Frame, _auth: Authenticator) -> None:
-        await conn.send(reply(frame, value=b"PLAIN"))
+        await conn.send(reply(frame, value=MECHANISMS))
 
     async def _noop(self, conn: PacketConnection, frame: Frame, _auth: Authenticator) -> None:
         await conn.send(reply(frame))
@@ -189,9 +195,16 @@ class Door:
         await self._sasl_auth(conn, frame, auth)
 
     async def _sasl_auth(self, conn: PacketConnection, frame: Frame, auth: Authenticator) -> bool:
-        outcome = await auth.authenticate(frame)
+        """SASL_AUTH or SASL_STEP; True once authenticated."""
+        if frame.opcode == Opcode.SASL_STEP:
+            outcome = await auth.step(frame)
+        else:
+            outcome = await auth.authenticate(frame)
+        if outcome.challenge is not None:
+            await conn.send(reply(frame, Status.AUTH_CONTINUE, value=outcome.challenge))
+            return False
         if outcome.user is None:
-            await conn.send(error_reply(frame, Status.AUTH_ERROR, outcome.message))
+            await conn.send(error_reply(frame, outcome.status, outcome.message))
             if outcome.closing is not None:
                 raise outcome.closing
             return False
@@ -213,9 +226,11 @@ class Door:
 
 _COMMON: dict[int, Callable[[Door, PacketConnection, Frame, Authenticator], Awaitable[None]]] = {
     Opcode.SASL_AUTH: Door._sasl,
+    Opcode.SASL_STEP: Door._sasl,
     Opcode.SASL_LIST_MECHS: Door._mechanisms,
     Opcode.NOOP: Door._noop,
     Opcode.VERSION: Door._version,
     Opcode.STAT: Door._stat,
 }
 """What every role answers alike, by opcode."""
+_SASL = frozenset({Opcode.SASL_AUTH, Opcode.SASL_STEP})

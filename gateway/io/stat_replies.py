@@ -4,11 +4,13 @@ The reference node and both fronts answer the same STAT groups for the
 tools of the 2.x/3.0 era; what they share lives here so they cannot drift:
 
 - the errors: an unknown group is KEY_NOT_FOUND; a vbucket argument that is
-  not a number is EINVAL (0x04) and one the server does not have (or holds
-  dead) NOT_MY_VBUCKET (0x07), as ep-engine v3.0.0 src/ep_engine.cc
-  ``doSeqnoStats`` answers ``vbucket-seqno <vb>``;
+  not a number is EINVAL (0x04) and one the server does not have
+  NOT_MY_VBUCKET (0x07), as ep-engine v3.0.0 src/ep_engine.cc
+  ``doSeqnoStats`` answers ``vbucket-seqno <vb>`` (``getVBucket`` checks no
+  state: a dead vbucket answers, as a replica or pending one does);
 - ``vbucket-seqno [vb]``: ``high_seqno``, ``uuid`` and ``purge_seqno`` per
-  vbucket and nothing else, as ``doSeqnoStats`` gave them (later servers'
+  vbucket and nothing else, for every vbucket the server has whatever its
+  state, as ``doSeqnoStats`` gave them (later servers'
   ``abs_high_seqno`` breaks couchbase-cli 3.0 pump_upr.py, which takes any
   key holding ``high_seqno`` for a vbucket's);
 - ``failovers [vb]``: ``vb_N:num_entries`` then ``vb_N:M:id`` and

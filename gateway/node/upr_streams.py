@@ -89,7 +89,8 @@ def check_request(
     if not 0 <= vb < store.n_vbuckets:
         return refusal(req, Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
     if store.state(vb) is VBucketState.DEAD:
-        # ep-engine 3.0.0 ``UprProducer::streamRequest`` checks no state at all (a
+        # ep-engine 3.0.0 ``UprProducer::streamRequest`` (hisundar/ep-engine c8c42ea
+        # src/upr-producer.cc) checks no state at all, only that the vbucket exists (a
         # dead vbucket would stream what it holds, then nothing, and a takeover
         # of it would hand stale data over as active); much later servers refuse a
         # dead one NOT_MY_VBUCKET (kv_engine engines/ep/src/dcp/producer.cc

@@ -126,7 +126,7 @@ async def _set_state(args: argparse.Namespace) -> None:
 
 
 def _fail(command: str, args: argparse.Namespace, exc: BaseException) -> int:
-    from gateway.cli.startup import describe
+    from gateway.cli.startup import describe, not_memcached
     from gateway.io.connection import RequestFailed
 
     host, port = args.target
@@ -135,7 +135,7 @@ def _fail(command: str, args: argparse.Namespace, exc: BaseException) -> int:
     elif isinstance(exc, RequestFailed):
         reason = str(exc)
     else:
-        reason = str(exc) or type(exc).__name__
+        reason = not_memcached(exc) or str(exc) or type(exc).__name__
     print(f"{command}: {host}:{port}: {reason}", file=sys.stderr)
     return 1
 

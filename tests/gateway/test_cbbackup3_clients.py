@@ -378,3 +378,82 @@ async def test_a_resume_past_its_saved_snapshot_is_refused_erange(
         run = await backup(port, stale)
     assert run.answers == {0: [ERR_ERANGE], 1: [ERR_ERANGE], 2: [ERR_ERANGE], 3: [0]}
     assert run.msgs == []
+
+
+# -- testrunner's UprClient (couchbase/testrunner lib/upr_bin_client.py, 2014) -----
+
+
+def tr_response(got: Reply) -> dict[str, Any]:
+    """``StreamRequest.formated_response``: fixed offsets into the body, a
+    marker body of exactly 20 bytes whose flag is memory, disk or either with
+    the checkpoint bit, and a ROLLBACK body unpacked whole as ``>II``."""
+    body = got.extras + got.key + got.value
+    if got.opcode == CMD_UPR_REQUEST_STREAM:
+        if got.status == 0:
+            assert len(body) % 16 == 0
+            return {
+                "failover_log": [
+                    struct.unpack_from(">QQ", body, i) for i in range(0, len(body), 16)
+                ]
+            }
+        assert got.status == ERR_ROLLBACK
+        seqno, rollback = struct.unpack(">II", body)
+        return {"seqno": seqno, "rollback": rollback}
+    if got.opcode == CMD_UPR_END_STREAM:
+        return {"flags": struct.unpack(">I", body[0:4])[0]}
+    if got.opcode == CMD_UPR_MUTATION:
+        by_seqno = struct.unpack(">QQIIIHB", body[0:31])[0]
+        return {"by_seqno": by_seqno, "key": body[31 : 31 + len(got.key)]}
+    if got.opcode == CMD_UPR_DELETE:
+        by_seqno = struct.unpack(">QQH", body[0:18])[0]
+        return {"by_seqno": by_seqno, "key": body[18 : 18 + len(got.key)]}
+    assert got.opcode == CMD_UPR_SNAPSHOT_MARKER, "(Stream Request) Unknown response"
+    assert len(body) == 20
+    start, end, flag = struct.unpack(">QQI", body)
+    assert flag in (1, 2, 5, 6), f"Invalid snapshot flag: {flag}"
+    assert start <= end
+    return {"snap": (start, end)}
+
+
+async def test_testrunner_upr_client_streams_reads_markers_and_rollback(
+    nursery: trio.Nursery, side: str, tmp_path: Path
+) -> None:
+    """couchbase/testrunner lib/upr_bin_client.py ``UprClient.stream_req`` /
+    ``UprStream.next_response`` (couchbase/testrunner 48a1958, run against
+    both as it is, Python 2.7) on ep-engine 3.0-era src/upr-stream.cc
+    ``ActiveStream`` markers (hisundar/ep-engine 8d0998d: MEMORY 0x01 and
+    DISK 0x02; the node may add CHECKPOINT 0x04, which the client takes too;
+    ACK only in a takeover) and upr-producer.cc ``streamRequest``'s 8-byte
+    ROLLBACK body: every vbucket streams to its end, by_seqnos growing, the
+    front's memory snapshots included."""
+    store = loaded(300)
+    server, port = await serve_upr_side(nursery, store, side, tmp_path)
+    with trio.fail_after(30):
+        upr = await RawDcp.connect(port)
+        await upr.send(
+            send_msg(CMD_UPR_CONNECT, b"tr-producer", b"", 0x71, struct.pack(">iI", 0, 1))
+        )
+        assert (await single_response(upr, 0x71)).status == 0
+        for i in range(300, 330):  # live writes: the front logs them as memory snapshots
+            store.set(0, b"doc-%05d" % i, b"late", flags=0, now=time.time())
+        await settle(server, store, side)
+        highs = await high_seqnos(port)
+        for vb in range(VBUCKETS):
+            extras = UPR_STREAM_REQ_PKT_FMT.pack(0, 0, 0, highs[vb], 0, 0, 0)
+            await upr.send(send_msg(CMD_UPR_REQUEST_STREAM, b"", b"", 0x100 + vb, extras, vb))
+            assert "failover_log" in tr_response(await single_response(upr, 0x100 + vb))
+            last = 0
+            while (got := await upr.next()) is not None and got.opcode != CMD_UPR_END_STREAM:
+                assert got.opaque == 0x100 + vb and got.status == vb
+                seen = tr_response(got)
+                if "by_seqno" in seen:
+                    assert seen["by_seqno"] > last, "Out of order response"
+                    last = seen["by_seqno"]
+            assert got is not None and tr_response(got) == {"flags": 0}
+            assert last == highs[vb]
+        extras = UPR_STREAM_REQ_PKT_FMT.pack(
+            0, 0, highs[0], 2**64 - 1, 0xDEADBEEF, highs[0], highs[0]
+        )
+        await upr.send(send_msg(CMD_UPR_REQUEST_STREAM, b"", b"", 0x200, extras, 0))
+        assert tr_response(await single_response(upr, 0x200)) == {"seqno": 0, "rollback": 0}
+        await upr.aclose()

@@ -104,9 +104,9 @@ def test_its_own_directory_open_to_others_is_made_private_with_a_warning(
     with caplog.at_level(logging.WARNING):
         assert prepare_directory("--state-dir", state) == state
     assert state.stat().st_mode & 0o777 == 0o700
-    assert [r.getMessage() for r in caplog.records] == [
-        f"--state-dir {state} was open to other users (mode 750): made it 0700"
-    ]
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == f"--state-dir {state} was open to other users (mode 750): made it 0700"
+    assert all(p.stat().st_mode & 0o077 == 0 for p in state.rglob("*"))  # made private too
 
 
 def test_a_new_directory_is_private_and_the_check_leaves_nothing(tmp_path: Path) -> None:
@@ -168,3 +168,42 @@ def test_a_read_only_mount_is_named_as_such(tmp_path: Path, inside: bool) -> Non
     assert only_line(done.stderr) == (
         f"node: --data-dir {state}: {action}: read-only file system (EROFS)"
     )
+
+
+def test_files_left_open_to_others_are_made_private_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restore or a copy that lost the modes: the next start makes them private."""
+    state = tmp_path / "state"
+    (state / "vb-0000").mkdir(parents=True, mode=0o700)
+    state.chmod(0o700)
+    (state / "vb-0000").chmod(0o755)
+    (state / "vb-0000" / "00000001.seg").write_text("")
+    (state / "vb-0000" / "00000001.seg").chmod(0o644)
+    (state / "lock").write_text("")
+    (state / "lock").chmod(0o600)
+    with caplog.at_level(logging.WARNING):
+        prepare_directory("--state-dir", state)
+    modes = {p.relative_to(state).as_posix(): p.stat().st_mode & 0o777 for p in state.rglob("*")}
+    assert modes == {"lock": 0o600, "vb-0000": 0o700, "vb-0000/00000001.seg": 0o600}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--state-dir {state}: vb-0000 (mode 755) and 1 more were open to other users: "
+        "made private (files 0600, directories 0700)"
+    ]
+
+
+@AS_ROOT
+def test_files_of_another_user_inside_are_refused_naming_one(tmp_path: Path) -> None:
+    """A run as another user (``sudo serve`` on the service's directory) left files the
+    gateway could not rewrite: said at start, not as a failed write mid-serve."""
+    state = tmp_path / "state"
+    (state / "vb-0001").mkdir(parents=True, mode=0o700)
+    for name in ("a.seg", "b.seg"):
+        (state / "vb-0001" / name).write_text("")
+        os.chown(state / "vb-0001" / name, 65534, 65534)
+    reason = refusal(state)
+    assert reason.startswith("vb-0001/a.seg and 1 more are owned by ") or reason.startswith(
+        "vb-0001/b.seg and 1 more are owned by "
+    )
+    assert "(uid 65534), not by " in reason
+    assert reason.endswith(f"(this process): run as their owner, or chown -R root {state}")

@@ -242,7 +242,7 @@ class Proc:
 
 def node_command(data_dir: Path, vbuckets: int, fsync: str) -> list[str]:
     return [sys.executable, "-m", "gateway", "node", "--listen", "127.0.0.1:0",
-            "--vbuckets", str(vbuckets), "--data-dir", str(data_dir),
+            "--vbucket-count", str(vbuckets), "--data-dir", str(data_dir),
             "--fsync", fsync]  # fmt: skip
 
 

@@ -212,11 +212,12 @@ class LogTail:
             first, last, _data = tail[start]
             if sink.encoder is self.encoder and not sink.items:
                 if first > after:
-                    messages = self.framed.get(first)
-                    if messages is not None and sink.adopt(messages):
-                        del self.framed[first]  # its stream took it
+                    # Its stream is here: taken, or walked for a read it would not fill.
+                    messages = self.framed.pop(first, None)
+                    if messages is not None:
                         self.size -= len(messages[0])
-                        return
+                        if sink.adopt(messages):
+                            return
                 elif start + 1 < len(tail) and tail[start + 1][0] in self.framed:
                     # Walked to the end of this write: the next read starts at a framed one.
                     sink.upto = min(sink.upto, last)

@@ -8,7 +8,11 @@ queues the state for the flusher to persist), sends what was queued before,
 then SET_VBUCKET_STATE(active), and ends the stream OK on that reply. A
 stream request for a vbucket the node does not hold gets NOT_MY_VBUCKET
 (``src/upr-producer.cc``, ``UprProducer::streamRequest``), and a dead vbucket
-stays dead across a restart (warmup loads the persisted state). ep-engine
+stays dead across a restart (warmup loads the persisted state). A dead one is
+still held, though: that ``streamRequest`` checks no state and streams it,
+until ns_server deletes the old copy once the move is done
+(``ns_vbucket_mover``: "Will delete it on", ``delete_vbucket_copies``); the
+gateway answers NOT_MY_VBUCKET at once, as later servers do. ep-engine
 2.5.1 (``src/tapconnection.cc``, ``TapProducer``) does the same over TAP: a
 takeover connection sends VBUCKET_SET(pending), the stream, then makes its
 vbucket dead before it queues VBUCKET_SET(active), and disconnects once the

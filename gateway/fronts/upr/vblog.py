@@ -41,11 +41,13 @@ sparse entries due) and the reads (``log_reads``: tail, disk, wake-ups).
 
 Memory: the index (key -> latest version), the sparse offsets, one write
 buffer, the last written and not yet published batch, and a tail of the
-latest published records (about ``tail_bytes`` of them) from which streams
-that keep up are served without reading the disk; everything else stays on
-disk. ``disk_bytes`` is a running total of the segment files. The index
-and the tail (``log_tail``) hold bytes and plain tuples of ints only, which
-the garbage collector does not walk.
+latest published writes (256 KiB, up to ``tail_bytes`` within the budget all
+tails share: ``log_tail``) from which streams that keep up are served without
+reading the disk, each write with its UPR messages when the ingest framed them
+for the stream that follows the log (``log_preframing``); everything else
+stays on disk. ``disk_bytes`` is a running total of the segment files. The
+index and the tail hold bytes and plain tuples of ints only, which the
+garbage collector does not walk.
 """
 
 from __future__ import annotations
