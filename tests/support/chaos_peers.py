@@ -204,6 +204,8 @@ class RawConsumer:
         self.served: dict[tuple[int, int], tuple[bytes, bytes | None, int, int]] = {}
         self.rollbacks = 0
         self.items = 0
+        self.sessions = 0
+        self.where: dict[tuple[int, int], str] = {}
         self.reading = trio.Event()
         self.reading.set()
 
@@ -223,6 +225,7 @@ class RawConsumer:
             except OSError:
                 await trio.sleep(0.05)
                 continue
+            self.sessions += 1
             try:
                 await self._session(client)
             except LINK_ERRORS:
@@ -310,7 +313,13 @@ class RawConsumer:
         value = got.value if got.opcode == raw_dcp.MUTATION else None
         item = (got.key, value, got.cas, rev)
         before = self.served.setdefault((vb, seqno), item)
-        assert before == item, f"raw vb {vb} seqno {seqno} served as {before}, now as {item}"
+        if before != item:
+            where = self.where.get((vb, seqno))
+            raise AssertionError(
+                f"raw vb {vb} seqno {seqno} served as {before} ({where}), now as {item} "
+                f"(session {self.sessions}, uuid {v.uuid}, snapshot {v.snap})"
+            )
+        self.where.setdefault((vb, seqno), f"session {self.sessions}, uuid {v.uuid}")
         v.items[seqno] = item
         v.seqno = seqno
         self.items += 1

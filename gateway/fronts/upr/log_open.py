@@ -82,12 +82,15 @@ def adopt(vblog: VbLog, proof: VbProof) -> None:
         return
     vblog.history.restore(meta.failover, meta.reserved, meta.purge_seqno, meta.refetch)
     vblog.disk_high = max(proof.high_seen, meta.failover[0][1])  # as the proof's end
+    # A history that began above its last item (started over, nothing fetched yet)
+    # goes on from its start, never from the records' end: seqnos below it were served.
+    t = vblog.translator
+    t.high_seqno = max(t.high_seqno, meta.failover[0][1])
     if not proof.torn and meta.clean:
         return
     # Not closed cleanly: consumers may have been served records that never
     # reached the disk (fsync batch and never publish before their fsync): a new
     # failover entry at the proven end, new seqnos past every one reserved.
-    t = vblog.translator
     uuid, proven, t.high_seqno = vblog.history.reconcile_unclean(t.high_seqno)
     vblog.disk_high = max(vblog.disk_high, proven)
     if proof.torn:

@@ -17,8 +17,11 @@ import pytest
 
 from adapters.tap import TapMutation
 from adapters.tap.constants import TapFlags
+from adapters.translate.log_records import LogItem
 from gateway.fronts.upr.compaction import CompactionError, compact_log
+from gateway.fronts.upr.logset import LogOptions, LogSet
 from gateway.fronts.upr.vblog import VbLog
+from gateway.metrics.figures import GatewayStats
 
 NOW = 1_700_000_000.0
 
@@ -89,3 +92,43 @@ async def test_a_compaction_the_disk_refuses_leaves_the_log_as_it_was(tmp_path: 
     latest = {key: value for _, key, value in before}
     assert {i.key: i.value for i in again.read(0, 10**6, 10**9)} == latest
     again.close()
+
+
+def test_a_log_started_over_and_closed_empty_goes_on_from_its_new_history(
+    tmp_path: Path,
+) -> None:
+    """Found by the chaos runs: a log set aside at start-up (a damaged sealed segment)
+    starts over with a history above every seqno it handed out; closed cleanly before
+    the re-fetch brought anything, it reopened with its next seqno 1, so consumers that
+    rolled back to 0 were served seqnos 1, 2, ... again under the new uuid, as other
+    items (by_seqnos are never reused: README), and its segment named 100006 held seqno
+    1 (the next start found it out of order and set the log aside again)."""
+    vblog = VbLog(tmp_path, 0, segment_bytes=300, tail_bytes=1)
+    vblog.open()
+    for r in range(3):
+        feed(vblog, 1 + 10 * r, 5, b"v%d" % r)
+        vblog.write()
+        vblog.sync()
+        vblog.publish()
+    handed_out = vblog.high_seqno
+    first = vblog.segments[0].path
+    vblog.close()
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0x40  # a sealed segment damaged while the gateway was down
+    first.write_bytes(bytes(data))
+    logs = LogSet(tmp_path, LogOptions(), GatewayStats())
+    logs.open_existing()
+    started = logs.logs[0]
+    assert started.set_aside is not None
+    start = started.translator.high_seqno
+    assert start > handed_out
+    logs.close()  # cleanly, before the re-fetch brought anything
+    again = LogSet(tmp_path, LogOptions(), GatewayStats())
+    again.open_existing()
+    vb = again.logs[0]
+    assert not vb.problems
+    records = vb.ingest(TapMutation(b"new", b"x", cas=99, rev_seqno=1,
+                                    tap_flags=TapFlags.NETWORK_BYTE_ORDER), NOW)  # fmt: skip
+    seqnos = [r.by_seqno for r in records if isinstance(r, LogItem)]
+    assert seqnos and min(seqnos) > start, (seqnos, start)
+    again.abandon()
