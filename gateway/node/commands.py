@@ -1,9 +1,9 @@
 """Plain memcached commands of the reference node.
 
-GET, SET, ADD, REPLACE, DELETE (with CAS), TOUCH, QUIT, SASL_STEP,
+GET, SET, ADD, REPLACE, DELETE (with CAS), TOUCH, QUIT,
 SET_VBUCKET/GET_VBUCKET, DEREGISTER_TAP_CLIENT, and one node-only admin
 command, FAILOVER, that adds a failover-log entry to a vbucket as a real
-failover would. NOOP, VERSION, STAT and SASL PLAIN are the command door's
+failover would. NOOP, VERSION, STAT and SASL (CRAM-MD5, PLAIN) are the command door's
 (``gateway.io.door``), as on every listener here. Unknown opcodes get UNKNOWN_COMMAND and a
 malformed known command INVALID_ARGUMENTS with a message; the connection
 stays open in both cases, as memcached's does.
@@ -102,10 +102,6 @@ def _admin_refusal(auth: Authenticator, frame: Frame, what: str) -> bytes | None
     return error_reply(frame, Status.NO_ACCESS, auth.refuse_admin(what))
 
 
-async def _sasl_step(_n: Node, _auth: Authenticator, conn: PacketConnection, frame: Frame) -> None:
-    await conn.send(error_reply(frame, Status.AUTH_ERROR, "PLAIN needs no step"))
-
-
 async def _set_vbucket(
     node: Node, auth: Authenticator, conn: PacketConnection, frame: Frame
 ) -> None:
@@ -156,7 +152,6 @@ HANDLERS: dict[int, Handler] = {
     Opcode.REPLACE: _store,
     Opcode.DELETE: _delete,
     Opcode.TOUCH: _touch,
-    Opcode.SASL_STEP: _sasl_step,
     Opcode.SET_VBUCKET: _set_vbucket,
     Opcode.GET_VBUCKET: _get_vbucket,
     Opcode.DEREGISTER_TAP_CLIENT: _deregister,
