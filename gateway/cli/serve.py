@@ -205,11 +205,8 @@ async def _start_all(
         health.fronts.append(FrontInfo(TAP_FRONT, "TAP front", listen, upstream_state))
     if tap_upstream is not None:
         assert state_dir is not None
-        from gateway.runtime.write_failures import watch_write_failures
-
         health.logs_proven = False
         health.upr_log = running.stats.upr_log
-        cleanup.enter_context(watch_write_failures(running.stats.upr_log))
         running.upr_port = await start_listener(
             "--upr-listen",
             options.upr_listen,

@@ -1,26 +1,17 @@
 """Failed writes of the UPR front's log, made visible beyond the log line.
 
 The ingest logs each log write the file system refuses (``LogWriteError``: a
-full disk, a quota, a file size limit), acknowledges nothing of it and writes
-it again after a backoff. ``watch_write_failures`` puts a handler on the
-ingest's logger that counts each in ``UprLogStats.write_failures_total`` by
-errno name (``tapupr_upr_front_log_write_failures_total{errno}``) and keeps
-the message, which ``/readyz`` shows until the log grows again.
+full disk, a quota, a file size limit), acknowledges nothing of it, writes it
+again after a backoff, and counts it with ``UprLogStats.note_write_failure``
+by the errno name ``errno_name`` gives
+(``tapupr_upr_front_log_write_failures_total{errno}``); the message stays for
+``/readyz`` until the log grows again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import logging
 import os
-from collections.abc import Iterator
-
-from gateway.fronts.upr.segment_file import LogWriteError
-from gateway.metrics.figures import UprLogStats
-
-INGEST_LOGGER = "gateway.fronts.upr.ingest"
-
 
 _BY_STRERROR = {os.strerror(number): name for number, name in errno.errorcode.items()}
 
@@ -43,27 +34,3 @@ def errno_name(failure: BaseException) -> str:
         if f": {reason};" in text or text.endswith(f": {reason}"):
             return name
     return "unknown"
-
-
-class _WriteFailures(logging.Handler):
-    def __init__(self, upr_log: UprLogStats) -> None:
-        super().__init__(logging.ERROR)
-        self.upr_log = upr_log
-
-    def emit(self, record: logging.LogRecord) -> None:
-        args = record.args if isinstance(record.args, tuple) else ()
-        for arg in args:
-            if isinstance(arg, LogWriteError):
-                self.upr_log.note_write_failure(errno_name(arg), str(arg))
-                return
-
-
-@contextlib.contextmanager
-def watch_write_failures(upr_log: UprLogStats) -> Iterator[None]:
-    handler = _WriteFailures(upr_log)
-    logger = logging.getLogger(INGEST_LOGGER)
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)

@@ -78,6 +78,7 @@ from gateway.fronts.upr.vblog import LogWriteError, VbLog
 from gateway.io.connection import PacketConnection
 from gateway.metrics.figures import GatewayStats
 from gateway.runtime.logs import Repeats, describe
+from gateway.runtime.write_failures import errno_name
 from gateway.tools.capture.mapping import TapRecording
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ class Ingest:
                 self.last_error = str(exc)
                 logged = False
                 log.error("%s; TAP stream reopened in %.2fs to write it again", exc, delay)
+                self.stats.upr_log.note_write_failure(errno_name(exc), str(exc))
             except OSError as exc:  # "connection refused", not trio's "all attempts failed"
                 self.last_error = describe(exc, self.config.tap_upstream[0])
             except (trio.BrokenResourceError, GatewayError, EOFError) as exc:
