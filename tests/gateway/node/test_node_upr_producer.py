@@ -115,7 +115,9 @@ async def test_live_items_come_in_memory_snapshots_cut_at_checkpoints(
     for before, marker in zip(log.markers, memory, strict=False):
         assert marker.flags & upr.SnapshotFlags.MEMORY
         # Flagged when it is the first read from a checkpoint (whose first
-        # items may have been overwritten since).
+        # items may have been overwritten since): 3.0-era src/upr-stream.cc
+        # ``ActiveStream::nextCheckpointItem`` / ``snapshot`` (MARKER_FLAG_CHK),
+        # see tests/gateway/fronts/upr/test_marker_checkpoint_flag_conform.py.
         begins = any(before.end_seqno < s <= marker.start_seqno for s in starts)
         assert bool(marker.flags & upr.SnapshotFlags.CHECKPOINT) == begins
         # A memory snapshot never crosses into the next checkpoint.
