@@ -549,9 +549,10 @@ async def run_connection(
                 await conn.writer_done.wait()
             nursery.cancel_scope.cancel()
         if refused is not None:
-            log.warning("%s: closing connection: %s", name, refused)
+            log.warning("%s: closing connection: %s%s", name, refused, other_protocol(refused))
     except* ProtocolError as group:
-        log.warning("%s: closing connection: %s", name, _first(group))
+        first = _first(group)
+        log.warning("%s: closing connection: %s%s", name, first, other_protocol(first))
     except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed) as group:
         log.info("%s: connection lost: %s", name, _first(group) or "closed")
     except* GatewayError as group:
@@ -564,6 +565,26 @@ async def run_connection(
         with trio.move_on_after(CLOSE_TIMEOUT) as scope:
             scope.shield = True
             await stream.aclose()
+
+
+_HTTP_METHOD_STARTS = frozenset(b"GHPDOCT")
+"""First bytes of GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, CONNECT, TRACE."""
+
+
+def other_protocol(exc: BaseException) -> str:
+    """A hint for the log when a peer's very first byte shows it speaks HTTP or TLS
+    (curl or a browser pointed at a data port, a TLS client at a plain one), since
+    "bad magic byte ... value=71" alone does not say so; empty otherwise."""
+    if not isinstance(exc, ProtocolError) or exc.field != "magic" or exc.offset != 0:
+        return ""
+    if exc.value in _HTTP_METHOD_STARTS:
+        return (
+            " (the peer speaks HTTP: this is a memcached binary port;"
+            " metrics and /readyz are on --metrics-listen)"
+        )
+    if exc.value == 0x16:
+        return " (the peer speaks TLS: this port is plain memcached)"
+    return ""
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -133,3 +133,38 @@ async def test_a_dialed_command_connection_becomes_a_stream(nursery: trio.Nurser
         client.finish()
     assert got == list(range(100, 201))
     await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("first_bytes", "hint"),
+    [
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", "the peer speaks HTTP"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(13), "the peer speaks TLS"),
+    ],
+)
+async def test_an_http_or_tls_peer_is_named_in_the_closing_line(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, first_bytes: bytes, hint: str
+) -> None:
+    listeners = await nursery.start(partial(serve_packets, noop_echo, "127.0.0.1", 0, label="t"))
+    peer = await trio.open_tcp_stream("127.0.0.1", bound_port(listeners))
+    await peer.send_all(first_bytes)
+    assert await peer.receive_some(100) == b""  # closed by the server
+    await peer.aclose()
+    (line,) = [r.getMessage() for r in caplog.records if "closing connection" in r.getMessage()]
+    assert "bad magic byte" in line and hint in line
+
+
+async def test_a_bad_magic_later_in_a_stream_gets_no_protocol_hint(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    listeners = await nursery.start(partial(serve_packets, noop_echo, "127.0.0.1", 0, label="t"))
+    peer = await trio.open_tcp_stream("127.0.0.1", bound_port(listeners))
+    await peer.send_all(
+        encode_frame(Magic.REQUEST, Opcode.NOOP) + b"GET / HTTP/1.1\r\n\r\n" + bytes(8)
+    )
+    assert await peer.receive_some(100) != b""  # the NOOP's answer
+    while await peer.receive_some(100):
+        pass
+    await peer.aclose()
+    (line,) = [r.getMessage() for r in caplog.records if "closing connection" in r.getMessage()]
+    assert "bad magic byte" in line and "speaks" not in line
