@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.children import stop
+
 GATEWAY = [sys.executable, "-m", "gateway"]
 LIMIT = 48 * 1024
 """Bytes a file may grow to in the gateway: a few dozen 1 KB items per segment."""
@@ -81,12 +83,7 @@ def running(
     try:
         yield process, Lines(process)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -19,24 +19,13 @@ from pathlib import Path
 import trio
 
 from gateway.io.listen import bound_port
+from tests.support.crash_harness import SERVE as TUNED_SERVE
 
 NODE_LISTENING = r"reference node listening on 127\.0\.0\.1:(\d+)"
 UPR_LISTENING = r"UPR front listening on 127\.0\.0\.1:(\d+)"
 TAP_LISTENING = r"TAP front listening on 127\.0\.0\.1:(\d+)"
 
-SERVE = """
-import dataclasses, sys
-import gateway.fronts.upr as front
-
-@dataclasses.dataclass
-class Tuned(front.UprFrontConfig):
-    compact_interval: float = float(sys.argv[1])
-    segment_bytes: int = int(sys.argv[2])
-
-front.UprFrontConfig = Tuned
-from gateway.cli.main import main
-sys.exit(main(["serve", *sys.argv[3:]]))
-"""
+SERVE = TUNED_SERVE
 """``serve`` with the UPR front's compaction and segment roll made frequent, so faults
 land on them too."""
 

@@ -1,5 +1,6 @@
 """Child processes the kill -9 tests start: a script run by this Python with the
-project on its path, which prints the port it listens on once it listens."""
+project on its path, which prints the port it listens on once it listens; and
+``stop``, how a test ends a child it started."""
 
 from __future__ import annotations
 
@@ -28,3 +29,13 @@ async def start_listening(
             assert more, f"{what} exited before listening"
             line += more
     return proc, int(line)
+
+
+def stop(process: subprocess.Popen[str], timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL if ``process`` has not exited after ``timeout`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -25,6 +25,7 @@ import trio
 
 from adapters import upr
 from gateway.io.connection import PacketConnection
+from tests.support.children import stop
 
 VBUCKETS = 16
 ITEMS = 64_000
@@ -60,12 +61,7 @@ def process(command: list[str], pattern: str) -> Iterator[tuple[subprocess.Popen
         threading.Thread(target=proc.stderr.read, daemon=True).start()
         yield proc, int(found.group(1))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 async def logged_everything(port: int) -> None:
